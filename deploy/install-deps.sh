@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package that building, testing and running dray need.
+# Idempotent: packages already present are left alone; safe to run again.
+#
+#   deploy/install-deps.sh          # as root, or with sudo available
+set -euo pipefail
+
+packages=(
+  # Build system and toolchain.
+  bazel-bootstrap bazel-rules-java g++ git ca-certificates
+  # RPC and wire format.
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  # Core libraries.
+  libabsl-dev libtorch-dev libgloo-dev
+  # Tests and benchmarks.
+  libgtest-dev libgmock-dev libbenchmark-dev
+  # Images and configuration.
+  libpng-dev libjpeg-dev libyaml-cpp-dev
+  # The Python client example and its test.
+  python3 python3-grpcio python3-protobuf
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

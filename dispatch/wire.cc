@@ -1,0 +1,371 @@
+#include "dispatch/wire.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/base/config.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dispatch/status_macros.h"
+
+namespace dray {
+namespace {
+
+static_assert(ABSL_IS_LITTLE_ENDIAN, "dray's wire format is little-endian; so must the host be");
+
+constexpr size_t kAlignment = 64;
+
+struct DTypeEntry {
+  v1::DType wire;
+  at::ScalarType scalar;
+};
+
+constexpr DTypeEntry kDTypes[] = {
+    {v1::DTYPE_BOOL, at::kBool},         {v1::DTYPE_UINT8, at::kByte},
+    {v1::DTYPE_INT8, at::kChar},         {v1::DTYPE_INT16, at::kShort},
+    {v1::DTYPE_INT32, at::kInt},         {v1::DTYPE_INT64, at::kLong},
+    {v1::DTYPE_FLOAT16, at::kHalf},      {v1::DTYPE_BFLOAT16, at::kBFloat16},
+    {v1::DTYPE_FLOAT32, at::kFloat},     {v1::DTYPE_FLOAT64, at::kDouble},
+};
+
+absl::StatusOr<v1::DType> WireDType(at::ScalarType scalar, absl::string_view where) {
+  for (const DTypeEntry& entry : kDTypes) {
+    if (entry.scalar == scalar) return entry.wire;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, " has dtype ", c10::toString(scalar),
+      ", which dray.v1 cannot carry (bool, uint8, int8, int16, int32, int64, float16, bfloat16, "
+      "float32, float64)"));
+}
+
+absl::StatusOr<at::ScalarType> ScalarTypeOf(int wire, absl::string_view where) {
+  for (const DTypeEntry& entry : kDTypes) {
+    if (entry.wire == wire) return entry.scalar;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, " has unknown dtype ", wire));
+}
+
+// AppendAligned copies `size` bytes to the end of `payload`, starting at a
+// kAlignment-aligned offset, and returns where they landed.
+v1::BufferRef AppendAligned(const void* data, size_t size, std::string* payload) {
+  payload->resize((payload->size() + kAlignment - 1) / kAlignment * kAlignment, '\0');
+  v1::BufferRef ref;
+  ref.set_offset(payload->size());
+  ref.set_size(size);
+  payload->append(static_cast<const char*>(data), size);
+  return ref;
+}
+
+// View returns the bytes `ref` names, or an error when they fall outside the payload.
+absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, const std::string& payload,
+                                       absl::string_view where) {
+  if (ref.offset() > payload.size() || ref.size() > payload.size() - ref.offset()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " needs payload bytes [", ref.offset(), ", +", ref.size(),
+                     ") but the payload has ", payload.size(), " bytes (truncated?)"));
+  }
+  return absl::string_view(payload.data() + ref.offset(), ref.size());
+}
+
+// NumBytes returns numel(shape) * element_size, or an error for a negative
+// dimension or a size that overflows.
+absl::StatusOr<uint64_t> NumBytes(const google::protobuf::RepeatedField<int64_t>& shape,
+                                  size_t element_size, absl::string_view where) {
+  uint64_t bytes = element_size;
+  for (int64_t dim : shape) {
+    if (dim < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " has negative dimension ", dim));
+    }
+    if (dim != 0 && bytes > std::numeric_limits<int64_t>::max() / static_cast<uint64_t>(dim)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has shape [", absl::StrJoin(shape, ", "), "], too large"));
+    }
+    bytes *= static_cast<uint64_t>(dim);
+  }
+  return bytes;
+}
+
+absl::Status CheckBoolBytes(absl::string_view bytes, absl::string_view where) {
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (static_cast<unsigned char>(bytes[i]) > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": bool element ", i, " is ", static_cast<int>(bytes[i]), ", not 0 or 1"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::Image::Format WireImageFormat(Image::Format format) {
+  switch (format) {
+    case Image::Format::kPng:
+      return v1::Image::FORMAT_PNG;
+    case Image::Format::kJpeg:
+      return v1::Image::FORMAT_JPEG;
+    case Image::Format::kRaw:
+      return v1::Image::FORMAT_RAW;
+  }
+  return v1::Image::FORMAT_UNSPECIFIED;
+}
+
+absl::StatusOr<Image> DecodeImage(const v1::Image& message, const std::string& payload,
+                                  absl::string_view where) {
+  Image image;
+  switch (message.format()) {
+    case v1::Image::FORMAT_PNG:
+      image.format = Image::Format::kPng;
+      break;
+    case v1::Image::FORMAT_JPEG:
+      image.format = Image::Format::kJpeg;
+      break;
+    case v1::Image::FORMAT_RAW:
+      image.format = Image::Format::kRaw;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has unknown image format ", message.format()));
+  }
+  image.width = message.width();
+  image.height = message.height();
+  image.channels = message.channels();
+  if (image.width < 0 || image.height < 0 || image.channels < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, " has a negative image dimension"));
+  }
+  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload, where));
+  if (image.format == Image::Format::kRaw) {
+    if (image.width == 0 || image.height == 0 || image.channels < 1 || image.channels > 4) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
+                                                     image.height, "x", image.channels,
+                                                     " needs positive sizes and 1-4 channels"));
+    }
+    const uint64_t expected =
+        uint64_t{static_cast<uint32_t>(image.width)} * static_cast<uint32_t>(image.height) *
+        static_cast<uint32_t>(image.channels);
+    if (bytes.size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": raw image ", image.width, "x", image.height, "x", image.channels, " needs ",
+          expected, " bytes, got ", bytes.size()));
+    }
+  }
+  image.bytes = std::string(bytes);
+  return image;
+}
+
+// PayloadBound returns an upper bound on the payload bytes ToWire writes for `data`.
+size_t PayloadBound(const DataProto& data) {
+  size_t bytes = 0;
+  for (const auto& column : data.tensors()) bytes += column.second.nbytes() + kAlignment;
+  for (const auto& column : data.non_tensors()) {
+    if (const auto* rows = std::get_if<std::vector<Bytes>>(&column.second)) {
+      for (const Bytes& row : *rows) bytes += row.data.size() + kAlignment;
+    } else if (const auto* images = std::get_if<std::vector<Image>>(&column.second)) {
+      for (const Image& image : *images) bytes += image.bytes.size() + kAlignment;
+    }
+  }
+  return bytes;
+}
+
+void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message,
+                     std::string* payload) {
+  struct Encoder {
+    v1::NonTensorColumn* message;
+    std::string* payload;
+    void operator()(const std::vector<std::string>& rows) const {
+      message->mutable_strings()->mutable_values()->Add(rows.begin(), rows.end());
+    }
+    void operator()(const std::vector<Bytes>& rows) const {
+      auto* values = message->mutable_bytes()->mutable_values();
+      for (const Bytes& row : rows) {
+        *values->Add() = AppendAligned(row.data.data(), row.data.size(), payload);
+      }
+    }
+    void operator()(const std::vector<Image>& rows) const {
+      auto* values = message->mutable_images()->mutable_values();
+      for (const Image& row : rows) {
+        v1::Image* image = values->Add();
+        image->set_format(WireImageFormat(row.format));
+        image->set_width(row.width);
+        image->set_height(row.height);
+        image->set_channels(row.channels);
+        *image->mutable_data() = AppendAligned(row.bytes.data(), row.bytes.size(), payload);
+      }
+    }
+    void operator()(const std::vector<int64_t>& rows) const {
+      message->mutable_ints()->mutable_values()->Add(rows.begin(), rows.end());
+    }
+    void operator()(const std::vector<double>& rows) const {
+      message->mutable_doubles()->mutable_values()->Add(rows.begin(), rows.end());
+    }
+    void operator()(const std::vector<Json>& rows) const {
+      for (const Json& row : rows) message->mutable_json()->add_values(row.text);
+    }
+  };
+  std::visit(Encoder{message, payload}, column);
+}
+
+absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& message,
+                                                const std::string& payload) {
+  const std::string where = absl::StrCat("non-tensor column '", message.name(), "'");
+  switch (message.rows_case()) {
+    case v1::NonTensorColumn::kStrings:
+      return std::vector<std::string>(message.strings().values().begin(),
+                                      message.strings().values().end());
+    case v1::NonTensorColumn::kBytes: {
+      std::vector<Bytes> rows;
+      for (int i = 0; i < message.bytes().values_size(); ++i) {
+        DRAY_ASSIGN_OR_RETURN(absl::string_view bytes,
+                              View(message.bytes().values(i), payload,
+                                   absl::StrCat(where, " row ", i)));
+        rows.push_back(Bytes{std::string(bytes)});
+      }
+      return rows;
+    }
+    case v1::NonTensorColumn::kImages: {
+      std::vector<Image> rows;
+      for (int i = 0; i < message.images().values_size(); ++i) {
+        DRAY_ASSIGN_OR_RETURN(Image image, DecodeImage(message.images().values(i), payload,
+                                                       absl::StrCat(where, " row ", i)));
+        rows.push_back(std::move(image));
+      }
+      return rows;
+    }
+    case v1::NonTensorColumn::kInts:
+      return std::vector<int64_t>(message.ints().values().begin(), message.ints().values().end());
+    case v1::NonTensorColumn::kDoubles:
+      return std::vector<double>(message.doubles().values().begin(),
+                                 message.doubles().values().end());
+    case v1::NonTensorColumn::kJson: {
+      std::vector<Json> rows;
+      for (const std::string& text : message.json().values()) rows.push_back(Json{text});
+      return rows;
+    }
+    case v1::NonTensorColumn::ROWS_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, " has no rows (unknown kind?)"));
+}
+
+v1::MetaValue EncodeMeta(const MetaValue& value) {
+  struct Encoder {
+    v1::MetaValue* out;
+    void operator()(bool v) const { out->set_bool_value(v); }
+    void operator()(int64_t v) const { out->set_int_value(v); }
+    void operator()(double v) const { out->set_double_value(v); }
+    void operator()(const std::string& v) const { out->set_string_value(v); }
+    void operator()(const Json& v) const { out->set_json_value(v.text); }
+  };
+  v1::MetaValue out;
+  std::visit(Encoder{&out}, value);
+  return out;
+}
+
+absl::StatusOr<MetaValue> DecodeMeta(const std::string& key, const v1::MetaValue& value) {
+  switch (value.kind_case()) {
+    case v1::MetaValue::kBoolValue:
+      return MetaValue(value.bool_value());
+    case v1::MetaValue::kIntValue:
+      return MetaValue(value.int_value());
+    case v1::MetaValue::kDoubleValue:
+      return MetaValue(value.double_value());
+    case v1::MetaValue::kStringValue:
+      return MetaValue(value.string_value());
+    case v1::MetaValue::kJsonValue:
+      return MetaValue(Json{value.json_value()});
+    case v1::MetaValue::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("meta key '", key, "' has no value"));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
+  v1::Tensor message;
+  DRAY_ASSIGN_OR_RETURN(v1::DType dtype, WireDType(tensor.scalar_type(), "tensor"));
+  message.set_dtype(dtype);
+  message.mutable_shape()->Add(tensor.sizes().begin(), tensor.sizes().end());
+  const at::Tensor dense = tensor.cpu().contiguous();
+  *message.mutable_data() = AppendAligned(dense.data_ptr(), dense.nbytes(), payload);
+  return message;
+}
+
+absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
+                                        const std::shared_ptr<std::string>& payload,
+                                        absl::string_view where) {
+  DRAY_ASSIGN_OR_RETURN(at::ScalarType scalar, ScalarTypeOf(message.dtype(), where));
+  const size_t element_size = c10::elementSize(scalar);
+  DRAY_ASSIGN_OR_RETURN(uint64_t expected, NumBytes(message.shape(), element_size, where));
+  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), *payload, where));
+  if (bytes.size() != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": shape [", absl::StrJoin(message.shape(), ", "), "] of ", c10::toString(scalar),
+        " needs ", expected, " bytes, got ", bytes.size()));
+  }
+  if (scalar == at::kBool) DRAY_RETURN_IF_ERROR(CheckBoolBytes(bytes, where));
+  const std::vector<int64_t> shape(message.shape().begin(), message.shape().end());
+  const auto options = at::TensorOptions().dtype(scalar);
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % element_size != 0) {
+    at::Tensor copy = at::empty(shape, options);
+    std::memcpy(copy.data_ptr(), bytes.data(), bytes.size());
+    return copy;
+  }
+  std::shared_ptr<std::string> owner = payload;
+  return at::from_blob(const_cast<char*>(bytes.data()), shape,
+                       [owner](void*) mutable { owner.reset(); }, options);
+}
+
+absl::StatusOr<v1::DataProto> ToWire(const DataProto& data) {
+  v1::DataProto message;
+  std::string* payload = message.mutable_payload();
+  payload->reserve(PayloadBound(data));
+  for (const auto& [name, tensor] : data.tensors()) {
+    v1::TensorColumn* column = message.add_tensors();
+    column->set_name(name);
+    auto encoded = EncodeTensor(tensor, payload);
+    if (!encoded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor column '", name, "': ", encoded.status().message()));
+    }
+    *column->mutable_tensor() = std::move(encoded).value();
+  }
+  for (const auto& [name, column] : data.non_tensors()) {
+    v1::NonTensorColumn* out = message.add_non_tensors();
+    out->set_name(name);
+    EncodeNonTensor(column, out, payload);
+  }
+  for (const auto& [key, value] : data.meta_info()) {
+    (*message.mutable_meta_info())[key] = EncodeMeta(value);
+  }
+  message.set_payload_size(payload->size());
+  return message;
+}
+
+absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
+  if (message.payload().size() != message.payload_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DataProto payload has ", message.payload().size(), " bytes but payload_size is ",
+        message.payload_size(), " (a streamed payload must be attached before decoding)"));
+  }
+  auto payload = std::make_shared<std::string>(std::move(*message.mutable_payload()));
+  DataProto data;
+  for (const v1::TensorColumn& column : message.tensors()) {
+    DRAY_ASSIGN_OR_RETURN(
+        at::Tensor tensor,
+        DecodeTensor(column.tensor(), payload, absl::StrCat("tensor column '", column.name(), "'")));
+    DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
+  }
+  for (const v1::NonTensorColumn& column : message.non_tensors()) {
+    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, *payload));
+    DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
+  }
+  for (const auto& [key, value] : message.meta_info()) {
+    DRAY_ASSIGN_OR_RETURN(MetaValue decoded, DecodeMeta(key, value));
+    data.SetMeta(key, std::move(decoded));
+  }
+  return data;
+}
+
+}  // namespace dray

@@ -1,0 +1,54 @@
+// Conversion between DataProto and its wire form, dray.v1.DataProto.
+//
+// Encoding copies every tensor and byte row once, into one payload whose
+// buffers start at 64-byte aligned offsets. Decoding takes the message's
+// payload by move and builds tensors that alias it: nothing is copied unless
+// a buffer is misaligned for its element type (possible only from foreign
+// encoders). The conversion is exact for every dtype: bytes in, same bytes out.
+//
+//   DRAY_ASSIGN_OR_RETURN(dray::v1::DataProto message, ToWire(batch));
+//   ...send, receive...
+//   DRAY_ASSIGN_OR_RETURN(DataProto decoded, FromWire(std::move(message)));
+//
+// FromWire validates everything it reads and returns INVALID_ARGUMENT naming
+// the column, row and sizes at fault: unknown dtype, byte count that does not
+// match the shape, buffers outside the payload, inconsistent batch sizes,
+// duplicate columns, malformed raw images. It never crashes on bad input.
+//
+// Thread-safety: stateless functions, safe to call concurrently.
+#ifndef DRAY_DISPATCH_WIRE_H_
+#define DRAY_DISPATCH_WIRE_H_
+
+#include <memory>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dispatch/data_proto.h"
+#include "dray/v1/data.pb.h"
+
+namespace dray {
+
+// ToWire encodes `data` with its payload inline. Tensors on other devices are
+// copied to the CPU; dtypes outside dray.v1.DType (complex, ...) are an error.
+absl::StatusOr<v1::DataProto> ToWire(const DataProto& data);
+
+// FromWire decodes `message`, whose payload must be inline (attach a streamed
+// payload first, see payload_stream.h).
+absl::StatusOr<DataProto> FromWire(v1::DataProto message);
+
+// EncodeTensor appends `tensor`'s bytes to `payload` at a 64-byte aligned
+// offset and returns its descriptor. Any rank works, 0-d included.
+absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload);
+
+// DecodeTensor reads a tensor from `payload`; `where` names it in errors. The
+// result aliases (and keeps alive) `payload`.
+absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
+                                        const std::shared_ptr<std::string>& payload,
+                                        absl::string_view where);
+
+}  // namespace dray
+
+#endif  // DRAY_DISPATCH_WIRE_H_
