@@ -1,6 +1,9 @@
 #include "dispatch/payload_stream.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,8 +11,20 @@
 namespace dray {
 namespace {
 
-// Upfront reservation per payload; larger payloads grow as bytes arrive.
-constexpr uint64_t kMaxReserveBytes = uint64_t{64} << 20;
+// ReserveFor makes room for `message`'s announced payload in one allocation.
+// Reserved pages cost nothing until written, so a header that announces more
+// than it sends is harmless; an announcement beyond physical memory is capped.
+absl::Status ReserveFor(v1::DataProto* message) {
+  const uint64_t physical = uint64_t{static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES))} *
+                            static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  try {
+    message->mutable_payload()->reserve(std::min(message->payload_size(), physical));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", message->payload_size(), " bytes for a streamed payload"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -39,7 +54,6 @@ PayloadAssembler::PayloadAssembler(std::vector<v1::DataProto*> messages)
     : messages_(std::move(messages)) {
   for (v1::DataProto* message : messages_) {
     message->clear_payload();
-    message->mutable_payload()->reserve(std::min(message->payload_size(), kMaxReserveBytes));
     expected_bytes_ += message->payload_size();
   }
 }
@@ -56,6 +70,10 @@ absl::Status PayloadAssembler::Add(absl::string_view chunk) {
                        " its header announced"));
     }
     v1::DataProto* message = messages_[current_];
+    if (message->payload().empty()) {
+      absl::Status reserved = ReserveFor(message);
+      if (!reserved.ok()) return reserved;
+    }
     const size_t take =
         std::min<uint64_t>(chunk.size(), message->payload_size() - message->payload().size());
     message->mutable_payload()->append(chunk.data(), take);

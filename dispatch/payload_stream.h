@@ -14,8 +14,9 @@
 //     while (Read(&frame)) DRAY_RETURN_IF_ERROR(assembler.Add(frame.payload_chunk()));
 //     DRAY_RETURN_IF_ERROR(assembler.Finish());  // payloads attached; FromWire works
 //
-// The assembler grows buffers as bytes arrive, so a header that announces
-// more than it sends costs no memory; extra or missing bytes are errors.
+// Each payload is allocated once, when its first byte arrives; pages are
+// committed only as bytes are written, so a header that announces more than it
+// sends costs no memory. Extra or missing bytes are errors.
 //
 // Thread-safety: PayloadAssembler is not thread-safe.
 #ifndef DRAY_DISPATCH_PAYLOAD_STREAM_H_
@@ -51,7 +52,8 @@ class PayloadAssembler {
   // how many bytes each expects.
   explicit PayloadAssembler(std::vector<v1::DataProto*> messages);
 
-  // Add appends a chunk; more bytes than announced is INVALID_ARGUMENT.
+  // Add appends a chunk; more bytes than announced is INVALID_ARGUMENT, an
+  // announced size that cannot be allocated RESOURCE_EXHAUSTED.
   absl::Status Add(absl::string_view chunk);
 
   // Finish checks that every announced byte arrived (INVALID_ARGUMENT naming
