@@ -39,13 +39,10 @@ std::vector<std::string> DetachPayloads(const std::vector<v1::DataProto*>& messa
   return payloads;
 }
 
-std::vector<absl::string_view> PayloadChunks(const std::vector<std::string>& payloads,
-                                             size_t chunk_bytes) {
+std::vector<absl::string_view> PayloadChunks(absl::string_view payload, size_t chunk_bytes) {
   std::vector<absl::string_view> chunks;
-  for (const std::string& payload : payloads) {
-    for (size_t offset = 0; offset < payload.size(); offset += chunk_bytes) {
-      chunks.emplace_back(payload.data() + offset, std::min(chunk_bytes, payload.size() - offset));
-    }
+  for (size_t offset = 0; offset < payload.size(); offset += chunk_bytes) {
+    chunks.push_back(payload.substr(offset, chunk_bytes));
   }
   return chunks;
 }

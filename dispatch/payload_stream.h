@@ -8,7 +8,8 @@
 //   Sender:
 //     std::vector<std::string> payloads = DetachPayloads({request.mutable_args(0)->mutable_value()});
 //     Write(header_frame);
-//     for (absl::string_view chunk : PayloadChunks(payloads)) Write(chunk_frame(chunk));
+//     for (const std::string& payload : payloads)
+//       for (absl::string_view chunk : PayloadChunks(payload)) Write(chunk_frame(chunk));
 //   Receiver:
 //     PayloadAssembler assembler({header.mutable_args(0)->mutable_value()});
 //     while (Read(&frame)) DRAY_RETURN_IF_ERROR(assembler.Add(frame.payload_chunk()));
@@ -40,9 +41,8 @@ inline constexpr size_t kDefaultChunkBytes = size_t{2} << 20;
 // and returns the payloads in order.
 std::vector<std::string> DetachPayloads(const std::vector<v1::DataProto*>& messages);
 
-// PayloadChunks cuts `payloads` into views of at most `chunk_bytes` bytes
-// (never spanning two payloads); the views point into `payloads`.
-std::vector<absl::string_view> PayloadChunks(const std::vector<std::string>& payloads,
+// PayloadChunks cuts `payload` into views of at most `chunk_bytes` bytes.
+std::vector<absl::string_view> PayloadChunks(absl::string_view payload,
                                              size_t chunk_bytes = kDefaultChunkBytes);
 
 // PayloadAssembler refills the detached payloads of `messages` from chunks.

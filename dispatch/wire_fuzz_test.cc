@@ -116,7 +116,7 @@ TEST(WireFuzzTest, StreamedChunksOfAnySize) {
     if (lie) header.set_payload_size(header.payload_size() + (rng() % 3) - 1);
     PayloadAssembler assembler({&header});
     absl::Status status;
-    for (absl::string_view chunk : PayloadChunks(payloads, 1 + rng() % 700)) {
+    for (absl::string_view chunk : PayloadChunks(payloads[0], 1 + rng() % 700)) {
       status = assembler.Add(chunk);
       if (!status.ok()) break;
     }

@@ -250,10 +250,12 @@ absl::Status StreamAndReassemble(std::vector<v1::DataProto>* messages, size_t ch
   std::vector<v1::DataProto*> header_pointers;
   for (v1::DataProto& header : headers) header_pointers.push_back(&header);
   PayloadAssembler assembler(header_pointers);
-  for (absl::string_view chunk : PayloadChunks(payloads, chunk_bytes)) {
-    EXPECT_LE(chunk.size(), chunk_bytes);
-    absl::Status status = assembler.Add(chunk);
-    if (!status.ok()) return status;
+  for (const std::string& payload : payloads) {
+    for (absl::string_view chunk : PayloadChunks(payload, chunk_bytes)) {
+      EXPECT_LE(chunk.size(), chunk_bytes);
+      absl::Status status = assembler.Add(chunk);
+      if (!status.ok()) return status;
+    }
   }
   absl::Status finished = assembler.Finish();
   *messages = std::move(headers);
