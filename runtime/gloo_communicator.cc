@@ -1,0 +1,152 @@
+// Communicator over LibTorch 1.13's c10d ProcessGroupGloo.
+//
+// Debian's Gloo lacks _allgather_base, reduce_scatter and bfloat16: AllGather
+// gathers into views of the flat output, and ReduceScatter is alltoall_base
+// followed by a local sum (each rank receives every rank's copy of its part).
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+
+#include <chrono>
+#include <exception>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/status_macros.h"
+#include "runtime/communicator.h"
+
+namespace dray {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+absl::Status CheckDense(const at::Tensor& tensor, absl::string_view what) {
+  if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
+      !tensor.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": Gloo needs a defined, dense, contiguous CPU tensor"));
+  }
+  return absl::OkStatus();
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                   c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
+      : store_(std::move(store)), group_(std::move(group)) {}
+
+  int rank() const override { return group_->getRank(); }
+  int world_size() const override { return group_->getSize(); }
+
+  absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) override {
+    DRAY_RETURN_IF_ERROR(CheckDense(tensor, "all_reduce"));
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = op == ReduceOp::kSum   ? c10d::ReduceOp::SUM
+                       : op == ReduceOp::kMin ? c10d::ReduceOp::MIN
+                                              : c10d::ReduceOp::MAX;
+    return Wait("all_reduce", [&] { return group_->allreduce(tensors, options); });
+  }
+
+  absl::Status Broadcast(at::Tensor& tensor, int root) override {
+    DRAY_RETURN_IF_ERROR(CheckDense(tensor, "broadcast"));
+    if (root < 0 || root >= world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " is not a rank"));
+    }
+    std::vector<at::Tensor> tensors = {tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    return Wait("broadcast", [&] { return group_->broadcast(tensors, options); });
+  }
+
+  absl::Status AllGather(const at::Tensor& input, at::Tensor& output) override {
+    DRAY_RETURN_IF_ERROR(CheckDense(input, "all_gather input"));
+    DRAY_RETURN_IF_ERROR(CheckDense(output, "all_gather output"));
+    if (output.numel() != input.numel() * world_size() ||
+        output.scalar_type() != input.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_gather: output must hold ", world_size(), " x ", input.numel(), " elements of ",
+          c10::toString(input.scalar_type())));
+    }
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (const at::Tensor& part : output.view({-1}).chunk(world_size())) {
+      outputs[0].push_back(part.view(input.sizes()));
+    }
+    std::vector<at::Tensor> inputs = {input};
+    return Wait("all_gather", [&] { return group_->allgather(outputs, inputs); });
+  }
+
+  absl::Status ReduceScatter(const at::Tensor& input, at::Tensor& output) override {
+    DRAY_RETURN_IF_ERROR(CheckDense(input, "reduce_scatter input"));
+    DRAY_RETURN_IF_ERROR(CheckDense(output, "reduce_scatter output"));
+    if (input.numel() != output.numel() * world_size() ||
+        output.scalar_type() != input.scalar_type()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reduce_scatter: input must hold ", world_size(), " x ", output.numel(),
+          " elements of ", c10::toString(output.scalar_type())));
+    }
+    at::Tensor received = at::empty({input.numel()}, input.options());
+    at::Tensor flat_input = input.view({-1});
+    std::vector<int64_t> even_splits;
+    DRAY_RETURN_IF_ERROR(Wait("reduce_scatter", [&] {
+      return group_->alltoall_base(received, flat_input, even_splits, even_splits);
+    }));
+    output.view({-1}).copy_(at::sum(received.view({world_size(), -1}), 0));
+    return absl::OkStatus();
+  }
+
+  absl::Status Barrier() override {
+    return Wait("barrier", [&] { return group_->barrier(); });
+  }
+
+ private:
+  // Wait starts a collective and waits for it, turning c10 errors (a peer
+  // gone, a timeout) into UNAVAILABLE naming the collective.
+  template <typename Start>
+  absl::Status Wait(absl::string_view what, Start start) {
+    try {
+      start()->wait();
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(what, " failed on rank ", rank(), ": ", e.what()));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GroupAddress& address) {
+  if (address.world_size < 1 || address.rank < 0 || address.rank >= address.world_size ||
+      address.master_port <= 0 || address.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad group address: rank ", address.rank, " of ", address.world_size,
+                     " at ", address.master_addr, ":", address.master_port));
+  }
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(address.master_port);
+    store_options.isServer = address.rank == 0;
+    store_options.numWorkers = address.world_size;
+    store_options.timeout = ToChrono(address.timeout);
+    auto store = c10::make_intrusive<c10d::TCPStore>(address.master_addr, store_options);
+    auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
+    options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, address.rank,
+                                                             address.world_size, options);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(store, group));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join the group at ",
+                                               address.master_addr, ":", address.master_port,
+                                               ": ", e.what()));
+  }
+}
+
+}  // namespace dray

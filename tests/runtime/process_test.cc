@@ -1,0 +1,68 @@
+// Tests that watch a controller process from outside: its workers' output
+// reaches it prefixed by rank, and killing it leaves no orphan workers.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/runtime/test_util.h"
+
+namespace dray {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ControllerCommand(const std::string& mode) {
+  return absl::StrCat(RunfilePath("tests/runtime/test_controller"), " ", mode, " ",
+                      RunfilePath("tests/runtime/test_workers"), " 2>&1");
+}
+
+TEST(ControllerProcessTest, WorkerOutputIsPrefixedWithItsRank) {
+  FILE* controller = popen(ControllerCommand("print").c_str(), "r");
+  ASSERT_NE(controller, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), controller)) output.append(buffer, n);
+  EXPECT_EQ(pclose(controller), 0) << output;
+  for (int rank : {0, 1}) {
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("[rank ", rank, "] hello from stdout\n")));
+    EXPECT_THAT(output, HasSubstr(absl::StrCat("[rank ", rank, "] hello from stderr\n")));
+  }
+}
+
+TEST(ControllerProcessTest, KillingTheControllerLeavesNoOrphans) {
+  FILE* controller = popen(ControllerCommand("hold").c_str(), "r");
+  ASSERT_NE(controller, nullptr);
+  pid_t controller_pid = -1;
+  std::vector<pid_t> workers;
+  char line[256];
+  while (fgets(line, sizeof(line), controller) != nullptr) {
+    int pid;
+    if (std::sscanf(line, "controller %d", &pid) == 1) controller_pid = pid;
+    if (std::sscanf(line, "worker %d", &pid) == 1) workers.push_back(pid);
+    if (std::string(line) == "ready\n") break;
+  }
+  ASSERT_GT(controller_pid, 0);
+  ASSERT_EQ(workers.size(), 2u);
+  for (pid_t pid : workers) ASSERT_TRUE(ProcessAlive(pid));
+
+  ASSERT_EQ(kill(controller_pid, SIGKILL), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool any_alive = true;
+  while (any_alive && absl::Now() < deadline) {
+    any_alive = false;
+    for (pid_t pid : workers) any_alive |= ProcessAlive(pid);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_FALSE(any_alive) << "worker processes outlived their controller";
+  pclose(controller);
+}
+
+}  // namespace
+}  // namespace dray

@@ -1,0 +1,124 @@
+// A worker process for the runtime's integration tests: worker classes that
+// exercise every dispatch and execute mode, errors, slow calls, collectives
+// and colocated roles.
+#include <unistd.h>
+
+#include <ATen/ops/full.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
+#include "dispatch/status_macros.h"
+#include "runtime/worker.h"
+#include "runtime/worker_process.h"
+
+namespace dray {
+namespace {
+
+// WithRank returns `input` with a "rank" column naming who processed each row.
+absl::StatusOr<DataProto> WithRank(const DataProto& input, int rank) {
+  DataProto output = input;
+  DRAY_RETURN_IF_ERROR(output.AddNonTensor("rank", std::vector<int64_t>(input.size(), rank)));
+  return output;
+}
+
+class TestWorker : public Worker {
+ public:
+  TestWorker() {
+    Def("identity", &TestWorker::Identity, {kOneToAll});
+    Def("echo", &TestWorker::Echo, {kDpComputeProto});
+    Def("echo_async", &TestWorker::Echo, {kDpComputeProto, ExecuteMode::kAll, /*blocking=*/false});
+    Def("metric", &TestWorker::Echo, {kDpComputeMetric});
+    Def("per_rank", &TestWorker::Echo, {kDpCompute});
+    Def("all_to_all", &TestWorker::Echo, {kAllToAll});
+    Def("rank_zero", &TestWorker::Identity, {kRankZero});
+    Def("identity_on_rank_zero", &TestWorker::Identity, {kOneToAll, ExecuteMode::kRankZero});
+    Def("drop_rows", &TestWorker::DropRows, {kDpComputeProto});
+    Def("fail_on_rank_one", &TestWorker::FailOnRankOne, {kOneToAll});
+    Def("throw", &TestWorker::Throw, {kOneToAll});
+    Def("sleep", &TestWorker::Sleep, {kOneToAll});
+    Def("append", &TestWorker::Append, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
+    Def("all_reduce", &TestWorker::AllReduce, {kOneToAll});
+    Def("print", &TestWorker::Print, {kOneToAll});
+  }
+
+  absl::StatusOr<DataProto> Identity() {
+    const char* devices = std::getenv("CUDA_VISIBLE_DEVICES");
+    return DataProto::Make({}, {},
+                           {{"rank", int64_t{rank()}},
+                            {"world_size", int64_t{world_size()}},
+                            {"local_rank", int64_t{local_rank()}},
+                            {"local_world_size", int64_t{local_world_size()}},
+                            {"master_addr", context().master_addr},
+                            {"master_port", int64_t{context().master_port}},
+                            {"cuda_visible_devices", std::string(devices ? devices : "")},
+                            {"pid", int64_t{getpid()}}});
+  }
+
+  absl::StatusOr<DataProto> Echo(const DataProto& input) { return WithRank(input, rank()); }
+
+  absl::StatusOr<DataProto> DropRows(const DataProto&) { return DataProto(); }
+
+  absl::StatusOr<DataProto> FailOnRankOne() {
+    if (rank() == 1) return absl::FailedPreconditionError("rank one refuses");
+    return DataProto();
+  }
+
+  absl::StatusOr<DataProto> Throw() { throw std::runtime_error("something broke"); }
+
+  // Sleep waits meta "ms" milliseconds, then returns its pid.
+  absl::StatusOr<DataProto> Sleep(const DataProto& input) {
+    DRAY_ASSIGN_OR_RETURN(int64_t ms, input.GetMeta<int64_t>("ms"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return DataProto::Make({}, {}, {{"pid", int64_t{getpid()}}});
+  }
+
+  // Append records meta "seq" and returns every value recorded so far.
+  absl::StatusOr<DataProto> Append(const DataProto& input) {
+    DRAY_ASSIGN_OR_RETURN(int64_t seq, input.GetMeta<int64_t>("seq"));
+    seen_.push_back(seq);
+    return DataProto::Make({}, {{"seen", seen_}});
+  }
+
+  // AllReduce sums rank+1 over the group with Gloo.
+  absl::StatusOr<DataProto> AllReduce() {
+    DRAY_ASSIGN_OR_RETURN(Communicator* comm, comm());
+    at::Tensor value = at::full({3}, static_cast<double>(rank() + 1), at::kDouble);
+    DRAY_RETURN_IF_ERROR(comm->AllReduce(value));
+    return DataProto::Make({{"sum", value.unsqueeze(0)}});
+  }
+
+  absl::StatusOr<DataProto> Print() {
+    std::printf("hello from stdout\n");
+    std::fflush(stdout);
+    std::fprintf(stderr, "hello from stderr\n");
+    return DataProto();
+  }
+
+ private:
+  std::vector<int64_t> seen_;
+};
+
+// OtherWorker is colocated with TestWorker in the same processes.
+class OtherWorker : public Worker {
+ public:
+  OtherWorker() {
+    Def("role", &OtherWorker::Role, {kOneToAll});
+    Def("echo", &OtherWorker::Echo, {kOneToAll});
+  }
+  absl::StatusOr<DataProto> Role() { return DataProto::Make({}, {}, {{"role", std::string("other")}}); }
+  absl::StatusOr<DataProto> Echo(const DataProto& input) { return input; }
+};
+
+}  // namespace
+}  // namespace dray
+
+int main(int argc, char** argv) {
+  dray::WorkerClassRegistry classes;
+  classes.Add<dray::TestWorker>("test");
+  classes.Add<dray::OtherWorker>("other");
+  return dray::WorkerMain(classes, argc, argv);
+}

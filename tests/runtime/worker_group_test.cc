@@ -1,0 +1,275 @@
+// End-to-end tests of the actor runtime: a real controller (this process)
+// driving real worker processes over real gRPC, with real c10d collectives.
+#include "runtime/worker_group.h"
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <ATen/ops/arange.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "dispatch/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/runtime/test_util.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::ContainsRegex;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Batch returns rows 0..n-1 in a tensor column "x" and a string column "s".
+DataProto Batch(int64_t n) {
+  std::vector<std::string> strings;
+  for (int64_t i = 0; i < n; ++i) strings.push_back(absl::StrCat("row", i));
+  return DataProto::Make({{"x", at::arange(n, at::kLong)}}, {{"s", strings}}).value();
+}
+
+std::vector<int64_t> Column(const DataProto& data, const std::string& name) {
+  if (data.GetTensor(name).ok()) {
+    const at::Tensor x = data.GetTensor(name).value().contiguous();
+    return std::vector<int64_t>(x.data_ptr<int64_t>(), x.data_ptr<int64_t>() + x.numel());
+  }
+  return *data.GetRows<int64_t>(name).value();
+}
+
+int64_t Meta(const DataProto& data, const std::string& key) {
+  return data.GetMeta<int64_t>(key).value();
+}
+
+class WorkerGroupTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    group_ = StartGroup({1, 4}, {"test", "other"}).value().release();
+  }
+  static void TearDownTestSuite() {
+    delete group_;
+    group_ = nullptr;
+  }
+  static WorkerGroup* group_;
+};
+
+WorkerGroup* WorkerGroupTest::group_ = nullptr;
+
+TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("identity", {}));
+  ASSERT_EQ(out.size(), 4u);
+  std::set<int64_t> ports;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(Meta(out[rank], "rank"), rank);
+    EXPECT_EQ(Meta(out[rank], "world_size"), 4);
+    EXPECT_EQ(Meta(out[rank], "local_rank"), rank);
+    EXPECT_EQ(Meta(out[rank], "local_world_size"), 4);
+    EXPECT_EQ(out[rank].GetMeta<std::string>("cuda_visible_devices").value(), absl::StrCat(rank));
+    EXPECT_EQ(out[rank].GetMeta<std::string>("master_addr").value(), "127.0.0.1");
+    EXPECT_EQ(Meta(out[rank], "pid"), group_->pids()[rank]);
+    ports.insert(Meta(out[rank], "master_port"));
+  }
+  EXPECT_EQ(ports.size(), 1u);
+  EXPECT_GT(*ports.begin(), 0);
+}
+
+TEST_F(WorkerGroupTest, DpComputeProtoPadsAndRestoresOrder) {
+  const DataProto batch = Batch(10);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("test.echo", {batch}));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_THAT(Column(out[0], "x"), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
+  EXPECT_EQ(*out[0].GetRows<std::string>("s").value(), *batch.GetRows<std::string>("s").value());
+  // 10 rows padded to 12 over 4 ranks: 3 rows each, padding dropped from rank 3.
+  EXPECT_THAT(Column(out[0], "rank"), ElementsAre(0, 0, 0, 1, 1, 1, 2, 2, 2, 3));
+  EXPECT_EQ(batch.size(), 10);  // the caller's batch is never padded in place
+}
+
+TEST_F(WorkerGroupTest, DpComputeProtoWithFewerRowsThanRanksAndNoRows) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> small, group_->Call("test.echo", {Batch(3)}));
+  EXPECT_THAT(Column(small[0], "x"), ElementsAre(0, 1, 2));
+  EXPECT_THAT(Column(small[0], "rank"), ElementsAre(0, 1, 2));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> empty, group_->Call("test.echo", {Batch(0)}));
+  EXPECT_EQ(empty[0].size(), 0);
+  EXPECT_TRUE(empty[0].HasColumn("x"));
+}
+
+TEST_F(WorkerGroupTest, DpComputeMetricKeepsPerRankOutputs) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("metric", {Batch(6)}));
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_THAT(Column(out[3], "x"), ElementsAre(0, 1));  // padding rows stay
+  EXPECT_THAT(Column(out[3], "rank"), ElementsAre(3, 3));
+}
+
+TEST_F(WorkerGroupTest, PerRankModesGiveEachRankItsOwnInput) {
+  std::vector<DataProto> inputs;
+  for (int rank = 0; rank < 4; ++rank) inputs.push_back(Batch(rank + 1));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> dp, group_->Call("per_rank", inputs));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> all, group_->Call("all_to_all", inputs));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(dp[rank].size(), rank + 1);
+    EXPECT_EQ(all[rank].size(), rank + 1);
+    EXPECT_EQ(Column(all[rank], "rank")[0], rank);
+  }
+  EXPECT_THAT(group_->Call("per_rank", {Batch(1)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one input per rank (4)")));
+}
+
+TEST_F(WorkerGroupTest, RankZeroDispatchAndExecuteModes) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> dispatched, group_->Call("rank_zero", {}));
+  ASSERT_EQ(dispatched.size(), 1u);
+  EXPECT_EQ(Meta(dispatched[0], "rank"), 0);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> executed, group_->Call("identity_on_rank_zero", {}));
+  ASSERT_EQ(executed.size(), 1u);
+  EXPECT_EQ(Meta(executed[0], "rank"), 0);
+}
+
+TEST_F(WorkerGroupTest, WorkerErrorsNameMethodRankAndMessage) {
+  EXPECT_THAT(group_->Call("fail_on_rank_one", {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("rank 1, test.fail_on_rank_one: rank one refuses")));
+  EXPECT_THAT(group_->Call("throw", {}),
+              StatusIs(absl::StatusCode::kInternal,
+                       ContainsRegex("rank [0-3], test.throw threw: something broke")));
+  EXPECT_THAT(group_->Call("drop_rows", {Batch(5)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one row per input row")));
+  EXPECT_THAT(group_->Call("no_such_method", {}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("it has: ")));
+  // The workers keep serving after errors.
+  DRAY_EXPECT_OK(group_->Call("identity", {}));
+}
+
+TEST_F(WorkerGroupTest, ColocatedRolesShareProcesses) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> roles, group_->Call("role", {}));
+  EXPECT_EQ(roles[2].GetMeta<std::string>("role").value(), "other");
+  EXPECT_THAT(group_->Call("echo", {Batch(1)}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("call it as test.echo")));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> qualified, group_->Call("other.echo", {Batch(2)}));
+  EXPECT_EQ(qualified.size(), 4u);  // other.echo is ONE_TO_ALL
+  DRAY_EXPECT_OK(group_->Call("test.echo", {Batch(2)}));
+}
+
+TEST_F(WorkerGroupTest, AsynchronousCallsRunAndReturnInOrder) {
+  std::vector<GroupFuture> futures;
+  for (int64_t seq = 0; seq < 50; ++seq) {
+    futures.push_back(group_->Invoke("append", {DataProto::Make({}, {}, {{"seq", seq}}).value()}));
+  }
+  std::vector<int64_t> previous;
+  for (int64_t seq = 0; seq < 50; ++seq) {
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, futures[seq].Get());
+    for (const DataProto& rank_output : out) {
+      const std::vector<int64_t> seen = *rank_output.GetRows<int64_t>("seen").value();
+      ASSERT_FALSE(seen.empty());
+      EXPECT_EQ(seen.back(), seq);  // each worker ran the calls in submission order
+      if (seen.size() >= 2) EXPECT_EQ(seen[seen.size() - 2], seq - 1);
+    }
+  }
+}
+
+TEST_F(WorkerGroupTest, NonBlockingMethodsReturnFutures) {
+  GroupFuture future = group_->Invoke("echo_async", {Batch(8)});
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, future.Get());
+  EXPECT_THAT(Column(out[0], "x"), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7));
+  EXPECT_TRUE(future.Ready());
+  DRAY_ASSERT_OK(future.Get().status());  // Get may be called again
+}
+
+TEST_F(WorkerGroupTest, DeadlineFailsTheCallAndLeavesTheWorkerUsable) {
+  const DataProto slow = DataProto::Make({}, {}, {{"ms", int64_t{1500}}}).value();
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(group_->Call("sleep", {slow}, CallOptions{absl::Milliseconds(200)}),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("passed its deadline")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // The worker finishes the slow call, then serves the next one.
+  DRAY_EXPECT_OK(group_->Call("identity", {}, CallOptions{absl::Seconds(30)}));
+}
+
+TEST_F(WorkerGroupTest, GlooAllReduceAcrossWorkerProcesses) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("all_reduce", {}));
+  for (const DataProto& rank_output : out) {
+    const at::Tensor sum = rank_output.GetTensor("sum").value();
+    EXPECT_EQ(sum[0][0].item<double>(), 1.0 + 2.0 + 3.0 + 4.0);
+  }
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> again, group_->Call("all_reduce", {}));
+  EXPECT_EQ(again[3].GetTensor("sum").value()[0][2].item<double>(), 10.0);
+}
+
+TEST_F(WorkerGroupTest, LargeBatchesStreamThroughTheSession) {
+  // 64 MiB of float32 crosses the session in 2 MiB chunks each way.
+  const at::Tensor big = at::arange(16 << 20, at::kFloat).reshape({16, 1 << 20});
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, DataProto::Make({{"big", big}}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("test.echo", {batch}));
+  EXPECT_TRUE(SameTensor(out[0].GetTensor("big").value(), big));
+}
+
+TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 4}, {"test"}));
+  const DataProto slow = DataProto::Make({}, {}, {{"ms", int64_t{20000}}}).value();
+  absl::StatusOr<std::vector<DataProto>> result;
+  absl::Time returned;
+  std::thread caller([&] {
+    result = group->Call("sleep", {slow});
+    returned = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(500));  // the call is running on every rank
+  const pid_t victim = group->pids()[2];
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  caller.join();
+  EXPECT_LT(returned - killed, absl::Seconds(1));
+  EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable,
+                               HasSubstr(absl::StrCat("worker rank 2 (pid ", victim,
+                                                      ") killed by signal 9"))));
+  // Later calls fail at once, naming the dead rank.
+  EXPECT_THAT(group->Call("identity", {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
+  const std::vector<pid_t> pids = group->pids();
+  group->Shutdown();
+  for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // every process reaped
+}
+
+TEST(WorkerGroupFailureTest, RegistrationTimeoutNamesTheMissingRanks) {
+  WorkerGroupOptions options;
+  options.command = {"/bin/sh", "-c", "sleep 30", "sh"};  // never registers
+  options.roles = {"test"};
+  options.register_timeout = absl::Seconds(1);
+  EXPECT_THAT(WorkerGroup::Create({1, 2}, options),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       HasSubstr("worker ranks 0, 1 did not register within 1s")));
+}
+
+TEST(WorkerGroupFailureTest, WorkerThatCannotStartFailsCreationWithItsExitStatus) {
+  EXPECT_THAT(StartGroup({1, 2}, {"no_such_role"}),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       HasSubstr("exited with code 1 before registering")));
+  WorkerGroupOptions options;
+  options.command = {"/nonexistent/worker"};
+  options.roles = {"test"};
+  EXPECT_THAT(WorkerGroup::Create({1, 1}, options),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot run /nonexistent/worker")));
+}
+
+TEST(WorkerGroupFailureTest, MultiNodeLayoutSetsLocalRanks) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({2, 2}, {"test"}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group->Call("identity", {}));
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(Meta(out[3], "rank"), 3);
+  EXPECT_EQ(Meta(out[3], "local_rank"), 1);
+  EXPECT_EQ(Meta(out[3], "local_world_size"), 2);
+  EXPECT_EQ(out[2].GetMeta<std::string>("cuda_visible_devices").value(), "0");
+}
+
+TEST(WorkerGroupFailureTest, CallsAfterShutdownFail) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 1}, {"test"}));
+  group->Shutdown();
+  EXPECT_THAT(group->Call("identity", {}), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace dray
