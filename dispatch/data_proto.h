@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -45,6 +46,40 @@
 
 namespace dray {
 
+// Bytes: an immutable byte buffer that copies share, so that selecting,
+// chunking and concatenating rows of images or blobs never copies their
+// bytes, and decoded rows alias the received payload (as tensors do).
+//
+//   Bytes png = ReadFile("in.png");     // from std::string: takes it over
+//   absl::string_view data = png.view();
+class Bytes {
+ public:
+  Bytes() = default;
+  Bytes(std::string data)  // NOLINT: implicit, a string is the natural source
+      : owner_(std::make_shared<const std::string>(std::move(data))),
+        view_(*static_cast<const std::string*>(owner_.get())) {}
+  Bytes(const char* data) : Bytes(std::string(data)) {}  // NOLINT
+
+  // Alias views `bytes`, kept valid by `owner`.
+  static Bytes Alias(std::shared_ptr<const void> owner, absl::string_view bytes) {
+    Bytes out;
+    out.owner_ = std::move(owner);
+    out.view_ = bytes;
+    return out;
+  }
+
+  absl::string_view view() const { return view_; }
+  const char* data() const { return view_.data(); }
+  size_t size() const { return view_.size(); }
+  bool empty() const { return view_.empty(); }
+
+  friend bool operator==(const Bytes& a, const Bytes& b) { return a.view_ == b.view_; }
+
+ private:
+  std::shared_ptr<const void> owner_;
+  absl::string_view view_;
+};
+
 // Image: one image row, encoded (PNG, JPEG) or raw interleaved HWC uint8.
 struct Image {
   enum class Format { kPng, kJpeg, kRaw };
@@ -54,18 +89,12 @@ struct Image {
   int32_t width = 0;
   int32_t height = 0;
   int32_t channels = 0;
-  std::string bytes;
+  Bytes bytes;
 
   friend bool operator==(const Image& a, const Image& b) {
     return a.format == b.format && a.width == b.width && a.height == b.height &&
            a.channels == b.channels && a.bytes == b.bytes;
   }
-};
-
-// Bytes: one opaque binary row.
-struct Bytes {
-  std::string data;
-  friend bool operator==(const Bytes& a, const Bytes& b) { return a.data == b.data; }
 };
 
 // Json: one JSON document, kept as text.

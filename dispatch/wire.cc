@@ -111,7 +111,8 @@ v1::Image::Format WireImageFormat(Image::Format format) {
   return v1::Image::FORMAT_UNSPECIFIED;
 }
 
-absl::StatusOr<Image> DecodeImage(const v1::Image& message, const std::string& payload,
+absl::StatusOr<Image> DecodeImage(const v1::Image& message,
+                                  const std::shared_ptr<std::string>& payload,
                                   absl::string_view where) {
   Image image;
   switch (message.format()) {
@@ -134,7 +135,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message, const std::string& p
   if (image.width < 0 || image.height < 0 || image.channels < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has a negative image dimension"));
   }
-  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload, where));
+  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), *payload, where));
   if (image.format == Image::Format::kRaw) {
     if (image.width == 0 || image.height == 0 || image.channels < 1 || image.channels > 4) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
@@ -150,7 +151,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message, const std::string& p
           expected, " bytes, got ", bytes.size()));
     }
   }
-  image.bytes = std::string(bytes);
+  image.bytes = Bytes::Alias(payload, bytes);
   return image;
 }
 
@@ -160,7 +161,7 @@ size_t PayloadBound(const DataProto& data) {
   for (const auto& column : data.tensors()) bytes += column.second.nbytes() + kAlignment;
   for (const auto& column : data.non_tensors()) {
     if (const auto* rows = std::get_if<std::vector<Bytes>>(&column.second)) {
-      for (const Bytes& row : *rows) bytes += row.data.size() + kAlignment;
+      for (const Bytes& row : *rows) bytes += row.size() + kAlignment;
     } else if (const auto* images = std::get_if<std::vector<Image>>(&column.second)) {
       for (const Image& image : *images) bytes += image.bytes.size() + kAlignment;
     }
@@ -179,7 +180,7 @@ void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message
     void operator()(const std::vector<Bytes>& rows) const {
       auto* values = message->mutable_bytes()->mutable_values();
       for (const Bytes& row : rows) {
-        *values->Add() = AppendAligned(row.data.data(), row.data.size(), payload);
+        *values->Add() = AppendAligned(row.data(), row.size(), payload);
       }
     }
     void operator()(const std::vector<Image>& rows) const {
@@ -207,7 +208,7 @@ void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message
 }
 
 absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& message,
-                                                const std::string& payload) {
+                                                const std::shared_ptr<std::string>& payload) {
   const std::string where = absl::StrCat("non-tensor column '", message.name(), "'");
   switch (message.rows_case()) {
     case v1::NonTensorColumn::kStrings:
@@ -217,9 +218,9 @@ absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& messa
       std::vector<Bytes> rows;
       for (int i = 0; i < message.bytes().values_size(); ++i) {
         DRAY_ASSIGN_OR_RETURN(absl::string_view bytes,
-                              View(message.bytes().values(i), payload,
+                              View(message.bytes().values(i), *payload,
                                    absl::StrCat(where, " row ", i)));
-        rows.push_back(Bytes{std::string(bytes)});
+        rows.push_back(Bytes::Alias(payload, bytes));
       }
       return rows;
     }
@@ -358,7 +359,7 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
     DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
   }
   for (const v1::NonTensorColumn& column : message.non_tensors()) {
-    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, *payload));
+    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, payload));
     DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
   }
   for (const auto& [key, value] : message.meta_info()) {

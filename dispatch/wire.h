@@ -4,7 +4,8 @@
 // buffers start at 64-byte aligned offsets. Decoding takes the message's
 // payload by move and builds tensors that alias it: nothing is copied unless
 // a buffer is misaligned for its element type (possible only from foreign
-// encoders). The conversion is exact for every dtype: bytes in, same bytes out.
+// encoders); image and byte rows alias it too. The conversion is exact for
+// every dtype: bytes in, same bytes out.
 //
 //   DRAY_ASSIGN_OR_RETURN(dray::v1::DataProto message, ToWire(batch));
 //   ...send, receive...

@@ -233,8 +233,11 @@ absl::Status WorkerGroup::Impl::Connect() {
     for (const auto& registration : registrations_) addresses.push_back(registration->address());
   }
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
-    clients_.push_back(std::make_unique<WorkerClient>(
-        rank, addresses[rank], [this, rank](absl::Status) { processes_[rank]->WaitFor(kExitStatusWait); }));
+    // A broken session usually means a dead process: report its exit status,
+    // a better reason than the broken stream, if it arrives in time.
+    clients_.push_back(std::make_unique<WorkerClient>(rank, addresses[rank], [this, rank](absl::Status) {
+      if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
+    }));
   }
   {
     absl::MutexLock lock(&mu_);

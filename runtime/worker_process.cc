@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "dispatch/status_macros.h"
 #include "dray/v1/controller.grpc.pb.h"
+#include "runtime/allocator.h"
 #include "runtime/grpc_util.h"
 #include "runtime/worker_host.h"
 #include "runtime/worker_service.h"
@@ -168,6 +169,7 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
 }
 
 int WorkerMain(const WorkerClassRegistry& classes, int argc, char** argv) {
+  KeepFreedMemoryForReuse();
   absl::StatusOr<WorkerProcessOptions> options =
       ParseWorkerProcessFlags(std::vector<std::string>(argv + 1, argv + argc));
   absl::Status status = options.ok() ? RunWorkerProcess(classes, *options) : options.status();

@@ -39,7 +39,7 @@ absl::StatusOr<WorkerProcessOptions> ParseWorkerProcessFlags(const std::vector<s
 
 // RunWorkerProcess serves until the process should exit; a method may still
 // be running when it returns, so the process must exit right after
-// (WorkerMain does).
+// (WorkerMain does, after KeepFreedMemoryForReuse).
 absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
                               const WorkerProcessOptions& options);
 

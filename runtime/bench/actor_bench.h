@@ -1,0 +1,58 @@
+// The actor runtime's benchmark, run by `dray bench --suite runtime`.
+//
+// Every figure is measured in the same run as the baseline it is judged
+// against: actor calls against a raw gRPC echo between two processes, and
+// DP_COMPUTE_PROTO bandwidth against raw loopback TCP. Figures:
+//   grpc_echo_p50_us                 raw gRPC unary echo round trip (the floor)
+//   call_sync_p50_us, _p99_us        blocking actor call, tiny argument, 1 worker
+//   call_sync_p50_vs_grpc_echo       ratio of the two p50s
+//   calls_async_per_s                pipelined asynchronous calls to 1 worker
+//   one_to_all_p50_us_w{1,2,4,8}     ONE_TO_ALL round trip at 1, 2, 4, 8 workers
+//   loopback_tcp_gbps                raw TCP over 127.0.0.1
+//   dp_compute_proto_gbps            DP_COMPUTE_PROTO echo of 64 RGB 512x512
+//                                    images over N workers, bytes both ways / wall
+//   dp_compute_proto_vs_loopback     ratio of the two bandwidths
+#ifndef DRAY_RUNTIME_BENCH_ACTOR_BENCH_H_
+#define DRAY_RUNTIME_BENCH_ACTOR_BENCH_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/worker.h"
+
+namespace dray {
+
+struct BenchMetric {
+  std::string name;
+  double value = 0;
+  std::string unit;
+};
+
+struct ActorBenchOptions {
+  // Runs a worker process hosting the classes of RegisterBenchWorkers
+  // (--controller= and --roles= are appended).
+  std::vector<std::string> worker_command;
+  // Runs RunEchoServer (--port= is appended).
+  std::vector<std::string> echo_server_command;
+  int workers = 4;     // ranks for dp_compute_proto_gbps
+  bool quick = false;  // fewer repetitions
+  // Called with each figure as soon as it is measured.
+  std::function<void(const BenchMetric&)> report;
+};
+
+// RunActorBench measures every figure above.
+absl::StatusOr<std::vector<BenchMetric>> RunActorBench(const ActorBenchOptions& options);
+
+// RegisterBenchWorkers adds the worker class the benchmark calls ("bench").
+void RegisterBenchWorkers(WorkerClassRegistry* classes);
+
+// RunEchoServer serves dray.v1.EchoService on 127.0.0.1:`port` until the
+// process is killed.
+absl::Status RunEchoServer(int port);
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_BENCH_ACTOR_BENCH_H_
