@@ -53,8 +53,7 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 };
 
-// GroupAddress: where the ranks of a group meet. Rank 0 hosts a c10d
-// TCPStore at master_addr:master_port; the others connect to it.
+// GroupAddress: where the ranks of a group meet.
 struct GroupAddress {
   int rank = 0;
   int world_size = 1;
@@ -64,9 +63,41 @@ struct GroupAddress {
   absl::Duration timeout = absl::Minutes(5);
 };
 
-// CreateGlooCommunicator joins the group at `address` over Gloo (CPU tensors).
+// Rendezvous: the c10d TCPStore that rank 0 hosts at master_addr:master_port
+// and the other ranks join. One per process and group; every communicator of
+// the group (Gloo, NCCL) meets through it under its own name.
+//
+// Thread-safety: thread-safe.
+class Rendezvous {
+ public:
+  // Join connects (rank 0: starts the store). Every rank must call it.
+  static absl::StatusOr<std::shared_ptr<Rendezvous>> Join(const GroupAddress& address);
+
+  const GroupAddress& address() const { return address_; }
+
+  // The c10d store, for communicator implementations (opaque here to keep
+  // c10d's headers out of this one).
+  struct Store;
+  Store& store() const { return *store_; }
+
+  ~Rendezvous();
+
+ private:
+  Rendezvous(GroupAddress address, std::unique_ptr<Store> store);
+  GroupAddress address_;
+  std::unique_ptr<Store> store_;
+};
+
+// CreateGlooCommunicator joins a Gloo group (CPU tensors) called `name`.
 // Every rank must call it; it returns once all have joined.
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GroupAddress& address);
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name);
+
+// CreateNcclCommunicator joins an NCCL group (CUDA tensors on `device`)
+// called `name`. Only a --config=cuda build has NCCL; elsewhere it returns
+// UNIMPLEMENTED.
+absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device);
 
 }  // namespace dray
 

@@ -10,12 +10,13 @@
 #include <exception>
 #include <vector>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "dispatch/status_macros.h"
 #include "runtime/communicator.h"
+#include "runtime/rendezvous_store.h"
 
 namespace dray {
 namespace {
@@ -35,9 +36,9 @@ absl::Status CheckDense(const at::Tensor& tensor, absl::string_view what) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
+  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous,
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
-      : store_(std::move(store)), group_(std::move(group)) {}
+      : rendezvous_(std::move(rendezvous)), group_(std::move(group)) {}
 
   int rank() const override { return group_->getRank(); }
   int world_size() const override { return group_->getSize(); }
@@ -116,36 +117,27 @@ class GlooCommunicator final : public Communicator {
     }
   }
 
-  c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<Rendezvous> rendezvous_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GroupAddress& address) {
-  if (address.world_size < 1 || address.rank < 0 || address.rank >= address.world_size ||
-      address.master_port <= 0 || address.master_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad group address: rank ", address.rank, " of ", address.world_size,
-                     " at ", address.master_addr, ":", address.master_port));
-  }
+absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name) {
+  const GroupAddress& address = rendezvous->address();
   try {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<uint16_t>(address.master_port);
-    store_options.isServer = address.rank == 0;
-    store_options.numWorkers = address.world_size;
-    store_options.timeout = ToChrono(address.timeout);
-    auto store = c10::make_intrusive<c10d::TCPStore>(address.master_addr, store_options);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("gloo/", name),
+                                                        rendezvous->store().store);
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
     options->devices.push_back(
         c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, address.rank,
                                                              address.world_size, options);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(store, group));
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(rendezvous), group));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join the group at ",
-                                               address.master_addr, ":", address.master_port,
-                                               ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join Gloo group '",
+                                               name, "': ", e.what()));
   }
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dispatch/status_macros.h"
 
 namespace dray {
 namespace {
@@ -47,18 +48,33 @@ Worker::Worker() {
 
 Worker::~Worker() = default;
 
-absl::StatusOr<Communicator*> Worker::comm() {
-  if (comm_ == nullptr) {
+absl::StatusOr<std::shared_ptr<Rendezvous>> Worker::rendezvous() {
+  if (rendezvous_ == nullptr) {
     GroupAddress address;
     address.rank = context_.rank;
     address.world_size = context_.world_size;
     address.master_addr = context_.master_addr;
     address.master_port = context_.master_port;
-    absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateGlooCommunicator(address);
-    if (!comm.ok()) return comm.status();
-    comm_ = std::move(comm).value();
+    DRAY_ASSIGN_OR_RETURN(rendezvous_, Rendezvous::Join(address));
+  }
+  return rendezvous_;
+}
+
+absl::StatusOr<Communicator*> Worker::comm() {
+  if (comm_ == nullptr) {
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> group, rendezvous());
+    DRAY_ASSIGN_OR_RETURN(comm_, CreateGlooCommunicator(std::move(group), "default"));
   }
   return comm_.get();
+}
+
+absl::StatusOr<Communicator*> Worker::device_comm() {
+  if (device_comm_ == nullptr) {
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> group, rendezvous());
+    // The controller sets CUDA_VISIBLE_DEVICES to this worker's GPU: device 0.
+    DRAY_ASSIGN_OR_RETURN(device_comm_, CreateNcclCommunicator(std::move(group), "default", 0));
+  }
+  return device_comm_.get();
 }
 
 void WorkerClassRegistry::Add(std::string role, Factory factory) {

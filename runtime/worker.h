@@ -94,9 +94,14 @@ class Worker {
   int local_rank() const { return context_.local_rank; }
   int local_world_size() const { return context_.local_world_size; }
 
-  // comm returns the group's communicator (Gloo on CPU), joining the group on
-  // first use: every rank must reach its first comm() call.
+  // comm returns the group's communicator for CPU tensors (Gloo), joining
+  // the group on first use: every rank must reach its first comm() call.
   absl::StatusOr<Communicator*> comm();
+
+  // device_comm returns the group's communicator for CUDA tensors (NCCL on
+  // the worker's GPU), likewise joined on first use. UNIMPLEMENTED in a
+  // build without CUDA.
+  absl::StatusOr<Communicator*> device_comm();
 
   const std::vector<RegisteredMethod>& methods() const { return methods_; }
 
@@ -117,9 +122,14 @@ class Worker {
   }
 
  private:
+  // rendezvous joins the group's store once; both communicators use it.
+  absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous();
+
   WorkerContext context_;
   std::vector<RegisteredMethod> methods_;
+  std::shared_ptr<Rendezvous> rendezvous_;
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> device_comm_;
 };
 
 // WorkerClassRegistry: the worker classes a worker process can host, by role

@@ -111,6 +111,13 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     absl::MutexLock lock(&mu_);
     return registrations_[rank]->methods();
   }
+  std::vector<std::string> worker_addresses() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> addresses;
+    for (const auto& registration : registrations_) addresses.push_back(registration->address());
+    return addresses;
+  }
+  const std::string& controller_address() const { return controller_address_; }
   std::vector<pid_t> pids() const {
     std::vector<pid_t> pids;
     for (const auto& process : processes_) pids.push_back(process ? process->pid() : -1);
@@ -340,6 +347,10 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceS
 void WorkerGroup::Shutdown() { impl_->Stop(); }
 
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
+
+std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
+
+std::string WorkerGroup::controller_address() const { return impl_->controller_address(); }
 
 absl::StatusOr<const v1::MethodInfo*> WorkerGroup::FindMethod(absl::string_view method) const {
   std::vector<const v1::MethodInfo*> matches;

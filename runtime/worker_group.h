@@ -125,6 +125,14 @@ class WorkerGroup {
   // pids returns the worker processes' ids, by rank.
   std::vector<pid_t> pids() const;
 
+  // worker_addresses returns where each rank's WorkerService (and
+  // grpc.health.v1) listens, as host:port.
+  std::vector<std::string> worker_addresses() const;
+
+  // controller_address returns where the ControllerService (and
+  // grpc.health.v1) listens, as host:port.
+  std::string controller_address() const;
+
  private:
   class Impl;
   explicit WorkerGroup(std::unique_ptr<Impl> impl);

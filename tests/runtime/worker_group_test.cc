@@ -19,6 +19,8 @@
 #include "dispatch/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "runtime/grpc_util.h"
 #include "tests/runtime/test_util.h"
 
 namespace dray {
@@ -208,6 +210,26 @@ TEST_F(WorkerGroupTest, LargeBatchesStreamThroughTheSession) {
   EXPECT_TRUE(SameTensor(out[0].GetTensor("big").value(), big));
 }
 
+// HealthOf asks the standard grpc.health.v1 service at `address`.
+absl::StatusOr<grpc::health::v1::HealthCheckResponse::ServingStatus> HealthOf(
+    const std::string& address) {
+  auto stub = grpc::health::v1::Health::NewStub(CreateDrayChannel(address));
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(5));
+  grpc::health::v1::HealthCheckResponse response;
+  absl::Status status = ToAbslStatus(stub->Check(&context, {}, &response), address);
+  if (!status.ok()) return status;
+  return response.status();
+}
+
+TEST_F(WorkerGroupTest, ControllerAndWorkersServeGrpcHealth) {
+  EXPECT_EQ(HealthOf(group_->controller_address()).value(),
+            grpc::health::v1::HealthCheckResponse::SERVING);
+  for (const std::string& address : group_->worker_addresses()) {
+    EXPECT_EQ(HealthOf(address).value(), grpc::health::v1::HealthCheckResponse::SERVING) << address;
+  }
+}
+
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 4}, {"test"}));
   const DataProto slow = DataProto::Make({}, {}, {{"ms", int64_t{20000}}}).value();
@@ -229,6 +251,7 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   // Later calls fail at once, naming the dead rank.
   EXPECT_THAT(group->Call("identity", {}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
+  EXPECT_THAT(HealthOf(group->worker_addresses()[2]), StatusIs(absl::StatusCode::kUnavailable));
   const std::vector<pid_t> pids = group->pids();
   group->Shutdown();
   for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // every process reaped
