@@ -1,0 +1,32 @@
+// Small functions of the Qwen-Image-Edit pipeline, exactly as diffusers
+// defines them: output size for a target area, and the 2x2 packing of VAE
+// latents into transformer tokens (and back).
+#ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
+#define DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
+
+#include <cstdint>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+
+namespace dray::qwen_image {
+
+// CalculateDimensions returns {width, height}: the target area at aspect
+// `ratio` (width / height), each rounded to a multiple of 32 with Python's
+// round-half-to-even.
+std::pair<int64_t, int64_t> CalculateDimensions(double target_area, double ratio);
+
+// PackLatents turns latents [B, C, 1, H, W] (H, W even) into tokens
+// [B, (H/2)(W/2), 4C], each token a 2x2 patch in channel-major order.
+absl::StatusOr<at::Tensor> PackLatents(const at::Tensor& latents);
+
+// UnpackLatents inverts PackLatents for an image of height x width pixels:
+// tokens [B, S, 4C] -> [B, C, 1, H, W] with H = 2 * (height / (2 * vae_scale_factor)).
+absl::StatusOr<at::Tensor> UnpackLatents(const at::Tensor& tokens, int64_t height, int64_t width,
+                                         int64_t vae_scale_factor);
+
+}  // namespace dray::qwen_image
+
+#endif  // DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
