@@ -27,12 +27,15 @@ TEST(SchedulerParityTest, ConfigReadsDiffusersKeys) {
   EXPECT_TRUE(config.use_dynamic_shifting);
   EXPECT_EQ(config.max_image_seq_len, 8192);
   EXPECT_EQ(config.shift_terminal.value(), 0.02);
-  EXPECT_THAT(FlowMatchEulerConfig::FromJsonText(R"({"shift": 1.0, "sheep": 3})"),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("unknown key 'sheep'; known keys: num_train_timesteps")));
-  EXPECT_THAT(FlowMatchEulerConfig::FromJsonText(R"({"shift": "big"})"),
+  auto from_text = [](const char* text) {
+    return FlowMatchEulerConfig::FromJson(JsonConfig::Parse(text, "test.json").value());
+  };
+  EXPECT_THAT(from_text(R"({"shift": 1.0, "sheep": 3})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("test.json: unknown key sheep; known keys: base_image_seq_len")));
+  EXPECT_THAT(from_text(R"({"shift": "big"})"),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("'shift' must be a number")));
-  EXPECT_THAT(FlowMatchEulerConfig::FromJsonText(R"({"use_karras_sigmas": true})"),
-              StatusIs(absl::StatusCode::kUnimplemented));
+  EXPECT_THAT(from_text(R"({"use_karras_sigmas": true})"), StatusIs(absl::StatusCode::kUnimplemented));
 }
 
 TEST(SchedulerParityTest, SchedulesMatchExactly) {

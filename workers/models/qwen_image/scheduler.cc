@@ -6,19 +6,14 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
+#include "workers/models/json_config.h"
 
 namespace dray::qwen_image {
 namespace {
-
-using nlohmann::json;
 
 // ShiftSigmas applies diffusers' shift and terminal stretch to `sigmas` in
 // precision T, casting Python scalars to T as NumPy 1.x does for arrays of T.
@@ -43,71 +38,42 @@ std::vector<T> ShiftSigmas(std::vector<T> sigmas, const FlowMatchEulerConfig& co
   return sigmas;
 }
 
-absl::Status Expect(bool ok, const std::string& key, const char* type) {
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("scheduler config: '", key, "' must be ", type));
-}
-
 }  // namespace
 
-absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromJsonText(const std::string& text) {
-  const json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded() || !parsed.is_object()) {
-    return absl::InvalidArgumentError("scheduler config is not a JSON object");
-  }
+absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromJson(JsonConfig json) {
   FlowMatchEulerConfig config;
-  const std::vector<std::string> known = {
-      "num_train_timesteps", "shift", "use_dynamic_shifting", "base_shift", "max_shift",
-      "base_image_seq_len", "max_image_seq_len", "shift_terminal", "time_shift_type",
-      "invert_sigmas", "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas",
-      "stochastic_sampling"};
-  for (const auto& [key, value] : parsed.items()) {
-    if (key.rfind("_", 0) == 0) continue;  // _class_name, _diffusers_version
-    if (key == "num_train_timesteps") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_number_integer() && value.get<int>() > 0, key, "a positive integer"));
-      config.num_train_timesteps = value.get<int>();
-    } else if (key == "shift" || key == "base_shift" || key == "max_shift") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_number(), key, "a number"));
-      (key == "shift" ? config.shift : key == "base_shift" ? config.base_shift : config.max_shift) =
-          value.get<double>();
-    } else if (key == "base_image_seq_len" || key == "max_image_seq_len") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_number_integer(), key, "an integer"));
-      (key == "base_image_seq_len" ? config.base_image_seq_len : config.max_image_seq_len) =
-          value.get<int>();
-    } else if (key == "use_dynamic_shifting") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_boolean(), key, "true or false"));
-      config.use_dynamic_shifting = value.get<bool>();
-    } else if (key == "shift_terminal") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_null() || value.is_number(), key, "a number or null"));
-      if (value.is_number()) config.shift_terminal = value.get<double>();
-    } else if (key == "time_shift_type") {
-      DRAY_RETURN_IF_ERROR(Expect(value == "exponential" || value == "linear", key,
-                                  "\"exponential\" or \"linear\""));
-      config.time_shift_type = value.get<std::string>();
-    } else if (key == "invert_sigmas" || key == "use_karras_sigmas" ||
-               key == "use_exponential_sigmas" || key == "use_beta_sigmas" ||
-               key == "stochastic_sampling") {
-      DRAY_RETURN_IF_ERROR(Expect(value.is_boolean(), key, "true or false"));
-      if (value.get<bool>()) {
-        return absl::UnimplementedError(
-            absl::StrCat("scheduler config: '", key, "' = true is not supported by dray"));
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("scheduler config: unknown key '", key,
-                                                     "'; known keys: ", absl::StrJoin(known, ", ")));
-    }
+  int64_t train_steps = config.num_train_timesteps, base_len = config.base_image_seq_len,
+          max_len = config.max_image_seq_len;
+  DRAY_RETURN_IF_ERROR(json.Get("num_train_timesteps", &train_steps));
+  DRAY_RETURN_IF_ERROR(json.Get("shift", &config.shift));
+  DRAY_RETURN_IF_ERROR(json.Get("use_dynamic_shifting", &config.use_dynamic_shifting));
+  DRAY_RETURN_IF_ERROR(json.Get("base_shift", &config.base_shift));
+  DRAY_RETURN_IF_ERROR(json.Get("max_shift", &config.max_shift));
+  DRAY_RETURN_IF_ERROR(json.Get("base_image_seq_len", &base_len));
+  DRAY_RETURN_IF_ERROR(json.Get("max_image_seq_len", &max_len));
+  DRAY_RETURN_IF_ERROR(json.Get("shift_terminal", &config.shift_terminal));
+  DRAY_RETURN_IF_ERROR(json.Get("time_shift_type", &config.time_shift_type));
+  for (const char* key : {"invert_sigmas", "use_karras_sigmas", "use_exponential_sigmas",
+                          "use_beta_sigmas", "stochastic_sampling"}) {
+    DRAY_RETURN_IF_ERROR(json.Unsupported(key));
   }
+  DRAY_RETURN_IF_ERROR(json.Finish());
+  if (train_steps < 1 || base_len >= max_len) {
+    return absl::InvalidArgumentError("scheduler config: needs num_train_timesteps >= 1 and base_image_seq_len < max_image_seq_len");
+  }
+  if (config.time_shift_type != "exponential" && config.time_shift_type != "linear") {
+    return absl::InvalidArgumentError(absl::StrCat("scheduler config: time_shift_type '", config.time_shift_type,
+                                                   "' is neither \"exponential\" nor \"linear\""));
+  }
+  config.num_train_timesteps = static_cast<int>(train_steps);
+  config.base_image_seq_len = static_cast<int>(base_len);
+  config.max_image_seq_len = static_cast<int>(max_len);
   return config;
 }
 
 absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open scheduler config ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<FlowMatchEulerConfig> config = FromJsonText(text.str());
-  if (!config.ok()) return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
-  return config;
+  DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
+  return FromJson(std::move(json));
 }
 
 double CalculateShift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len,

@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "workers/models/json_config.h"
 
 namespace dray::qwen_image {
 
@@ -44,7 +45,7 @@ struct FlowMatchEulerConfig {
   // FromJson reads a diffusers scheduler_config.json; an unknown key, a
   // wrong type, or an option dray does not implement (karras, exponential
   // or beta sigmas, inverted sigmas, stochastic sampling) is an error.
-  static absl::StatusOr<FlowMatchEulerConfig> FromJsonText(const std::string& text);
+  static absl::StatusOr<FlowMatchEulerConfig> FromJson(JsonConfig json);
   static absl::StatusOr<FlowMatchEulerConfig> FromFile(const std::string& path);
 };
 

@@ -1,0 +1,143 @@
+#include "workers/models/json_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dray {
+namespace {
+
+const nlohmann::json& Null() {
+  static const nlohmann::json* null = new nlohmann::json(nullptr);
+  return *null;
+}
+
+}  // namespace
+
+absl::StatusOr<JsonConfig> JsonConfig::Parse(absl::string_view text, std::string name) {
+  auto parsed = std::make_shared<nlohmann::json>(
+      nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false));
+  if (parsed->is_discarded() || !parsed->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not a JSON object"));
+  }
+  JsonConfig config;
+  config.name_ = std::move(name);
+  config.json_ = std::move(parsed);
+  return config;
+}
+
+absl::StatusOr<JsonConfig> JsonConfig::ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return Parse(text.str(), path);
+}
+
+const nlohmann::json& JsonConfig::Field(const char* key) {
+  known_.insert(key);
+  auto it = json_->find(key);
+  return it == json_->end() ? Null() : *it;
+}
+
+absl::Status JsonConfig::WrongType(const char* key, const char* expected) const {
+  return absl::InvalidArgumentError(absl::StrCat(name_, ": '", key, "' must be ", expected));
+}
+
+absl::Status JsonConfig::Get(const char* key, int64_t* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_number_integer()) return WrongType(key, "an integer");
+  *value = field.get<int64_t>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, double* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_number()) return WrongType(key, "a number");
+  *value = field.get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, bool* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_boolean()) return WrongType(key, "true or false");
+  *value = field.get<bool>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, std::string* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_string()) return WrongType(key, "a string");
+  *value = field.get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, std::vector<int64_t>* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_array()) return WrongType(key, "a list of integers");
+  for (const auto& item : field) {
+    if (!item.is_number_integer()) return WrongType(key, "a list of integers");
+  }
+  *value = field.get<std::vector<int64_t>>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, std::vector<double>* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_array()) return WrongType(key, "a list of numbers");
+  for (const auto& item : field) {
+    if (!item.is_number()) return WrongType(key, "a list of numbers");
+  }
+  *value = field.get<std::vector<double>>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, std::vector<bool>* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_array()) return WrongType(key, "a list of true/false");
+  value->clear();
+  for (const auto& item : field) {
+    if (!item.is_boolean()) return WrongType(key, "a list of true/false");
+    value->push_back(item.get<bool>());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Get(const char* key, std::optional<double>* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_number()) return WrongType(key, "a number or null");
+  *value = field.get<double>();
+  return absl::OkStatus();
+}
+
+absl::Status JsonConfig::Unsupported(const char* key) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null() || field == false) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat(name_, ": '", key, "' = ", field.dump(), " is not supported by dray"));
+}
+
+absl::Status JsonConfig::Finish() const {
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : json_->items()) {
+    if (key.rfind('_', 0) != 0 && known_.count(key) == 0) unknown.push_back(key);
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name_, ": unknown key", unknown.size() > 1 ? "s " : " ",
+                                                 absl::StrJoin(unknown, ", "), "; known keys: ",
+                                                 absl::StrJoin(known_, ", ")));
+}
+
+}  // namespace dray

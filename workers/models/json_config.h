@@ -1,0 +1,67 @@
+// Reading diffusers / transformers config.json files strictly: each field is
+// read into a typed variable that keeps its default when the key is absent;
+// a wrong type, an unknown key (listing the known ones) or a switched-on
+// option dray does not implement is an error naming the file and key.
+//
+//   DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
+//   DRAY_RETURN_IF_ERROR(json.Get("num_layers", &config.num_layers));
+//   DRAY_RETURN_IF_ERROR(json.Unsupported("guidance_embeds"));
+//   DRAY_RETURN_IF_ERROR(json.Finish());
+//
+// Keys starting with "_" (_class_name, _diffusers_version) are ignored.
+//
+// Thread-safety: not thread-safe.
+#ifndef DRAY_WORKERS_MODELS_JSON_CONFIG_H_
+#define DRAY_WORKERS_MODELS_JSON_CONFIG_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dray {
+
+class JsonConfig {
+ public:
+  // Parse reads `text`; `name` (a path) prefixes every error.
+  static absl::StatusOr<JsonConfig> Parse(absl::string_view text, std::string name);
+  static absl::StatusOr<JsonConfig> ReadFile(const std::string& path);
+
+  absl::Status Get(const char* key, int64_t* value);
+  absl::Status Get(const char* key, double* value);
+  absl::Status Get(const char* key, bool* value);
+  absl::Status Get(const char* key, std::string* value);
+  absl::Status Get(const char* key, std::vector<int64_t>* value);
+  absl::Status Get(const char* key, std::vector<double>* value);
+  absl::Status Get(const char* key, std::vector<bool>* value);
+  // Get into an optional: JSON null or absence leaves it empty.
+  absl::Status Get(const char* key, std::optional<double>* value);
+
+  // Unsupported accepts `key` only when absent, false or null.
+  absl::Status Unsupported(const char* key);
+
+  // Finish reports keys that no Get or Unsupported asked for.
+  absl::Status Finish() const;
+
+ private:
+  JsonConfig() = default;
+  // Field returns the value of `key` (null when absent) and marks it known.
+  const nlohmann::json& Field(const char* key);
+  absl::Status WrongType(const char* key, const char* expected) const;
+
+  std::string name_;
+  std::shared_ptr<const nlohmann::json> json_;
+  std::set<std::string> known_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_MODELS_JSON_CONFIG_H_

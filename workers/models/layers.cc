@@ -1,0 +1,120 @@
+#include "workers/models/layers.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rsqrt.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dispatch/status_macros.h"
+
+namespace dray {
+namespace {
+
+// kMaxListed: how many names an error lists before "and N more".
+constexpr size_t kMaxListed = 8;
+
+std::string ListNames(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kMaxListed));
+  std::string text = absl::StrJoin(shown, ", ");
+  if (names.size() > kMaxListed) absl::StrAppend(&text, " and ", names.size() - kMaxListed, " more");
+  return text;
+}
+
+}  // namespace
+
+LinearImpl::LinearImpl(const Options& options) {
+  weight = register_parameter("weight", at::empty({options.out_features, options.in_features}, options.tensor));
+  if (options.bias) bias = register_parameter("bias", at::empty({options.out_features}, options.tensor));
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, at::TensorOptions options) : eps(eps) {
+  weight = register_parameter("weight", at::empty({dim}, options));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor normed = x * at::rsqrt(variance + eps);
+  if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) {
+    normed = normed.to(weight.scalar_type());
+  }
+  return normed * weight;
+}
+
+std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, const std::string& path,
+                                                    std::shared_ptr<torch::nn::Module> module) {
+  const size_t dot = path.find('.');
+  if (dot == std::string::npos) return root.register_module(path, std::move(module));
+  const std::string head = path.substr(0, dot);
+  std::shared_ptr<torch::nn::Module> parent;
+  for (const auto& child : root.named_children()) {
+    if (child.key() == head) parent = child.value();
+  }
+  if (parent == nullptr) parent = root.register_module(head, std::make_shared<torch::nn::Module>());
+  return RegisterModuleAt(*parent, path.substr(dot + 1), std::move(module));
+}
+
+void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
+  torch::NoGradGuard no_grad;
+  for (const auto& named : module.named_modules()) {
+    if (auto* linear = named.value()->as<LinearImpl>()) {
+      const double bound = 1.0 / std::sqrt(static_cast<double>(linear->weight.size(1)));
+      linear->weight.uniform_(-bound, bound, generator);
+      if (linear->bias.defined()) linear->bias.uniform_(-bound, bound, generator);
+    } else if (auto* norm = named.value()->as<RMSNormImpl>()) {
+      norm->weight.fill_(1);
+    }
+  }
+}
+
+absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,
+                           const std::string& prefix) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> expected;
+  for (auto& named : module.named_parameters()) {
+    const std::string name = prefix + named.key();
+    expected.insert(name);
+    at::Tensor& parameter = named.value();
+    if (!checkpoint.contains(name)) {
+      missing.push_back(name);
+      continue;
+    }
+    absl::StatusOr<at::Tensor> loaded = checkpoint.Load(name, parameter.sizes(), parameter.scalar_type());
+    if (!loaded.ok()) {
+      mismatched.push_back(std::string(loaded.status().message()));
+      continue;
+    }
+    parameter.copy_(*loaded);
+  }
+  std::vector<std::string> unexpected;
+  for (const std::string& name : checkpoint.names()) {
+    if (name.rfind(prefix, 0) == 0 && expected.count(name) == 0) unexpected.push_back(name);
+  }
+  if (!mismatched.empty()) return absl::InvalidArgumentError(ListNames(mismatched));
+  if (!missing.empty()) {
+    return absl::NotFoundError(absl::StrCat("the checkpoint lacks ", missing.size(), " parameters: ",
+                                            ListNames(missing)));
+  }
+  if (!unexpected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint has ", unexpected.size(),
+                                                   " tensors the model does not: ", ListNames(unexpected)));
+  }
+  return absl::OkStatus();
+}
+
+int64_t ParameterCount(const torch::nn::Module& module) {
+  int64_t count = 0;
+  for (const auto& parameter : module.parameters()) count += parameter.numel();
+  return count;
+}
+
+}  // namespace dray

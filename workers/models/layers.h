@@ -1,0 +1,84 @@
+// Layers shared by dray's models, written for sharding and for real-size
+// models that must be built without memory:
+//  - every layer takes at::TensorOptions, so a model can be built on the meta
+//    device (shapes only) or straight on its GPU, uninitialized;
+//  - parameters are registered under diffusers' / transformers' names, so a
+//    state dict loads as-is (LoadStateDict).
+//
+//   Linear proj(Linear::Options{in, out, /*bias=*/true, options});
+//   at::Tensor y = proj->forward(x);
+//
+// Thread-safety: modules are not thread-safe; forward on one module from one
+// thread at a time.
+#ifndef DRAY_WORKERS_MODELS_LAYERS_H_
+#define DRAY_WORKERS_MODELS_LAYERS_H_
+
+#include <cstdint>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include "absl/status/status.h"
+#include "runtime/safetensors.h"
+
+namespace dray {
+
+// LinearImpl: y = x W^T + b, like torch.nn.Linear (parameters "weight", "bias").
+class LinearImpl : public torch::nn::Module {
+ public:
+  struct Options {
+    int64_t in_features = 0;
+    int64_t out_features = 0;
+    bool bias = true;
+    at::TensorOptions tensor = {};  // dtype and device of the parameters
+  };
+  explicit LinearImpl(const Options& options);
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
+
+// RMSNormImpl: diffusers' RMSNorm: x / sqrt(mean(x^2) + eps) * weight,
+// statistics in float32 (parameter "weight").
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, at::TensorOptions options = {});
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// RegisterAt registers `module` under the dotted `path` below `root`
+// ("attn.to_out.0"), creating parameter-free parents on the way, so that
+// parameter names match a checkpoint's without placeholder modules.
+std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, const std::string& path,
+                                                    std::shared_ptr<torch::nn::Module> module);
+
+template <typename Holder>
+Holder RegisterAt(torch::nn::Module& root, const std::string& path, Holder module) {
+  RegisterModuleAt(root, path, module.ptr());
+  return module;
+}
+
+// InitializeLikePyTorch fills every parameter of `module` with PyTorch's
+// default initialization for its layer (Linear: uniform in +-1/sqrt(fan_in);
+// norms: ones), drawing from `generator`: deterministic for a seed.
+void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator);
+
+// LoadStateDict copies every parameter of `module` from `checkpoint` (same
+// names), converting to each parameter's dtype. A parameter the checkpoint
+// lacks, a tensor the module lacks, or a shape mismatch is an error listing
+// them; nothing is left half-loaded silently.
+absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,
+                           const std::string& prefix = "");
+
+// ParameterCount returns the number of parameter elements of `module`.
+int64_t ParameterCount(const torch::nn::Module& module);
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_MODELS_LAYERS_H_

@@ -1,0 +1,338 @@
+#include "workers/models/qwen_image/transformer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dispatch/status_macros.h"
+
+namespace dray::qwen_image {
+namespace {
+
+// kRopePositions: positions per direction in the RoPE tables (as diffusers).
+constexpr int64_t kRopePositions = 4096;
+// kTimestepChannels: width of the sinusoidal timestep embedding.
+constexpr int64_t kTimestepChannels = 256;
+constexpr double kEps = 1e-6;
+
+int64_t Tokens(const ImageShape& shape) { return shape[0] * shape[1] * shape[2]; }
+
+// RopeTable: diffusers' rope_params for `positions`: polar(1, pos * theta^(-2i/dim)).
+at::Tensor RopeTable(const at::Tensor& positions, int64_t dim, double theta) {
+  const at::Tensor exponents = at::arange(0, dim, 2).to(at::kFloat).div(dim);
+  const at::Tensor inverse = at::reciprocal(at::pow(theta, exponents));
+  const at::Tensor angles = at::outer(positions, inverse);
+  return at::polar(at::ones_like(angles), angles);
+}
+
+// ApplyRope rotates x [B, S, H, D] by freqs [S, D/2] (complex64), in float32.
+at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& freqs) {
+  std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end() - 1);
+  pairs.push_back(-1);
+  pairs.push_back(2);
+  const at::Tensor rotated = at::view_as_complex(x.to(at::kFloat).reshape(pairs)) * freqs.unsqueeze(1);
+  return at::view_as_real(rotated).flatten(3).to(x.scalar_type());
+}
+
+at::Tensor LayerNorm(const at::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, kEps);
+}
+
+// Modulate applies AdaLN: x * (1 + scale) + shift, and returns the gate.
+// With `index` ([B, S], 0 or 1), `params` holds two halves of B rows each and
+// every token takes its half's parameters.
+std::pair<at::Tensor, at::Tensor> Modulate(const at::Tensor& x, const at::Tensor& params,
+                                           const at::Tensor& index) {
+  std::vector<at::Tensor> parts = params.chunk(3, -1);  // shift, scale, gate
+  for (at::Tensor& part : parts) {
+    if (index.defined()) {
+      const int64_t batch = part.size(0) / 2;
+      part = at::where(index.unsqueeze(-1) == 0, part.slice(0, 0, batch).unsqueeze(1),
+                       part.slice(0, batch).unsqueeze(1));
+    } else {
+      part = part.unsqueeze(1);
+    }
+  }
+  return {x * (1 + parts[1]) + parts[0], parts[2]};
+}
+
+LinearImpl::Options LinearOptions(int64_t in, int64_t out, at::TensorOptions options) {
+  return {in, out, /*bias=*/true, options};
+}
+
+}  // namespace
+
+absl::StatusOr<TransformerConfig> TransformerConfig::FromJson(JsonConfig json) {
+  TransformerConfig config;
+  DRAY_RETURN_IF_ERROR(json.Get("patch_size", &config.patch_size));
+  DRAY_RETURN_IF_ERROR(json.Get("in_channels", &config.in_channels));
+  DRAY_RETURN_IF_ERROR(json.Get("out_channels", &config.out_channels));
+  DRAY_RETURN_IF_ERROR(json.Get("num_layers", &config.num_layers));
+  DRAY_RETURN_IF_ERROR(json.Get("attention_head_dim", &config.attention_head_dim));
+  DRAY_RETURN_IF_ERROR(json.Get("num_attention_heads", &config.num_attention_heads));
+  DRAY_RETURN_IF_ERROR(json.Get("joint_attention_dim", &config.joint_attention_dim));
+  DRAY_RETURN_IF_ERROR(json.Get("axes_dims_rope", &config.axes_dims_rope));
+  DRAY_RETURN_IF_ERROR(json.Get("zero_cond_t", &config.zero_cond_t));
+  for (const char* key : {"guidance_embeds", "use_additional_t_cond", "use_layer3d_rope"}) {
+    DRAY_RETURN_IF_ERROR(json.Unsupported(key));
+  }
+  DRAY_RETURN_IF_ERROR(json.Finish());
+  const int64_t rope_dims = std::accumulate(config.axes_dims_rope.begin(), config.axes_dims_rope.end(), int64_t{0});
+  if (config.axes_dims_rope.size() != 3 || rope_dims != config.attention_head_dim ||
+      config.axes_dims_rope[0] % 2 || config.axes_dims_rope[1] % 2 || config.axes_dims_rope[2] % 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transformer config: axes_dims_rope [", absl::StrJoin(config.axes_dims_rope, ", "),
+        "] must be three even sizes summing to attention_head_dim ", config.attention_head_dim));
+  }
+  if (config.patch_size != 2 || config.in_channels != 4 * config.out_channels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transformer config: dray supports patch_size 2 with in_channels = 4 x out_channels, got ",
+        config.patch_size, ", ", config.in_channels, ", ", config.out_channels));
+  }
+  return config;
+}
+
+absl::StatusOr<TransformerConfig> TransformerConfig::FromFile(const std::string& path) {
+  DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
+  return FromJson(std::move(json));
+}
+
+Rope::Rope(const std::vector<int64_t>& axes_dims, double theta) : axes_dims_(axes_dims) {
+  const at::Tensor positive = at::arange(kRopePositions);
+  const at::Tensor negative = at::arange(kRopePositions).flip(0) * -1 - 1;
+  std::vector<at::Tensor> pos, neg;
+  for (int64_t dim : axes_dims_) {
+    pos.push_back(RopeTable(positive, dim, theta));
+    neg.push_back(RopeTable(negative, dim, theta));
+  }
+  positive_ = at::cat(pos, 1);
+  negative_ = at::cat(neg, 1);
+}
+
+at::Tensor Rope::ImageFrequencies(const ImageShape& shape, int64_t index) const {
+  const auto [frames, height, width] = shape;
+  std::vector<int64_t> split;
+  for (int64_t dim : axes_dims_) split.push_back(dim / 2);
+  const std::vector<at::Tensor> pos = positive_.split_with_sizes(split, 1);
+  const std::vector<at::Tensor> neg = negative_.split_with_sizes(split, 1);
+  // Centred rows and columns: -(n - n/2) .. n/2 - 1; the image's frame index.
+  auto centred = [](const at::Tensor& neg_axis, const at::Tensor& pos_axis, int64_t n) {
+    return at::cat({neg_axis.slice(0, kRopePositions - (n - n / 2)), pos_axis.slice(0, 0, n / 2)}, 0);
+  };
+  const at::Tensor frame = pos[0].slice(0, index, index + frames).view({frames, 1, 1, -1}).expand({frames, height, width, -1});
+  const at::Tensor rows = centred(neg[1], pos[1], height).view({1, height, 1, -1}).expand({frames, height, width, -1});
+  const at::Tensor cols = centred(neg[2], pos[2], width).view({1, 1, width, -1}).expand({frames, height, width, -1});
+  return at::cat({frame, rows, cols}, -1).reshape({Tokens(shape), -1});
+}
+
+std::pair<at::Tensor, at::Tensor> Rope::Frequencies(const SampleImages& images, int64_t text_length) const {
+  std::vector<at::Tensor> image_freqs;
+  int64_t max_extent = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    image_freqs.push_back(ImageFrequencies(images[i], static_cast<int64_t>(i)));
+    max_extent = std::max({max_extent, images[i][1] / 2, images[i][2] / 2});
+  }
+  return {at::cat(image_freqs, 0), positive_.slice(0, max_extent, max_extent + text_length)};
+}
+
+FeedForwardImpl::FeedForwardImpl(int64_t dim, at::TensorOptions options) {
+  in_ = RegisterAt(*this, "net.0.proj", Linear(LinearOptions(dim, 4 * dim, options)));
+  out_ = RegisterAt(*this, "net.2", Linear(LinearOptions(4 * dim, dim, options)));
+}
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x) {
+  return out_->forward(at::gelu(in_->forward(x), "tanh"));
+}
+
+JointAttentionImpl::JointAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim,
+                                       at::TensorOptions options)
+    : heads_(heads) {
+  const int64_t inner = heads * head_dim;
+  to_q_ = RegisterAt(*this, "to_q", Linear(LinearOptions(dim, inner, options)));
+  to_k_ = RegisterAt(*this, "to_k", Linear(LinearOptions(dim, inner, options)));
+  to_v_ = RegisterAt(*this, "to_v", Linear(LinearOptions(dim, inner, options)));
+  add_q_proj_ = RegisterAt(*this, "add_q_proj", Linear(LinearOptions(dim, inner, options)));
+  add_k_proj_ = RegisterAt(*this, "add_k_proj", Linear(LinearOptions(dim, inner, options)));
+  add_v_proj_ = RegisterAt(*this, "add_v_proj", Linear(LinearOptions(dim, inner, options)));
+  to_out_ = RegisterAt(*this, "to_out.0", Linear(LinearOptions(inner, dim, options)));
+  to_add_out_ = RegisterAt(*this, "to_add_out", Linear(LinearOptions(inner, dim, options)));
+  norm_q_ = RegisterAt(*this, "norm_q", RMSNorm(head_dim, kEps, options));
+  norm_k_ = RegisterAt(*this, "norm_k", RMSNorm(head_dim, kEps, options));
+  norm_added_q_ = RegisterAt(*this, "norm_added_q", RMSNorm(head_dim, kEps, options));
+  norm_added_k_ = RegisterAt(*this, "norm_added_k", RMSNorm(head_dim, kEps, options));
+}
+
+std::pair<at::Tensor, at::Tensor> JointAttentionImpl::forward(const at::Tensor& image,
+                                                              const at::Tensor& text,
+                                                              const at::Tensor& image_freqs,
+                                                              const at::Tensor& text_freqs,
+                                                              const at::Tensor& mask) {
+  auto heads = [this](const at::Tensor& x) { return x.unflatten(-1, {heads_, -1}); };
+  const at::Tensor img_q = ApplyRope(norm_q_->forward(heads(to_q_->forward(image))), image_freqs);
+  const at::Tensor img_k = ApplyRope(norm_k_->forward(heads(to_k_->forward(image))), image_freqs);
+  const at::Tensor img_v = heads(to_v_->forward(image));
+  const at::Tensor txt_q = ApplyRope(norm_added_q_->forward(heads(add_q_proj_->forward(text))), text_freqs);
+  const at::Tensor txt_k = ApplyRope(norm_added_k_->forward(heads(add_k_proj_->forward(text))), text_freqs);
+  const at::Tensor txt_v = heads(add_v_proj_->forward(text));
+
+  // Joint attention over [text, image]: [B, H, S, D].
+  const at::Tensor q = at::cat({txt_q, img_q}, 1).permute({0, 2, 1, 3});
+  const at::Tensor k = at::cat({txt_k, img_k}, 1).permute({0, 2, 1, 3});
+  const at::Tensor v = at::cat({txt_v, img_v}, 1).permute({0, 2, 1, 3});
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (mask.defined()) {
+    scores = scores.masked_fill(mask.logical_not().view({mask.size(0), 1, 1, mask.size(1)}),
+                                -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor joint = at::matmul(at::softmax(scores, -1), v).permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
+  const int64_t text_length = text.size(1);
+  return {to_out_->forward(joint.slice(1, text_length)), to_add_out_->forward(joint.slice(1, 0, text_length))};
+}
+
+TransformerBlockImpl::TransformerBlockImpl(const TransformerConfig& config, at::TensorOptions options)
+    : zero_cond_t_(config.zero_cond_t) {
+  const int64_t dim = config.inner_dim();
+  img_mod_ = RegisterAt(*this, "img_mod.1", Linear(LinearOptions(dim, 6 * dim, options)));
+  attn_ = RegisterAt(*this, "attn",
+                     JointAttention(dim, config.num_attention_heads, config.attention_head_dim, options));
+  img_mlp_ = RegisterAt(*this, "img_mlp", FeedForward(dim, options));
+  txt_mod_ = RegisterAt(*this, "txt_mod.1", Linear(LinearOptions(dim, 6 * dim, options)));
+  txt_mlp_ = RegisterAt(*this, "txt_mlp", FeedForward(dim, options));
+}
+
+std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward(
+    const at::Tensor& image, const at::Tensor& text, const at::Tensor& temb,
+    const at::Tensor& image_freqs, const at::Tensor& text_freqs, const at::Tensor& mask,
+    const at::Tensor& modulate_index) {
+  const std::vector<at::Tensor> img_mod = img_mod_->forward(at::silu(temb)).chunk(2, -1);
+  const at::Tensor text_temb = zero_cond_t_ ? temb.chunk(2, 0)[0] : temb;
+  const std::vector<at::Tensor> txt_mod = txt_mod_->forward(at::silu(text_temb)).chunk(2, -1);
+
+  const auto [img_in, img_gate1] = Modulate(LayerNorm(image), img_mod[0], modulate_index);
+  const auto [txt_in, txt_gate1] = Modulate(LayerNorm(text), txt_mod[0], {});
+  const auto [img_attn, txt_attn] = attn_->forward(img_in, txt_in, image_freqs, text_freqs, mask);
+  at::Tensor img = image + img_gate1 * img_attn;
+  at::Tensor txt = text + txt_gate1 * txt_attn;
+
+  const auto [img_in2, img_gate2] = Modulate(LayerNorm(img), img_mod[1], modulate_index);
+  img = img + img_gate2 * img_mlp_->forward(img_in2);
+  const auto [txt_in2, txt_gate2] = Modulate(LayerNorm(txt), txt_mod[1], {});
+  txt = txt + txt_gate2 * txt_mlp_->forward(txt_in2);
+  if (img.scalar_type() == at::kHalf) {  // keep float16 finite, as diffusers does
+    img = img.clip(-65504, 65504);
+    txt = txt.clip(-65504, 65504);
+  }
+  return {txt, img};
+}
+
+QwenImageTransformerImpl::QwenImageTransformerImpl(TransformerConfig config, at::TensorOptions options)
+    : config_(std::move(config)), rope_(config_.axes_dims_rope) {
+  const int64_t dim = config_.inner_dim();
+  img_in_ = RegisterAt(*this, "img_in", Linear(LinearOptions(config_.in_channels, dim, options)));
+  txt_norm_ = RegisterAt(*this, "txt_norm", RMSNorm(config_.joint_attention_dim, kEps, options));
+  txt_in_ = RegisterAt(*this, "txt_in", Linear(LinearOptions(config_.joint_attention_dim, dim, options)));
+  time_linear_1_ = RegisterAt(*this, "time_text_embed.timestep_embedder.linear_1",
+                              Linear(LinearOptions(kTimestepChannels, dim, options)));
+  time_linear_2_ = RegisterAt(*this, "time_text_embed.timestep_embedder.linear_2",
+                              Linear(LinearOptions(dim, dim, options)));
+  transformer_blocks_ = register_module("transformer_blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.num_layers; ++i) {
+    transformer_blocks_->push_back(TransformerBlock(config_, options));
+  }
+  norm_out_linear_ = RegisterAt(*this, "norm_out.linear", Linear(LinearOptions(dim, 2 * dim, options)));
+  proj_out_ = RegisterAt(*this, "proj_out",
+                         Linear(LinearOptions(dim, config_.patch_size * config_.patch_size * config_.out_channels, options)));
+}
+
+at::Tensor QwenImageTransformerImpl::TimestepEmbedding(const at::Tensor& timestep, at::ScalarType dtype) {
+  // Sinusoidal embedding of t * 1000 (cos half first), then a 2-layer MLP.
+  const int64_t half = kTimestepChannels / 2;
+  const at::Tensor exponent = at::arange(0, half, at::kFloat) * -std::log(10000.0) / half;
+  const at::Tensor angles = timestep.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0) * 1000;
+  const at::Tensor projected = at::cat({at::cos(angles), at::sin(angles)}, -1);
+  return time_linear_2_->forward(at::silu(time_linear_1_->forward(projected.to(dtype))));
+}
+
+absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_states,
+                                                   const at::Tensor& encoder_hidden_states,
+                                                   const at::Tensor& text_mask, const at::Tensor& timestep,
+                                                   const std::vector<SampleImages>& images) const {
+  auto shape = [](const at::Tensor& t) {
+    return t.defined() ? absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]") : std::string("undefined");
+  };
+  if (!hidden_states.defined() || hidden_states.dim() != 3 || hidden_states.size(2) != config_.in_channels) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: hidden_states must be [B, S, ", config_.in_channels,
+                                                   "], got ", shape(hidden_states)));
+  }
+  const int64_t batch = hidden_states.size(0);
+  if (!encoder_hidden_states.defined() || encoder_hidden_states.dim() != 3 ||
+      encoder_hidden_states.size(0) != batch || encoder_hidden_states.size(2) != config_.joint_attention_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: encoder_hidden_states must be [", batch, ", L, ",
+                                                   config_.joint_attention_dim, "], got ", shape(encoder_hidden_states)));
+  }
+  if (text_mask.defined() && text_mask.sizes() != encoder_hidden_states.sizes().slice(0, 2)) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: text mask must be [", batch, ", ",
+                                                   encoder_hidden_states.size(1), "], got ", shape(text_mask)));
+  }
+  if (!timestep.defined() || timestep.dim() != 1 || timestep.size(0) != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: timestep must be [", batch, "], got ", shape(timestep)));
+  }
+  if (static_cast<int64_t>(images.size()) != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: image shapes for ", images.size(),
+                                                   " samples, the batch has ", batch));
+  }
+  for (size_t i = 0; i < images.size(); ++i) {
+    int64_t tokens = 0;
+    for (const ImageShape& image : images[i]) {
+      if (image[0] < 1 || image[1] < 1 || image[2] < 1 || image[1] / 2 >= kRopePositions ||
+          image[2] / 2 >= kRopePositions) {
+        return absl::InvalidArgumentError(absl::StrCat("transformer: sample ", i, " has an image of ",
+                                                       image[0], "x", image[1], "x", image[2], " tokens"));
+      }
+      tokens += Tokens(image);
+    }
+    if (tokens != hidden_states.size(1) || images[i] != images[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transformer: sample ", i, "'s images cover ", tokens, " tokens, hidden_states has ",
+          hidden_states.size(1), " (every sample must have the same image shapes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& hidden_states,
+                                                             const at::Tensor& encoder_hidden_states,
+                                                             const at::Tensor& text_mask,
+                                                             const at::Tensor& timestep,
+                                                             const std::vector<SampleImages>& images) {
+  DRAY_RETURN_IF_ERROR(CheckInputs(hidden_states, encoder_hidden_states, text_mask, timestep, images));
+  at::Tensor image = img_in_->forward(hidden_states);
+  at::Tensor t = timestep.to(image.scalar_type());
+  at::Tensor modulate_index;
+  if (config_.zero_cond_t) {
+    t = at::cat({t, t * 0}, 0);
+    const int64_t noisy = Tokens(images[0][0]);
+    modulate_index = at::ones({image.size(0), image.size(1)}, at::kInt);
+    modulate_index.slice(1, 0, noisy).fill_(0);
+  }
+  at::Tensor text = txt_in_->forward(txt_norm_->forward(encoder_hidden_states));
+  at::Tensor temb = TimestepEmbedding(t, image.scalar_type());
+  const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1));
+  at::Tensor mask;
+  if (text_mask.defined()) {
+    mask = at::cat({text_mask.to(at::kBool), at::ones({image.size(0), image.size(1)}, at::kBool)}, 1);
+  }
+  for (const auto& module : *transformer_blocks_) {
+    std::tie(text, image) = module->as<TransformerBlockImpl>()->forward(image, text, temb, image_freqs,
+                                                                         text_freqs, mask, modulate_index);
+  }
+  if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];
+  const std::vector<at::Tensor> scale_shift = norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
+  image = LayerNorm(image) * (1 + scale_shift[0]).unsqueeze(1) + scale_shift[1].unsqueeze(1);
+  return proj_out_->forward(image);
+}
+
+}  // namespace dray::qwen_image

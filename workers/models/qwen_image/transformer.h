@@ -1,0 +1,168 @@
+// QwenImageTransformer2DModel: Qwen-Image's MMDiT, as diffusers defines it.
+//
+// Text tokens (Qwen2.5-VL hidden states) and image tokens (2x2-packed VAE
+// latents: the noisy image, then condition images) run through dual-stream
+// blocks: each stream has its own AdaLN modulation (shift/scale/gate, twice)
+// and MLP, and both meet in one joint attention over [text, image] with
+// per-head RMS-normed queries and keys, 3-axis RoPE (frame, height, width;
+// image positions centred, the n-th image on frame n, text after the largest
+// image extent) and padded text keys masked out.
+//
+// Parameter names are diffusers' state_dict names, so a diffusers
+// `transformer/` directory loads as-is; each block is a sharding unit.
+//
+//   DRAY_ASSIGN_OR_RETURN(auto config, TransformerConfig::FromFile("transformer/config.json"));
+//   QwenImageTransformer model(config, at::TensorOptions().dtype(at::kFloat));
+//   DRAY_RETURN_IF_ERROR(LoadStateDict(*model, checkpoint));
+//   DRAY_ASSIGN_OR_RETURN(at::Tensor out, model->forward(
+//       tokens, text, text_mask, timestep, {{{1, 32, 32}, {1, 32, 32}}}));
+//
+// Thread-safety: not thread-safe.
+#ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_TRANSFORMER_H_
+#define DRAY_WORKERS_MODELS_QWEN_IMAGE_TRANSFORMER_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include "absl/status/statusor.h"
+#include "workers/models/json_config.h"
+#include "workers/models/layers.h"
+
+namespace dray::qwen_image {
+
+// TransformerConfig: diffusers' config.json keys; defaults are the real model.
+struct TransformerConfig {
+  int64_t patch_size = 2;
+  int64_t in_channels = 64;     // packed latent channels (4 x VAE z_dim)
+  int64_t out_channels = 16;    // VAE z_dim
+  int64_t num_layers = 60;
+  int64_t attention_head_dim = 128;
+  int64_t num_attention_heads = 24;
+  int64_t joint_attention_dim = 3584;  // text encoder width
+  std::vector<int64_t> axes_dims_rope = {16, 56, 56};  // frame, height, width
+  // Condition-image tokens modulated with t = 0 (later Qwen-Image-Edit releases).
+  bool zero_cond_t = false;
+
+  int64_t inner_dim() const { return num_attention_heads * attention_head_dim; }
+
+  static absl::StatusOr<TransformerConfig> FromJson(JsonConfig json);
+  static absl::StatusOr<TransformerConfig> FromFile(const std::string& path);
+};
+
+// ImageShape: (frames, height, width) of one image, in 2x2-packed tokens.
+using ImageShape = std::array<int64_t, 3>;
+// SampleImages: a sample's images in token order: noisy image first.
+using SampleImages = std::vector<ImageShape>;
+
+// Rope: Qwen-Image's 3-axis rotary embedding, tables built once.
+class Rope {
+ public:
+  Rope(const std::vector<int64_t>& axes_dims, double theta = 10000);
+  // Frequencies (complex64) for the image tokens of `images` and for
+  // `text_length` text tokens: {[S_img, head_dim/2], [S_txt, head_dim/2]}.
+  std::pair<at::Tensor, at::Tensor> Frequencies(const SampleImages& images, int64_t text_length) const;
+
+ private:
+  at::Tensor ImageFrequencies(const ImageShape& shape, int64_t index) const;
+
+  std::vector<int64_t> axes_dims_;
+  at::Tensor positive_;  // [4096, head_dim/2]: positions 0..4095
+  at::Tensor negative_;  // [4096, head_dim/2]: positions -4096..-1
+};
+
+// FeedForwardImpl: diffusers' FeedForward with tanh-GELU: net.0.proj, net.2.
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(int64_t dim, at::TensorOptions options);
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  Linear in_{nullptr}, out_{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+// JointAttentionImpl: the dual-stream attention ("attn" in each block).
+class JointAttentionImpl : public torch::nn::Module {
+ public:
+  JointAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, at::TensorOptions options);
+  // Returns {image output, text output}. `mask`: bool [B, S_txt + S_img] or undefined.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
+                                            const at::Tensor& image_freqs, const at::Tensor& text_freqs,
+                                            const at::Tensor& mask);
+
+ private:
+  int64_t heads_;
+  Linear to_q_{nullptr}, to_k_{nullptr}, to_v_{nullptr};
+  Linear add_q_proj_{nullptr}, add_k_proj_{nullptr}, add_v_proj_{nullptr};
+  Linear to_out_{nullptr}, to_add_out_{nullptr};
+  RMSNorm norm_q_{nullptr}, norm_k_{nullptr}, norm_added_q_{nullptr}, norm_added_k_{nullptr};
+};
+TORCH_MODULE(JointAttention);
+
+// TransformerBlockImpl: one dual-stream block; the unit of sharding.
+class TransformerBlockImpl : public torch::nn::Module {
+ public:
+  TransformerBlockImpl(const TransformerConfig& config, at::TensorOptions options);
+  // Returns {text, image}. With zero_cond_t, `temb` is [2B, D] (t, then 0)
+  // and `modulate_index` [B, S_img] picks the half for each image token.
+  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
+                                            const at::Tensor& temb, const at::Tensor& image_freqs,
+                                            const at::Tensor& text_freqs, const at::Tensor& mask,
+                                            const at::Tensor& modulate_index);
+
+ private:
+  bool zero_cond_t_;
+  Linear img_mod_{nullptr}, txt_mod_{nullptr};
+  JointAttention attn_{nullptr};
+  FeedForward img_mlp_{nullptr}, txt_mlp_{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+class QwenImageTransformerImpl : public torch::nn::Module {
+ public:
+  // Builds the model with uninitialized parameters of `options` (the meta
+  // device gives shapes only; LoadStateDict or InitializeLikePyTorch fills).
+  QwenImageTransformerImpl(TransformerConfig config, at::TensorOptions options = {});
+
+  // forward predicts the flow for every image token.
+  //   hidden_states          [B, S_img, in_channels]: packed noisy latents, then condition latents
+  //   encoder_hidden_states  [B, S_txt, joint_attention_dim]
+  //   text_mask              [B, S_txt] (nonzero = real token), or undefined for all real
+  //   timestep               [B], in [0, 1] (scheduler timestep / 1000)
+  //   images                 per sample, its images' token shapes, in token order
+  // Returns [B, S_img, patch_size^2 * out_channels].
+  absl::StatusOr<at::Tensor> forward(const at::Tensor& hidden_states,
+                                     const at::Tensor& encoder_hidden_states,
+                                     const at::Tensor& text_mask, const at::Tensor& timestep,
+                                     const std::vector<SampleImages>& images);
+
+  const TransformerConfig& config() const { return config_; }
+  // blocks: the dual-stream blocks, in order (sharding units).
+  torch::nn::ModuleList blocks() const { return transformer_blocks_; }
+
+ private:
+  absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+                           const at::Tensor& text_mask, const at::Tensor& timestep,
+                           const std::vector<SampleImages>& images) const;
+  at::Tensor TimestepEmbedding(const at::Tensor& timestep, at::ScalarType dtype);
+
+  TransformerConfig config_;
+  Rope rope_;
+  Linear img_in_{nullptr}, txt_in_{nullptr}, proj_out_{nullptr};
+  // time_text_embed.timestep_embedder.linear_{1,2}, norm_out.linear
+  Linear time_linear_1_{nullptr}, time_linear_2_{nullptr}, norm_out_linear_{nullptr};
+  RMSNorm txt_norm_{nullptr};
+  torch::nn::ModuleList transformer_blocks_{nullptr};
+};
+TORCH_MODULE(QwenImageTransformer);
+
+}  // namespace dray::qwen_image
+
+#endif  // DRAY_WORKERS_MODELS_QWEN_IMAGE_TRANSFORMER_H_
