@@ -64,6 +64,13 @@ Holder RegisterAt(torch::nn::Module& root, const std::string& path, Holder modul
   return module;
 }
 
+template <typename ModuleType>
+std::shared_ptr<ModuleType> RegisterAt(torch::nn::Module& root, const std::string& path,
+                                       std::shared_ptr<ModuleType> module) {
+  RegisterModuleAt(root, path, module);
+  return module;
+}
+
 // InitializeLikePyTorch fills every parameter of `module` with PyTorch's
 // default initialization for its layer (Linear: uniform in +-1/sqrt(fan_in);
 // norms: ones), drawing from `generator`: deterministic for a seed.
