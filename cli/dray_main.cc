@@ -3,6 +3,8 @@
 // (runtime/bench/).
 //
 //   dray bench [--suite runtime] [--workers N] [--quick] [--json]
+//   dray init-model --preset tiny|small --out DIR [--seed N]
+//   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
 #include <unistd.h>
 
@@ -16,6 +18,8 @@
 #include "runtime/allocator.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/worker_process.h"
+#include "workers/models/qwen_image/model.h"
+#include "workers/models/qwen_image/parity.h"
 
 namespace dray {
 namespace {
@@ -63,6 +67,43 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
   return 0;
 }
 
+int InitModel(const std::string& preset_name, const std::string& out, uint64_t seed) {
+  absl::StatusOr<qwen_image::ModelPreset> preset = qwen_image::PresetNamed(preset_name);
+  if (preset.ok() && preset_name == "real") {
+    preset = absl::InvalidArgumentError("the real preset (20.4B parameters) is for meta-device checks, not for writing");
+  }
+  absl::Status written = preset.ok() ? qwen_image::WriteRandomQwenImageModel(out, *preset, seed) : preset.status();
+  if (!written.ok()) {
+    std::fprintf(stderr, "dray init-model: %s\n", written.ToString().c_str());
+    return 1;
+  }
+  std::printf("wrote a random %s Qwen-Image-Edit model (seed %llu) to %s\n", preset_name.c_str(),
+              static_cast<unsigned long long>(seed), out.c_str());
+  return 0;
+}
+
+int Parity(const std::string& reference) {
+  absl::StatusOr<std::vector<qwen_image::ParityCase>> cases = qwen_image::ListParityCases(reference);
+  if (!cases.ok()) {
+    std::fprintf(stderr, "dray parity: %s\n", cases.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%-20s %-32s %-24s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs", "max_rel",
+              "atol/rtol", "result");
+  int passed = 0, failed = 0;
+  for (const qwen_image::ParityCase& parity_case : *cases) {
+    for (const qwen_image::ParityResult& r : qwen_image::RunParityCase(parity_case)) {
+      std::printf("%-20s %-32s %-24s %10.3g %10.3g %4.0e/%-4.0e  %s\n", r.component.c_str(), r.case_name.c_str(),
+                  r.output.c_str(), r.max_abs, r.max_rel, r.atol, r.rtol,
+                  r.passed ? "ok" : r.error.empty() ? "BEYOND TOLERANCE" : ("ERROR: " + r.error).c_str());
+      std::fflush(stdout);
+      (r.passed ? passed : failed) += 1;
+    }
+  }
+  std::printf("%zu cases: %d outputs within tolerance, %d not\n", cases->size(), passed, failed);
+  return failed == 0 ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   KeepFreedMemoryForReuse();
   CLI::App app{"dray: a C++ runtime for RL and serving of image-edit diffusion models"};
@@ -79,6 +120,21 @@ int Main(int argc, char** argv) {
   bench->add_flag("--quick", quick, "fewer repetitions");
   bench->add_flag("--json", json, "one JSON object per line: {\"name\", \"value\", \"unit\"}");
 
+  CLI::App* init = app.add_subcommand("init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
+  std::string preset = "tiny", out;
+  uint64_t seed = 0;
+  init->add_option("--preset", preset, "tiny (runs anywhere) or small (real layout, reduced width)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tiny", "small"}));
+  init->add_option("--out", out, "directory to write")->required();
+  init->add_option("--seed", seed, "random seed: the same seed writes the same weights")->capture_default_str();
+
+  CLI::App* parity = app.add_subcommand("parity", "compare dray with diffusers on reference cases");
+  std::string reference;
+  parity->add_option("--reference", reference,
+                     "a folder laid out like shared/reference/qwen_image (scheduler/, helpers/, model folders)")
+      ->required();
+
   CLI::App* worker = app.add_subcommand("worker", "run a worker process (started by a controller)");
   worker->allow_extras();
   CLI::App* echo = app.add_subcommand("echo-server", "serve a bare gRPC echo (used by bench)");
@@ -88,6 +144,8 @@ int Main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (*bench) return Bench(suite, workers, quick, json);
+  if (*init) return InitModel(preset, out, seed);
+  if (*parity) return Parity(reference);
   if (*worker) {
     std::vector<std::string> args = worker->remaining();
     std::vector<char*> worker_argv = {argv[0]};

@@ -65,12 +65,21 @@ std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, con
 void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
   torch::NoGradGuard no_grad;
   for (const auto& named : module.named_modules()) {
-    if (auto* linear = named.value()->as<LinearImpl>()) {
-      const double bound = 1.0 / std::sqrt(static_cast<double>(linear->weight.size(1)));
-      linear->weight.uniform_(-bound, bound, generator);
-      if (linear->bias.defined()) linear->bias.uniform_(-bound, bound, generator);
-    } else if (auto* norm = named.value()->as<RMSNormImpl>()) {
-      norm->weight.fill_(1);
+    // PyTorch's default for Linear and Conv layers: kaiming_uniform(a=sqrt(5))
+    // for weights and the same bound for biases, i.e. U(+-1/sqrt(fan_in));
+    // norm scales ("weight" or "gamma" of a norm, no fan-in) start at one.
+    const auto parameters = named.value()->named_parameters(/*recurse=*/false);
+    const at::Tensor* weight = parameters.find("weight");
+    const bool has_fan_in = weight != nullptr && weight->dim() >= 2;
+    const double bound =
+        has_fan_in ? 1.0 / std::sqrt(static_cast<double>(weight->numel() / weight->size(0))) : 0;
+    for (const auto& parameter : parameters) {
+      at::Tensor tensor = parameter.value();
+      if (has_fan_in) {
+        tensor.uniform_(-bound, bound, generator);
+      } else {
+        tensor.fill_(1);
+      }
     }
   }
 }

@@ -72,8 +72,9 @@ std::shared_ptr<ModuleType> RegisterAt(torch::nn::Module& root, const std::strin
 }
 
 // InitializeLikePyTorch fills every parameter of `module` with PyTorch's
-// default initialization for its layer (Linear: uniform in +-1/sqrt(fan_in);
-// norms: ones), drawing from `generator`: deterministic for a seed.
+// default initialization for its layer (Linear and convolutions: uniform in
+// +-1/sqrt(fan_in), biases too; norm scales: ones), drawing from
+// `generator`: deterministic for a seed.
 void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator);
 
 // LoadStateDict copies every parameter of `module` from `checkpoint` (same

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
@@ -74,6 +76,33 @@ absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromJson(JsonConfig j
 absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromFile(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
   return FromJson(std::move(json));
+}
+
+FlowMatchEulerConfig FlowMatchEulerConfig::QwenImage() {
+  FlowMatchEulerConfig config;
+  config.use_dynamic_shifting = true;
+  config.base_shift = 0.5;
+  config.max_shift = 0.9;
+  config.base_image_seq_len = 256;
+  config.max_image_seq_len = 8192;
+  config.shift_terminal = 0.02;
+  return config;
+}
+
+std::string FlowMatchEulerConfig::ToJson() const {
+  nlohmann::json json = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
+                         {"_diffusers_version", "0.36.0"},
+                         {"num_train_timesteps", num_train_timesteps},
+                         {"shift", shift},
+                         {"use_dynamic_shifting", use_dynamic_shifting},
+                         {"base_shift", base_shift},
+                         {"max_shift", max_shift},
+                         {"base_image_seq_len", base_image_seq_len},
+                         {"max_image_seq_len", max_image_seq_len},
+                         {"shift_terminal", nullptr},
+                         {"time_shift_type", time_shift_type}};
+  if (shift_terminal.has_value()) json["shift_terminal"] = *shift_terminal;
+  return json.dump(2);
 }
 
 double CalculateShift(int64_t image_seq_len, int64_t base_seq_len, int64_t max_seq_len,

@@ -47,6 +47,10 @@ struct FlowMatchEulerConfig {
   // or beta sigmas, inverted sigmas, stochastic sampling) is an error.
   static absl::StatusOr<FlowMatchEulerConfig> FromJson(JsonConfig json);
   static absl::StatusOr<FlowMatchEulerConfig> FromFile(const std::string& path);
+  // QwenImage returns the configuration Qwen-Image ships with.
+  static FlowMatchEulerConfig QwenImage();
+  // ToJson writes diffusers' scheduler_config.json for this config.
+  std::string ToJson() const;
 };
 
 // CalculateShift: mu for an image of `image_seq_len` latent tokens, linear

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
@@ -93,6 +95,22 @@ absl::StatusOr<TransformerConfig> TransformerConfig::FromJson(JsonConfig json) {
         config.patch_size, ", ", config.in_channels, ", ", config.out_channels));
   }
   return config;
+}
+
+std::string TransformerConfig::ToJson() const {
+  return nlohmann::json{{"_class_name", "QwenImageTransformer2DModel"},
+                        {"_diffusers_version", "0.36.0"},
+                        {"patch_size", patch_size},
+                        {"in_channels", in_channels},
+                        {"out_channels", out_channels},
+                        {"num_layers", num_layers},
+                        {"attention_head_dim", attention_head_dim},
+                        {"num_attention_heads", num_attention_heads},
+                        {"joint_attention_dim", joint_attention_dim},
+                        {"guidance_embeds", false},
+                        {"axes_dims_rope", axes_dims_rope},
+                        {"zero_cond_t", zero_cond_t}}
+      .dump(2);
 }
 
 absl::StatusOr<TransformerConfig> TransformerConfig::FromFile(const std::string& path) {

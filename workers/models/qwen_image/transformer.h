@@ -54,6 +54,8 @@ struct TransformerConfig {
 
   static absl::StatusOr<TransformerConfig> FromJson(JsonConfig json);
   static absl::StatusOr<TransformerConfig> FromFile(const std::string& path);
+  // ToJson writes diffusers' config.json for this config.
+  std::string ToJson() const;
 };
 
 // ImageShape: (frames, height, width) of one image, in 2x2-packed tokens.

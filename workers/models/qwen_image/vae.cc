@@ -5,6 +5,8 @@
 #include <cmath>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include <torch/nn/modules/container/modulelist.h>
 
 #include "absl/strings/str_cat.h"
@@ -386,6 +388,22 @@ absl::StatusOr<VaeConfig> VaeConfig::FromJson(JsonConfig json) {
                                                    config.z_dim, " entries"));
   }
   return config;
+}
+
+std::string VaeConfig::ToJson() const {
+  return nlohmann::json{{"_class_name", "AutoencoderKLQwenImage"},
+                        {"_diffusers_version", "0.36.0"},
+                        {"base_dim", base_dim},
+                        {"z_dim", z_dim},
+                        {"dim_mult", dim_mult},
+                        {"num_res_blocks", num_res_blocks},
+                        {"attn_scales", nlohmann::json::array()},
+                        {"temperal_downsample", temperal_downsample},
+                        {"dropout", 0.0},
+                        {"input_channels", input_channels},
+                        {"latents_mean", latents_mean},
+                        {"latents_std", latents_std}}
+      .dump(2);
 }
 
 absl::StatusOr<VaeConfig> VaeConfig::FromFile(const std::string& path) {

@@ -47,6 +47,8 @@ struct VaeConfig {
 
   static absl::StatusOr<VaeConfig> FromJson(JsonConfig json);
   static absl::StatusOr<VaeConfig> FromFile(const std::string& path);
+  // ToJson writes diffusers' config.json for this config.
+  std::string ToJson() const;
 };
 
 // LatentDistribution: the diagonal Gaussian the encoder predicts.

@@ -1,0 +1,82 @@
+// `dray init-model` and `dray parity`, run as a user would run them.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/safetensors.h"
+#include "tests/runtime/test_util.h"
+
+namespace dray {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// RunDray runs `dray args` and returns {exit code, stdout and stderr}.
+std::pair<int, std::string> RunDray(const std::string& args) {
+  FILE* pipe = popen(absl::StrCat(RunfilePath("cli/dray"), " ", args, " 2>&1").c_str(), "r");
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string Reference() { return absl::StrCat(std::getenv("TEST_SRCDIR"), "/shared_reference/qwen_image"); }
+
+TEST(ModelCliTest, InitModelWritesADiffusersDirectory) {
+  const fs::path out = fs::path(std::getenv("TEST_TMPDIR")) / "tiny";
+  const auto [code, output] = RunDray(absl::StrCat("init-model --preset tiny --out ", out.string(), " --seed 3"));
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("wrote a random tiny Qwen-Image-Edit model (seed 3)"));
+  for (const char* file : {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+                           "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
+                           "vae/diffusion_pytorch_model.safetensors"}) {
+    EXPECT_TRUE(fs::exists(out / file)) << file;
+  }
+  EXPECT_NE(RunDray("init-model --preset enormous --out /tmp/x").first, 0);
+}
+
+TEST(ModelCliTest, ParityPassesOnTheDiffusersReference) {
+  const auto [code, output] = RunDray(absl::StrCat("parity --reference ", Reference()));
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("25 cases: 84 outputs within tolerance, 0 not"));
+  EXPECT_THAT(output, HasSubstr("transformer_tiny     case_zero_cond_t"));
+}
+
+TEST(ModelCliTest, ParityFailsOnATamperedReferenceNamingTheCase) {
+  const fs::path copy = fs::path(std::getenv("TEST_TMPDIR")) / "reference";
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  fs::copy(fs::path(Reference()) / "transformer_tiny", copy / "transformer_tiny", fs::copy_options::recursive);
+  // Nudge one expected output by 1e-3.
+  const std::string case_a = (copy / "transformer_tiny" / "case_a.safetensors").string();
+  auto file = SafetensorsFile::Open(case_a).value();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : file->names()) {
+    at::Tensor tensor = file->Get(name).value().clone();
+    if (name == "sample") tensor[0][0][0] += 1e-3;
+    tensors.emplace_back(name, tensor);
+  }
+  const std::map<std::string, std::string> metadata = file->metadata();
+  file.reset();
+  ASSERT_TRUE(WriteSafetensors(case_a, tensors, metadata).ok());
+
+  const auto [code, output] = RunDray(absl::StrCat("parity --reference ", copy.string()));
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_THAT(output, ::testing::ContainsRegex("transformer_tiny +case_a +sample .*BEYOND TOLERANCE"));
+  EXPECT_THAT(output, HasSubstr("5 cases: 9 outputs within tolerance, 1 not"));
+
+  const auto [empty_code, empty_output] = RunDray(absl::StrCat("parity --reference ", std::getenv("TEST_TMPDIR")));
+  EXPECT_EQ(empty_code, 1);
+  EXPECT_THAT(empty_output, HasSubstr("holds no reference cases"));
+}
+
+}  // namespace
+}  // namespace dray

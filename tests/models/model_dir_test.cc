@@ -1,0 +1,98 @@
+// Model directories in diffusers' layout: what WriteRandomQwenImageModel
+// writes loads back with LoadQwenImageModel and runs; bad directories give
+// clear errors.
+#include "workers/models/qwen_image/model.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/safetensors.h"
+
+namespace dray::qwen_image {
+namespace {
+
+namespace fs = std::filesystem;
+using ::dray::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string TempDir(const std::string& name) {
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+TEST(ModelDirTest, TinyModelLoadsAndRuns) {
+  const std::string dir = TempDir("tiny");
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), /*seed=*/7));
+  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageModel model, LoadQwenImageModel(dir, at::TensorOptions().dtype(at::kFloat)));
+  // A 32x32 image: 8x8 latents of 4 channels, 4x4 tokens of 16.
+  DRAY_ASSERT_OK_AND_ASSIGN(LatentDistribution dist, model.vae->Encode(at::rand({1, 3, 1, 32, 32}) * 2 - 1));
+  EXPECT_EQ(dist.mean.sizes(), (std::vector<int64_t>{1, 4, 1, 8, 8}));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor out, model.transformer->forward(at::randn({1, 32, 16}), at::randn({1, 5, 16}), {},
+                                                                         at::full({1}, 0.5), {{{1, 4, 4}, {1, 4, 4}}}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{1, 32, 16}));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor image, model.vae->Decode(dist.mean));
+  EXPECT_EQ(image.sizes(), (std::vector<int64_t>{1, 3, 1, 32, 32}));
+  EXPECT_TRUE(at::isfinite(out).all().item<bool>() && at::isfinite(image).all().item<bool>());
+  EXPECT_TRUE(model.scheduler.use_dynamic_shifting);
+}
+
+TEST(ModelDirTest, SameSeedWritesTheSameWeights) {
+  const std::string a = TempDir("a"), b = TempDir("b"), c = TempDir("c");
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(a, PresetNamed("tiny").value(), 1));
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(b, PresetNamed("tiny").value(), 1));
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(c, PresetNamed("tiny").value(), 2));
+  for (const char* file : {"transformer/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
+                           "model_index.json", "transformer/config.json"}) {
+    EXPECT_EQ(ReadFile(fs::path(a) / file), ReadFile(fs::path(b) / file)) << file;
+  }
+  EXPECT_NE(ReadFile(fs::path(a) / "transformer/diffusion_pytorch_model.safetensors"),
+            ReadFile(fs::path(c) / "transformer/diffusion_pytorch_model.safetensors"));
+}
+
+TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
+  const auto options = at::TensorOptions().dtype(at::kFloat);
+  EXPECT_THAT(LoadQwenImageModel(TempDir("empty"), options),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no model_index.json")));
+
+  const std::string dir = TempDir("broken");
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
+  std::ofstream(fs::path(dir) / "model_index.json")
+      << R"({"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKLQwenImage"],
+            "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})";
+  EXPECT_THAT(LoadQwenImageModel(dir, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("component 'transformer' must be")));
+
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
+  const std::string weights = (fs::path(dir) / "transformer/diffusion_pytorch_model.safetensors").string();
+  auto file = SafetensorsFile::Open(weights).value();
+  std::vector<std::pair<std::string, at::Tensor>> kept;
+  for (const std::string& name : file->names()) {
+    if (name != "proj_out.bias") kept.emplace_back(name, file->Get(name).value().clone());
+  }
+  file.reset();
+  DRAY_ASSERT_OK(WriteSafetensors(weights, kept));
+  EXPECT_THAT(LoadQwenImageModel(dir, options),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1 parameters: proj_out.bias")));
+
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
+  std::ofstream(fs::path(dir) / "vae/config.json") << R"({"z_dim": 4, "base_dim": 24, "flux_capacitor": 1})";
+  EXPECT_THAT(LoadQwenImageModel(dir, options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key flux_capacitor; known keys:")));
+  EXPECT_THAT(PresetNamed("huge"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("presets: tiny, small, real")));
+}
+
+}  // namespace
+}  // namespace dray::qwen_image
