@@ -29,6 +29,10 @@
 
 namespace dray {
 
+// kDiffusersVersion: the diffusers version dray writes into the configs it
+// creates (the layout it writes is that version's).
+inline constexpr char kDiffusersVersion[] = "0.36.0";
+
 class JsonConfig {
  public:
   // Parse reads `text`; `name` (a path) prefixes every error.

@@ -118,7 +118,7 @@ absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset
     fs::create_directories(root / component.folder, error);
     if (error) return absl::UnavailableError(absl::StrCat("cannot create ", (root / component.folder).string(), ": ", error.message()));
   }
-  nlohmann::json index = {{"_class_name", "QwenImageEditPipeline"}, {"_diffusers_version", "0.36.0"}};
+  nlohmann::json index = {{"_class_name", "QwenImageEditPipeline"}, {"_diffusers_version", kDiffusersVersion}};
   for (const Component& component : kComponents) index[component.folder] = {component.library, component.class_name};
   DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", index.dump(2)));
   DRAY_RETURN_IF_ERROR(WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));

@@ -91,7 +91,7 @@ FlowMatchEulerConfig FlowMatchEulerConfig::QwenImage() {
 
 std::string FlowMatchEulerConfig::ToJson() const {
   nlohmann::json json = {{"_class_name", "FlowMatchEulerDiscreteScheduler"},
-                         {"_diffusers_version", "0.36.0"},
+                         {"_diffusers_version", kDiffusersVersion},
                          {"num_train_timesteps", num_train_timesteps},
                          {"shift", shift},
                          {"use_dynamic_shifting", use_dynamic_shifting},

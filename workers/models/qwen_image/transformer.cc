@@ -99,7 +99,7 @@ absl::StatusOr<TransformerConfig> TransformerConfig::FromJson(JsonConfig json) {
 
 std::string TransformerConfig::ToJson() const {
   return nlohmann::json{{"_class_name", "QwenImageTransformer2DModel"},
-                        {"_diffusers_version", "0.36.0"},
+                        {"_diffusers_version", kDiffusersVersion},
                         {"patch_size", patch_size},
                         {"in_channels", in_channels},
                         {"out_channels", out_channels},

@@ -392,7 +392,7 @@ absl::StatusOr<VaeConfig> VaeConfig::FromJson(JsonConfig json) {
 
 std::string VaeConfig::ToJson() const {
   return nlohmann::json{{"_class_name", "AutoencoderKLQwenImage"},
-                        {"_diffusers_version", "0.36.0"},
+                        {"_diffusers_version", kDiffusersVersion},
                         {"base_dim", base_dim},
                         {"z_dim", z_dim},
                         {"dim_mult", dim_mult},
