@@ -20,6 +20,7 @@ FlowMatchEulerConfig ReferenceConfig() {
 }
 
 TEST(SchedulerTest, ConfigReadsDiffusersKeys) {
+  DRAY_SKIP_WITHOUT_REFERENCE();
   const FlowMatchEulerConfig config = ReferenceConfig();
   EXPECT_TRUE(config.use_dynamic_shifting);
   EXPECT_EQ(config.max_image_seq_len, 8192);
@@ -36,7 +37,7 @@ TEST(SchedulerTest, ConfigReadsDiffusersKeys) {
 }
 
 TEST(SchedulerTest, StepChecksItsState) {
-  FlowMatchEulerScheduler scheduler(ReferenceConfig());
+  FlowMatchEulerScheduler scheduler(FlowMatchEulerConfig::QwenImage());
   EXPECT_THAT(scheduler.Step(at::zeros({2}), at::zeros({2})), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(scheduler.SetSigmas(Linspace(1.0, 0.5, 2), std::nullopt),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("needs mu")));
@@ -46,6 +47,14 @@ TEST(SchedulerTest, StepChecksItsState) {
   DRAY_ASSERT_OK(scheduler.Step(at::zeros({2}), at::zeros({2})).status());
   EXPECT_THAT(scheduler.Step(at::zeros({2}), at::zeros({2})),
               StatusIs(absl::StatusCode::kFailedPrecondition, ::testing::HasSubstr("all 2 steps")));
+}
+
+TEST(HelpersTest, EditOutputSizeFollowsThePipeline) {
+  // 640x480 (4:3) at about one megapixel: 1184 x 896, already multiples of 16.
+  EXPECT_EQ(EditOutputSize(640, 480, std::nullopt, std::nullopt, 8), std::make_pair(int64_t{1184}, int64_t{896}));
+  // A requested size is floored to multiples of 2 x vae_scale_factor.
+  EXPECT_EQ(EditOutputSize(640, 480, 1000, 777, 8), std::make_pair(int64_t{992}, int64_t{768}));
+  EXPECT_EQ(EditOutputSize(100, 300, 50, std::nullopt, 4), std::make_pair(int64_t{48}, int64_t{1760}));
 }
 
 TEST(HelpersTest, PackingRejectsShapesItCannotTile) {

@@ -27,6 +27,7 @@ QwenImageTransformer LoadModel(const std::string& folder) {
 }
 
 TEST(TransformerTest, RejectsBadInputsWithTheirShapes) {
+  DRAY_SKIP_WITHOUT_REFERENCE();
   QwenImageTransformer model = LoadModel("transformer_tiny");
   const at::Tensor text = at::zeros({1, 7, 16});
   EXPECT_THAT(model->forward(at::zeros({1, 48, 15}), text, {}, at::zeros({1}), {{{1, 6, 4}, {1, 6, 4}}}),

@@ -27,6 +27,7 @@ AutoencoderKLQwenImage LoadVae(const std::string& folder) {
 }
 
 TEST(VaeTest, RejectsBadShapes) {
+  DRAY_SKIP_WITHOUT_REFERENCE();
   AutoencoderKLQwenImage vae = LoadVae("vae_tiny");
   EXPECT_THAT(vae->Encode(at::zeros({1, 3, 1, 30, 48})),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("multiples of 4, got [1, 3, 1, 30, 48]")));

@@ -5,6 +5,7 @@
 #define DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,14 @@ namespace dray::qwen_image {
 // `ratio` (width / height), each rounded to a multiple of 32 with Python's
 // round-half-to-even.
 std::pair<int64_t, int64_t> CalculateDimensions(double target_area, double ratio);
+
+// EditOutputSize returns the {width, height} QwenImageEditPipeline renders
+// for an input image of image_width x image_height: the requested size, or
+// else CalculateDimensions(1024 * 1024, image_width / image_height), each
+// floored to a multiple of 2 * vae_scale_factor (one packed latent token).
+std::pair<int64_t, int64_t> EditOutputSize(int64_t image_width, int64_t image_height,
+                                           std::optional<int64_t> width, std::optional<int64_t> height,
+                                           int64_t vae_scale_factor);
 
 // PackLatents turns latents [B, C, 1, H, W] (H, W even) into tokens
 // [B, (H/2)(W/2), 4C], each token a 2x2 patch in channel-major order.
