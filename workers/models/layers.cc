@@ -64,11 +64,11 @@ std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, con
 
 void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
   torch::NoGradGuard no_grad;
-  for (const auto& named : module.named_modules()) {
-    // PyTorch's default for Linear and Conv layers: kaiming_uniform(a=sqrt(5))
-    // for weights and the same bound for biases, i.e. U(+-1/sqrt(fan_in));
-    // norm scales ("weight" or "gamma" of a norm, no fan-in) start at one.
-    const auto parameters = named.value()->named_parameters(/*recurse=*/false);
+  // PyTorch's default for Linear and Conv layers: kaiming_uniform(a=sqrt(5))
+  // for weights and the same bound for biases, i.e. U(+-1/sqrt(fan_in));
+  // norm scales ("weight" or "gamma" of a norm, no fan-in) start at one.
+  auto initialize = [&generator](torch::nn::Module& layer) {
+    const auto parameters = layer.named_parameters(/*recurse=*/false);
     const at::Tensor* weight = parameters.find("weight");
     const bool has_fan_in = weight != nullptr && weight->dim() >= 2;
     const double bound =
@@ -81,7 +81,9 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
         tensor.fill_(1);
       }
     }
-  }
+  };
+  initialize(module);  // works during construction, before a shared_ptr owns `module`
+  for (const auto& child : module.named_modules("", /*include_self=*/false)) initialize(*child.value());
 }
 
 absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,

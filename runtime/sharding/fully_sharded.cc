@@ -1,0 +1,289 @@
+#include "runtime/sharding/fully_sharded.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <stdexcept>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/status_macros.h"
+
+namespace dray {
+
+// Unit: one flat parameter. Its module parameters are views into `full`,
+// whose storage is allocated only while the unit is gathered, so that views
+// autograd saved for backward stay valid across a free and a re-gather.
+struct FullyShardedModule::Unit {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<int64_t> offsets;
+  int64_t padded = 0;        // flat size, a multiple of the shard group
+  at::Tensor shard;          // float32 master of this rank's part, for the optimizer
+  at::Tensor full;           // [padded], storage freed while resharded
+  bool gathered = false;
+  int pending_gradients = 0;  // parameters still to accumulate in this backward
+  bool gradients_reduced = true;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep post-hooks alive
+};
+
+namespace {
+
+// PostAccumulateHook runs a callback after a leaf's gradient was accumulated.
+class PostAccumulateHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit PostAccumulateHook(std::function<void()> callback) : callback_(std::move(callback)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    callback_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> callback_;
+};
+
+void ReleaseStorage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void AllocateStorage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  const size_t bytes = tensor.numel() * tensor.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
+
+}  // namespace
+
+FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm,
+                                       ShardingOptions options)
+    : root_(std::move(root)), comm_(comm), options_(options) {}
+
+FullyShardedModule::~FullyShardedModule() = default;
+
+void FullyShardedModule::Check(const absl::Status& status, const char* what) {
+  // Inside forward and backward there is no status to return: fail the pass.
+  if (!status.ok()) throw std::runtime_error(absl::StrCat("sharding (", what, "): ", status.message()));
+}
+
+absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
+    std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
+    Communicator* comm, ShardingOptions options) {
+  if (options.strategy == ShardingStrategy::kHybridShard || options.strategy == ShardingStrategy::kHybridShardZero2) {
+    return absl::UnimplementedError(absl::StrCat(ShardingStrategyName(options.strategy), " is not implemented yet"));
+  }
+  std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
+  torch::NoGradGuard no_grad;
+  std::map<const torch::nn::Module*, std::string> prefixes;
+  for (const auto& named : root->named_modules()) prefixes[named.value().get()] = named.key();
+  std::map<at::TensorImpl*, bool> in_unit;
+  const int64_t group = Shards(options.strategy) ? comm->world_size() : 1;
+  for (const auto& module : units) {
+    auto unit = std::make_unique<Unit>();
+    const std::string prefix = prefixes.count(module.get()) ? prefixes[module.get()] : "";
+    int64_t numel = 0;
+    for (const auto& named : module->named_parameters()) {
+      unit->names.push_back(prefix.empty() ? named.key() : absl::StrCat(prefix, ".", named.key()));
+      unit->params.push_back(named.value());
+      unit->offsets.push_back(numel);
+      numel += named.value().numel();
+      in_unit[named.value().unsafeGetTensorImpl()] = true;
+    }
+    unit->padded = (numel + group - 1) / group * group;
+    const at::ScalarType dtype = unit->params.empty() ? at::kFloat : unit->params[0].scalar_type();
+    at::Tensor flat = at::zeros({unit->padded}, unit->params.empty() ? at::TensorOptions() : unit->params[0].options());
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel()).copy_(unit->params[i].reshape(-1));
+    }
+    if (options.sync_module_states) DRAY_RETURN_IF_ERROR(comm->Broadcast(flat, 0));
+    const int64_t shard_size = unit->padded / group;
+    const int64_t rank = Shards(options.strategy) ? comm->rank() : 0;
+    unit->shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size).to(at::kFloat).clone().requires_grad_(true);
+    // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
+    unit->full = Shards(options.strategy) ? at::empty({unit->padded}, flat.options().dtype(dtype)) : unit->shard.detach();
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      at::Tensor& param = unit->params[i];
+      auto accumulator = torch::autograd::impl::grad_accumulator(param);
+      Unit* raw = unit.get();
+      FullyShardedModule* self = sharded.get();
+      accumulator->add_post_hook(std::make_unique<PostAccumulateHook>([self, raw] { self->OnParameterGradient(*raw); }));
+      unit->accumulators.push_back(std::move(accumulator));
+      param.set_data(unit->full.slice(0, unit->offsets[i], unit->offsets[i] + param.numel()).view(param.sizes()));
+    }
+    unit->gathered = true;
+    sharded->Free(*unit);
+    sharded->units_.push_back(std::move(unit));
+  }
+  for (const auto& parameter : root->parameters()) {
+    if (!in_unit.count(parameter.unsafeGetTensorImpl())) sharded->replicated_.push_back(parameter);
+  }
+  return sharded;
+}
+
+absl::Status FullyShardedModule::Gather(Unit& unit) {
+  if (unit.gathered) return absl::OkStatus();
+  AllocateStorage(unit.full);
+  torch::NoGradGuard no_grad;
+  DRAY_RETURN_IF_ERROR(comm_->AllGather(unit.shard.detach().to(unit.full.scalar_type()), unit.full));
+  unit.gathered = true;
+  return absl::OkStatus();
+}
+
+void FullyShardedModule::Free(Unit& unit) {
+  if (!unit.gathered || !Shards(options_.strategy)) return;
+  ReleaseStorage(unit.full);
+  unit.gathered = false;
+}
+
+void FullyShardedModule::BeforeUnit(size_t index) {
+  Unit& unit = *units_.at(index);
+  Check(Gather(unit), "gathering a unit for forward");
+  unit.pending_gradients = 0;
+  for (const at::Tensor& param : unit.params) unit.pending_gradients += param.requires_grad() ? 1 : 0;
+  unit.gradients_reduced = false;
+}
+
+void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) {
+  Unit& unit = *units_.at(index);
+  bool backward_follows = false;
+  for (const at::Tensor& output : outputs) {
+    if (!output.defined() || !output.requires_grad()) continue;
+    backward_follows = true;
+    // Pre-backward: the unit's parameters are needed again when its output
+    // gradients arrive.
+    at::Tensor(output).register_hook([this, &unit](const at::Tensor& grad) {
+      Check(Gather(unit), "gathering a unit for backward");
+      if (!backward_callback_queued_) {
+        backward_callback_queued_ = true;
+        torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishBackward(); });
+      }
+      return grad;
+    });
+  }
+  if (!backward_follows || options_.strategy == ShardingStrategy::kFullShard) Free(unit);
+}
+
+void FullyShardedModule::OnParameterGradient(Unit& unit) {
+  if (--unit.pending_gradients > 0) return;
+  if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
+  Free(unit);
+}
+
+absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
+  torch::NoGradGuard no_grad;
+  at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    at::Tensor& grad = unit.params[i].mutable_grad();
+    if (!grad.defined()) continue;
+    flat.slice(0, unit.offsets[i], unit.offsets[i] + grad.numel()).copy_(grad.reshape(-1));
+    grad.reset();
+  }
+  const int64_t world = comm_->world_size();
+  at::Tensor reduced;
+  if (Shards(options_.strategy)) {
+    reduced = at::empty({unit.padded / world}, at::kFloat);
+    DRAY_RETURN_IF_ERROR(comm_->ReduceScatter(flat, reduced));
+  } else {
+    DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
+    reduced = flat;
+  }
+  reduced.div_(world);
+  at::Tensor& grad = unit.shard.mutable_grad();
+  grad = grad.defined() ? grad.add_(reduced) : reduced;
+  unit.gradients_reduced = true;
+  return absl::OkStatus();
+}
+
+void FullyShardedModule::FinishBackward() {
+  backward_callback_queued_ = false;
+  // Units whose parameters did not all receive gradients (unused ones).
+  for (auto& unit : units_) {
+    if (gradient_sync_ && !unit->gradients_reduced) Check(ReduceGradients(*unit), "reducing gradients");
+    Free(*unit);
+  }
+  if (!gradient_sync_) return;
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& parameter : replicated_) {
+    at::Tensor& grad = parameter.mutable_grad();
+    if (!grad.defined()) grad = at::zeros_like(parameter);
+    Check(comm_->AllReduce(grad), "all-reducing replicated gradients");
+    grad.div_(comm_->world_size());
+  }
+}
+
+std::vector<at::Tensor> FullyShardedModule::shards() const {
+  std::vector<at::Tensor> tensors;
+  for (const auto& unit : units_) tensors.push_back(unit->shard);
+  tensors.insert(tensors.end(), replicated_.begin(), replicated_.end());
+  return tensors;
+}
+
+absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
+  torch::NoGradGuard no_grad;
+  at::Tensor sharded_sum = at::zeros({1}, at::kDouble);
+  at::Tensor replicated_sum = at::zeros({1}, at::kDouble);
+  for (const auto& unit : units_) {
+    if (unit->shard.grad().defined()) sharded_sum += unit->shard.grad().to(at::kDouble).pow(2).sum();
+  }
+  for (const at::Tensor& parameter : replicated_) {
+    if (parameter.grad().defined()) replicated_sum += parameter.grad().to(at::kDouble).pow(2).sum();
+  }
+  // Shards are disjoint across ranks (sum them); replicas are the same everywhere.
+  if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(comm_->AllReduce(sharded_sum));
+  const double norm = std::sqrt((sharded_sum + replicated_sum).item<double>());
+  if (norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (const at::Tensor& tensor : shards()) {
+      if (tensor.grad().defined()) tensor.grad().mul_(scale);
+    }
+  }
+  return norm;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModule::FullParameters() {
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+  for (auto& unit : units_) {
+    const bool was_gathered = unit->gathered;
+    DRAY_RETURN_IF_ERROR(Gather(*unit));
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      parameters.emplace_back(unit->names[i], unit->params[i].detach().clone());
+    }
+    if (!was_gathered) Free(*unit);
+  }
+  std::map<at::TensorImpl*, std::string> names;
+  for (const auto& named : root_->named_parameters()) names[named.value().unsafeGetTensorImpl()] = named.key();
+  for (const at::Tensor& parameter : replicated_) {
+    parameters.emplace_back(names[parameter.unsafeGetTensorImpl()], parameter.detach().clone());
+  }
+  return parameters;
+}
+
+FullyShardedModule::Bytes FullyShardedModule::LocalBytes() const {
+  Bytes bytes;
+  for (const auto& unit : units_) {
+    bytes.parameters += unit->shard.nbytes() + (unit->gathered && Shards(options_.strategy) ? unit->full.nbytes() : 0);
+    if (unit->shard.grad().defined()) bytes.gradients += unit->shard.grad().nbytes();
+    for (const at::Tensor& param : unit->params) {
+      if (param.grad().defined()) bytes.gradients += param.grad().nbytes();
+    }
+  }
+  for (const at::Tensor& parameter : replicated_) {
+    bytes.parameters += parameter.nbytes();
+    if (parameter.grad().defined()) bytes.gradients += parameter.grad().nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace dray

@@ -1,0 +1,120 @@
+// FullyShardedModule: PyTorch FSDP's design for LibTorch modules.
+//
+// Each unit (a submodule: a transformer block, a ResNet block) has its
+// parameters flattened into one flat parameter, padded to a multiple of the
+// world size; each rank keeps 1/W of it, in float32, as the optimizer's
+// master copy. A unit's parameters exist in full only while it runs:
+//
+//   forward:   all-gather before the unit, free after it (FULL_SHARD; kept
+//              until backward with SHARD_GRAD_OP)
+//   backward:  all-gather again when the unit's output gradients arrive;
+//              once its parameter gradients are accumulated, reduce-scatter
+//              them (averaged over ranks) into the shards' .grad, and free
+//
+// The model stays single-device code: it calls UnitHooks around each unit.
+// Parameters outside every unit are replicated (their gradients all-reduced).
+//
+//   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model, model->blocks_as_modules(),
+//                                                                 comm, {ShardingStrategy::kFullShard}));
+//   model->set_unit_hooks(sharded.get());
+//   torch::optim::AdamW optimizer(sharded->shards(), ...);
+//   loss = ...model->forward(x)...; loss.backward(); optimizer.step();
+//
+// Every rank must run the same units in the same order (collectives).
+//
+// Thread-safety: not thread-safe; one training thread per rank.
+#ifndef DRAY_RUNTIME_SHARDING_FULLY_SHARDED_H_
+#define DRAY_RUNTIME_SHARDING_FULLY_SHARDED_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/communicator.h"
+#include "runtime/sharding/strategy.h"
+
+namespace dray {
+
+// UnitHooks: what a model calls around each of its sharding units, in order.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // BeforeUnit runs before unit `index`'s forward.
+  virtual void BeforeUnit(size_t index) = 0;
+  // AfterUnit runs after it, with the unit's outputs.
+  virtual void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) = 0;
+};
+
+struct ShardingOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  // Broadcast rank 0's parameters before sharding (FSDP's
+  // sync_module_states), for ranks that did not build identical modules.
+  bool sync_module_states = false;
+};
+
+class FullyShardedModule : public UnitHooks {
+ public:
+  // Shard takes over the parameters of `units` (submodules of `root`); the
+  // other parameters of `root` stay replicated. Every rank calls it.
+  static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
+      std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
+      Communicator* comm, ShardingOptions options = {});
+
+  ~FullyShardedModule() override;
+
+  void BeforeUnit(size_t index) override;
+  void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) override;
+
+  // shards returns the tensors an optimizer updates: every unit's local
+  // shard, then the replicated parameters. Their .grad is set by backward.
+  std::vector<at::Tensor> shards() const;
+
+  // set_gradient_sync(false) lets backward accumulate full gradients locally
+  // without communication (gradient accumulation); the next backward with
+  // sync on reduces everything accumulated.
+  void set_gradient_sync(bool sync) { gradient_sync_ = sync; }
+
+  // ClipGradNorm scales all gradients so that their global L2 norm (over
+  // every rank's shards) is at most `max_norm`; returns the norm before.
+  absl::StatusOr<double> ClipGradNorm(double max_norm);
+
+  // FullParameters gathers every parameter under its original name (all
+  // ranks must call it); for checks and FULL state dicts.
+  absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullParameters();
+
+  // LocalBytes reports this rank's resident parameter and gradient bytes.
+  struct Bytes {
+    int64_t parameters = 0;  // shards + replicated + currently gathered units
+    int64_t gradients = 0;
+  };
+  Bytes LocalBytes() const;
+
+ private:
+  struct Unit;
+  FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm, ShardingOptions options);
+
+  absl::Status Gather(Unit& unit);
+  void Free(Unit& unit);
+  absl::Status ReduceGradients(Unit& unit);
+  void OnParameterGradient(Unit& unit);
+  void FinishBackward();
+  void Check(const absl::Status& status, const char* what);
+
+  std::shared_ptr<torch::nn::Module> root_;
+  Communicator* comm_;
+  ShardingOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<at::Tensor> replicated_;  // parameters outside every unit
+  bool gradient_sync_ = true;
+  bool backward_callback_queued_ = false;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_SHARDING_FULLY_SHARDED_H_
