@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -12,8 +13,11 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
 
 namespace dray {
@@ -126,8 +130,10 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     sharded->Free(*unit);
     sharded->units_.push_back(std::move(unit));
   }
-  for (const auto& parameter : root->parameters()) {
-    if (!in_unit.count(parameter.unsafeGetTensorImpl())) sharded->replicated_.push_back(parameter);
+  for (const auto& named : root->named_parameters()) {
+    if (in_unit.count(named.value().unsafeGetTensorImpl())) continue;
+    sharded->replicated_.push_back(named.value());
+    sharded->replicated_names_.push_back(named.key());
   }
   return sharded;
 }
@@ -262,12 +268,123 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModu
     }
     if (!was_gathered) Free(*unit);
   }
-  std::map<at::TensorImpl*, std::string> names;
-  for (const auto& named : root_->named_parameters()) names[named.value().unsafeGetTensorImpl()] = named.key();
-  for (const at::Tensor& parameter : replicated_) {
-    parameters.emplace_back(names[parameter.unsafeGetTensorImpl()], parameter.detach().clone());
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    parameters.emplace_back(replicated_names_[i], replicated_[i].detach().clone());
   }
   return parameters;
+}
+
+std::pair<int64_t, int64_t> FullyShardedModule::ShardRange(const Unit& unit) const {
+  const int64_t size = unit.shard.numel();
+  const int64_t begin = Shards(options_.strategy) ? comm_->rank() * size : 0;
+  return {begin, begin + size};
+}
+
+absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    const auto [begin, end] = ShardRange(*unit);
+    unit->shard.detach().zero_();
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      DRAY_ASSIGN_OR_RETURN(TensorInfo info, checkpoint.Info(unit->names[i]));
+      if (at::IntArrayRef(info.shape) != unit->params[i].sizes()) {  // sizes survive a released storage
+        return absl::InvalidArgumentError(absl::StrCat("tensor '", unit->names[i], "' has shape [",
+                                                       absl::StrJoin(info.shape, ", "), "], the module expects [",
+                                                       absl::StrJoin(unit->params[i].sizes(), ", "), "]"));
+      }
+      const int64_t offset = unit->offsets[i], numel = unit->params[i].numel();
+      const int64_t from = std::max(begin, offset), to = std::min(end, offset + numel);
+      if (from >= to) continue;  // not in this rank's shard: never read
+      DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Get(unit->names[i]));
+      unit->shard.detach().slice(0, from - begin, to - begin).copy_(stored.reshape(-1).slice(0, from - offset, to - offset));
+    }
+  }
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor stored,
+                          checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), replicated_[i].scalar_type()));
+    replicated_[i].detach().copy_(stored);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModule::SaveFullStateDict(const std::string& path) {
+  DRAY_ASSIGN_OR_RETURN(auto parameters, FullParameters());
+  if (comm_->rank() == 0) DRAY_RETURN_IF_ERROR(WriteSafetensors(path, parameters, {{"format", "pt"}}));
+  return comm_->Barrier();  // the file is complete when any rank returns
+}
+
+namespace {
+
+std::string ShardFile(const std::string& dir, int rank, int world) {
+  return absl::StrFormat("%s/shard-%05d-of-%05d.safetensors", dir, rank, world);
+}
+
+}  // namespace
+
+absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  nlohmann::json layout = nlohmann::json::array();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = *units_[u];
+    tensors.emplace_back(absl::StrCat("unit", u), unit.shard.detach());
+    nlohmann::json params = nlohmann::json::array();
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      params.push_back({{"name", unit.names[i]}, {"offset", unit.offsets[i]}, {"numel", unit.params[i].numel()}});
+    }
+    layout.push_back({{"padded", unit.padded}, {"params", params}});
+  }
+  for (size_t i = 0; i < replicated_.size(); ++i) tensors.emplace_back(replicated_names_[i], replicated_[i].detach());
+  const int64_t shard_world = Shards(options_.strategy) ? comm_->world_size() : 1;
+  const int64_t shard_rank = Shards(options_.strategy) ? comm_->rank() : 0;
+  if (shard_rank == comm_->rank()) {  // NO_SHARD: one copy, from rank 0
+    DRAY_RETURN_IF_ERROR(WriteSafetensors(ShardFile(dir, static_cast<int>(shard_rank), static_cast<int>(shard_world)), tensors,
+                                          {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
+  }
+  return comm_->Barrier();
+}
+
+absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
+  // Find the saved world size from rank 0's file name.
+  std::vector<std::shared_ptr<const SafetensorsFile>> files;
+  for (int world = 1; world <= 4096 && files.empty(); ++world) {
+    if (!std::filesystem::exists(ShardFile(dir, 0, world))) continue;
+    for (int rank = 0; rank < world; ++rank) {
+      DRAY_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(ShardFile(dir, rank, world)));
+      files.push_back(std::move(file));
+    }
+  }
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, " holds no shard-00000-of-*.safetensors"));
+  const nlohmann::json layout = nlohmann::json::parse(files[0]->metadata().at("dray_layout"), nullptr, false);
+  if (layout.is_discarded() || layout.size() != units_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": saved with ", layout.is_discarded() ? 0 : layout.size(),
+                                                   " units, this module has ", units_.size()));
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = *units_[u];
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const nlohmann::json& saved = layout[u]["params"][i];
+      if (saved["name"] != unit.names[i] || saved["offset"] != unit.offsets[i] || saved["numel"] != unit.params[i].numel()) {
+        return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " was saved with a different parameter layout (at '",
+                                                       unit.names[i], "')"));
+      }
+    }
+    // This rank's range of the (new) flat parameter, read from the saved shards.
+    const auto [begin, end] = ShardRange(unit);
+    const int64_t saved_size = layout[u]["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
+    unit.shard.detach().zero_();
+    for (size_t r = 0; r < files.size(); ++r) {
+      const int64_t from = std::max<int64_t>(begin, r * saved_size), to = std::min<int64_t>(end, (r + 1) * saved_size);
+      if (from >= to) continue;
+      DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[r]->Get(absl::StrCat("unit", u)));
+      unit.shard.detach().slice(0, from - begin, to - begin).copy_(saved.slice(0, from - r * saved_size, to - r * saved_size));
+    }
+  }
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[0]->Get(replicated_names_[i]));
+    replicated_[i].detach().copy_(saved);
+  }
+  return absl::OkStatus();
 }
 
 FullyShardedModule::Bytes FullyShardedModule::LocalBytes() const {

@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/communicator.h"
+#include "runtime/safetensors.h"
 #include "runtime/sharding/strategy.h"
 
 namespace dray {
@@ -88,6 +89,20 @@ class FullyShardedModule : public UnitHooks {
   // ranks must call it); for checks and FULL state dicts.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullParameters();
 
+  // LoadShards fills this rank's shards (and the replicated parameters)
+  // from a checkpoint that names parameters as the module does: each rank
+  // reads only the slices it keeps. A missing tensor or a wrong shape is an
+  // error naming it.
+  absl::Status LoadShards(const Checkpoint& checkpoint);
+
+  // State dicts. FULL: every parameter gathered under its name, written by
+  // rank 0 as one safetensors file (all ranks call it). SHARDED: each rank
+  // writes its shards and the layout to `dir`/shard-RRRRR-of-WWWWW.safetensors;
+  // LoadShardedStateDict reads a directory written at any world size.
+  absl::Status SaveFullStateDict(const std::string& path);
+  absl::Status SaveShardedStateDict(const std::string& dir);
+  absl::Status LoadShardedStateDict(const std::string& dir);
+
   // LocalBytes reports this rank's resident parameter and gradient bytes.
   struct Bytes {
     int64_t parameters = 0;  // shards + replicated + currently gathered units
@@ -99,6 +114,8 @@ class FullyShardedModule : public UnitHooks {
   struct Unit;
   FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm, ShardingOptions options);
 
+  // ShardRange returns [begin, end) of this rank's shard within a unit's flat parameter.
+  std::pair<int64_t, int64_t> ShardRange(const Unit& unit) const;
   absl::Status Gather(Unit& unit);
   void Free(Unit& unit);
   absl::Status ReduceGradients(Unit& unit);
@@ -111,6 +128,7 @@ class FullyShardedModule : public UnitHooks {
   ShardingOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<at::Tensor> replicated_;  // parameters outside every unit
+  std::vector<std::string> replicated_names_;
   bool gradient_sync_ = true;
   bool backward_callback_queued_ = false;
 };

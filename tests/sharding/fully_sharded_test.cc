@@ -6,7 +6,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+#include <filesystem>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -42,12 +45,12 @@ class BlockImpl : public torch::nn::Module {
 // ToyModel: input projection, 3 residual blocks (the units), output projection.
 class ToyModelImpl : public torch::nn::Module {
  public:
-  ToyModelImpl() {
+  explicit ToyModelImpl(uint64_t seed = 0) {
     input = register_module("input", Linear(LinearImpl::Options{3, kWidth}));
     blocks = register_module("blocks", torch::nn::ModuleList());
     for (int i = 0; i < 3; ++i) blocks->push_back(std::make_shared<BlockImpl>());
     output = register_module("output", Linear(LinearImpl::Options{kWidth, 2}));
-    InitializeLikePyTorch(*this, at::make_generator<at::CPUGeneratorImpl>(0));
+    InitializeLikePyTorch(*this, at::make_generator<at::CPUGeneratorImpl>(seed));
   }
   at::Tensor forward(const at::Tensor& x, UnitHooks* hooks) {
     at::Tensor h = input->forward(x);
@@ -247,6 +250,81 @@ TEST(FullyShardedGradientTest, AccumulationWithoutSyncEqualsOneSyncedStep) {
     accumulated[rank] = b->shards()[1].grad().clone();
   });
   for (int rank = 0; rank < 2; ++rank) EXPECT_LE(MaxDiff(accumulated[rank], synced[rank]), 1e-6);
+}
+
+std::map<std::string, at::Tensor> Parameters(FullyShardedModule& sharded) {
+  const auto gathered = sharded.FullParameters().value();  // keep the result alive while iterating
+  return std::map<std::string, at::Tensor>(gathered.begin(), gathered.end());
+}
+
+void ExpectIdentical(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) EXPECT_TRUE(at::equal(tensor, b.at(name))) << name;
+}
+
+TEST(FullyShardedStateTest, FullAndShardedStateDictsReloadAtAnotherWorldSize) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/state";
+  std::filesystem::create_directories(dir + "/sharded");
+  const Data data = MakeData();
+  std::map<std::string, at::Tensor> trained;
+  RunInGroup(2, [&](int rank, Communicator* comm) {  // train a step, save both ways at W = 2
+    ToyModel model;
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) - data.y.slice(0, rank * 6, rank * 6 + 6))
+        .pow(2).mean().backward();
+    optimizer.step();
+    DRAY_ASSERT_OK(sharded->SaveFullStateDict(dir + "/full.safetensors"));
+    DRAY_ASSERT_OK(sharded->SaveShardedStateDict(dir + "/sharded"));
+    const auto parameters = Parameters(*sharded);  // collective: every rank gathers
+    if (rank == 0) trained = parameters;
+  });
+  RunInGroup(3, [&](int rank, Communicator* comm) {  // reload at W = 3, both ways
+    ToyModel from_sharded(/*seed=*/7), from_full(/*seed=*/8);
+    auto a = FullyShardedModule::Shard(from_sharded.ptr(), from_sharded->units(), comm, {}).value();
+    DRAY_ASSERT_OK(a->LoadShardedStateDict(dir + "/sharded"));
+    ExpectIdentical(Parameters(*a), trained);
+    auto b = FullyShardedModule::Shard(from_full.ptr(), from_full->units(), comm, {}).value();
+    DRAY_ASSERT_OK(b->LoadShards(Checkpoint::Open(dir + "/full.safetensors").value()));
+    ExpectIdentical(Parameters(*b), trained);
+    EXPECT_THAT(b->LoadShardedStateDict(dir), StatusIs(absl::StatusCode::kNotFound));
+  });
+}
+
+TEST(FullyShardedStateTest, RankZeroInitializationEqualsEveryRankLoading) {
+  std::map<std::string, at::Tensor> expected;
+  {
+    ToyModel reference(/*seed=*/0);
+    for (const auto& p : reference->named_parameters()) expected[p.key()] = p.value().detach().clone();
+  }
+  RunInGroup(3, [&](int rank, Communicator* comm) {
+    ToyModel model(/*seed=*/rank == 0 ? 0 : 100 + rank);  // only rank 0 holds the real weights
+    ShardingOptions options;
+    options.sync_module_states = true;
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+    const auto parameters = Parameters(*sharded);
+    for (const auto& [name, tensor] : parameters) {
+      if (name.rfind("blocks.", 0) == 0) EXPECT_TRUE(at::equal(tensor, expected.at(name))) << name;
+    }
+  });
+}
+
+TEST(FullyShardedGradientTest, ClipGradNormUsesTheGlobalNorm) {
+  const Data data = MakeData();
+  ToyModel reference;
+  (reference->forward(data.x, nullptr) - data.y).pow(2).mean().backward();
+  double expected = 0;
+  for (const auto& p : reference->parameters()) expected += p.grad().pow(2).sum().item<double>();
+  expected = std::sqrt(expected);
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel model;
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) - data.y.slice(0, rank * 6, rank * 6 + 6))
+        .pow(2).mean().backward();
+    DRAY_ASSERT_OK_AND_ASSIGN(double norm, sharded->ClipGradNorm(expected / 2));
+    EXPECT_NEAR(norm, expected, 1e-6);
+    EXPECT_NEAR(sharded->ClipGradNorm(1e9).value(), expected / 2, 1e-6);  // clipped to half
+  });
 }
 
 TEST(ShardingStrategyTest, AcceptsNamesAndNumbers) {
