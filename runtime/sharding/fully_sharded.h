@@ -39,18 +39,9 @@
 #include "runtime/communicator.h"
 #include "runtime/safetensors.h"
 #include "runtime/sharding/strategy.h"
+#include "runtime/sharding/unit_hooks.h"
 
 namespace dray {
-
-// UnitHooks: what a model calls around each of its sharding units, in order.
-class UnitHooks {
- public:
-  virtual ~UnitHooks() = default;
-  // BeforeUnit runs before unit `index`'s forward.
-  virtual void BeforeUnit(size_t index) = 0;
-  // AfterUnit runs after it, with the unit's outputs.
-  virtual void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) = 0;
-};
 
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;

@@ -343,9 +343,11 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
   if (text_mask.defined()) {
     mask = at::cat({text_mask.to(at::kBool), at::ones({image.size(0), image.size(1)}, at::kBool)}, 1);
   }
-  for (const auto& module : *transformer_blocks_) {
-    std::tie(text, image) = module->as<TransformerBlockImpl>()->forward(image, text, temb, image_freqs,
-                                                                         text_freqs, mask, modulate_index);
+  for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
+    if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
+    std::tie(text, image) = transformer_blocks_[i]->as<TransformerBlockImpl>()->forward(
+        image, text, temb, image_freqs, text_freqs, mask, modulate_index);
+    if (unit_hooks_ != nullptr) unit_hooks_->AfterUnit(i, {text, image});
   }
   if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];
   const std::vector<at::Tensor> scale_shift = norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);

@@ -32,6 +32,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/sharding/unit_hooks.h"
 #include "workers/models/json_config.h"
 #include "workers/models/layers.h"
 
@@ -148,6 +149,9 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   const TransformerConfig& config() const { return config_; }
   // blocks: the dual-stream blocks, in order (sharding units).
   torch::nn::ModuleList blocks() const { return transformer_blocks_; }
+  // set_unit_hooks makes forward call `hooks` around each block (sharding);
+  // null: none. `hooks` must outlive every later forward.
+  void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
 
  private:
   absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
@@ -162,6 +166,7 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   Linear time_linear_1_{nullptr}, time_linear_2_{nullptr}, norm_out_linear_{nullptr};
   RMSNorm txt_norm_{nullptr};
   torch::nn::ModuleList transformer_blocks_{nullptr};
+  UnitHooks* unit_hooks_ = nullptr;
 };
 TORCH_MODULE(QwenImageTransformer);
 
