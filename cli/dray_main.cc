@@ -2,7 +2,7 @@
 // library: worker processes (runtime/worker_process.h), benchmarks
 // (runtime/bench/).
 //
-//   dray bench [--suite runtime] [--workers N] [--quick] [--json]
+//   dray bench [--suite runtime|sharding] [--workers N] [--quick] [--json]
 //   dray init-model --preset tiny|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
@@ -18,6 +18,7 @@
 #include "runtime/allocator.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/worker_process.h"
+#include "workers/bench/sharding_bench.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/parity.h"
 
@@ -48,18 +49,24 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 }
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
-  if (suite != "runtime") {
-    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime\n", suite.c_str());
+  if (suite != "runtime" && suite != "sharding") {
+    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding\n", suite.c_str());
     return 2;
   }
   if (!json) std::printf("%-32s %14s  %s\n", "figure", "value", "unit");
-  ActorBenchOptions options;
-  options.worker_command = {SelfPath(), "worker"};
-  options.echo_server_command = {SelfPath(), "echo-server"};
-  options.workers = workers;
-  options.quick = quick;
-  options.report = [json](const BenchMetric& metric) { PrintMetric(metric, json); };
-  absl::StatusOr<std::vector<BenchMetric>> metrics = RunActorBench(options);
+  const BenchReporter report = [json](const BenchMetric& metric) { PrintMetric(metric, json); };
+  absl::StatusOr<std::vector<BenchMetric>> metrics;
+  if (suite == "sharding") {
+    metrics = RunShardingBench(quick, report);
+  } else {
+    ActorBenchOptions options;
+    options.worker_command = {SelfPath(), "worker"};
+    options.echo_server_command = {SelfPath(), "echo-server"};
+    options.workers = workers;
+    options.quick = quick;
+    options.report = report;
+    metrics = RunActorBench(options);
+  }
   if (!metrics.ok()) {
     std::fprintf(stderr, "dray bench: %s\n", metrics.status().ToString().c_str());
     return 1;
@@ -113,7 +120,8 @@ int Main(int argc, char** argv) {
   std::string suite = "runtime";
   int workers = 4;
   bool quick = false, json = false;
-  bench->add_option("--suite", suite, "what to measure: runtime")->capture_default_str();
+  bench->add_option("--suite", suite, "what to measure: runtime (actor calls) or sharding (memory, step time)")
+      ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -21,15 +21,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "runtime/bench/bench_metric.h"
 #include "runtime/worker.h"
 
 namespace dray {
-
-struct BenchMetric {
-  std::string name;
-  double value = 0;
-  std::string unit;
-};
 
 struct ActorBenchOptions {
   // Runs a worker process hosting the classes of RegisterBenchWorkers
@@ -39,8 +34,7 @@ struct ActorBenchOptions {
   std::vector<std::string> echo_server_command;
   int workers = 4;     // ranks for dp_compute_proto_gbps
   bool quick = false;  // fewer repetitions
-  // Called with each figure as soon as it is measured.
-  std::function<void(const BenchMetric&)> report;
+  BenchReporter report;
 };
 
 // RunActorBench measures every figure above.

@@ -135,15 +135,17 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     sharded->replicated_.push_back(named.value());
     sharded->replicated_names_.push_back(named.key());
   }
+  sharded->peak_parameter_bytes_ = sharded->LocalBytes().parameters;
   return sharded;
 }
 
 absl::Status FullyShardedModule::Gather(Unit& unit) {
   if (unit.gathered) return absl::OkStatus();
   AllocateStorage(unit.full);
+  unit.gathered = true;
+  peak_parameter_bytes_ = std::max(peak_parameter_bytes_, LocalBytes().parameters);
   torch::NoGradGuard no_grad;
   DRAY_RETURN_IF_ERROR(comm_->AllGather(unit.shard.detach().to(unit.full.scalar_type()), unit.full));
-  unit.gathered = true;
   return absl::OkStatus();
 }
 
@@ -169,7 +171,8 @@ void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& 
     backward_follows = true;
     // Pre-backward: the unit's parameters are needed again when its output
     // gradients arrive.
-    at::Tensor(output).register_hook([this, &unit](const at::Tensor& grad) {
+    at::Tensor(output).register_hook([this, &unit, index](const at::Tensor& grad) {
+      FinishLaterUnits(index);  // first, so that at most one unit is gathered at a time
       Check(Gather(unit), "gathering a unit for backward");
       if (!backward_callback_queued_) {
         backward_callback_queued_ = true;
@@ -210,6 +213,19 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   grad = grad.defined() ? grad.add_(reduced) : reduced;
   unit.gradients_reduced = true;
   return absl::OkStatus();
+}
+
+void FullyShardedModule::FinishLaterUnits(size_t index) {
+  // Units run in index order, so backward reaches them in reverse: when unit
+  // `index` starts its backward, every later unit has finished its own, even
+  // if some of its parameters got no gradient (and so no post-hook fired).
+  for (size_t later = index + 1; later < units_.size(); ++later) {
+    Unit& unit = *units_[later];
+    if (unit.gradients_reduced) continue;
+    if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
+    unit.gradients_reduced = true;
+    Free(unit);
+  }
 }
 
 void FullyShardedModule::FinishBackward() {
@@ -272,6 +288,12 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModu
     parameters.emplace_back(replicated_names_[i], replicated_[i].detach().clone());
   }
   return parameters;
+}
+
+int64_t FullyShardedModule::LargestUnitBytes() const {
+  int64_t largest = 0;
+  for (const auto& unit : units_) largest = std::max<int64_t>(largest, unit->padded * unit->full.element_size());
+  return largest;
 }
 
 std::pair<int64_t, int64_t> FullyShardedModule::ShardRange(const Unit& unit) const {

@@ -20,7 +20,8 @@
 //   torch::optim::AdamW optimizer(sharded->shards(), ...);
 //   loss = ...model->forward(x)...; loss.backward(); optimizer.step();
 //
-// Every rank must run the same units in the same order (collectives).
+// Every rank must run the same units in the same order (collectives), and
+// units run in index order, one after another (blocks of a transformer).
 //
 // Thread-safety: not thread-safe; one training thread per rank.
 #ifndef DRAY_RUNTIME_SHARDING_FULLY_SHARDED_H_
@@ -101,6 +102,13 @@ class FullyShardedModule : public UnitHooks {
   };
   Bytes LocalBytes() const;
 
+  // PeakParameterBytes: the most parameter bytes this rank has held at once
+  // since sharding (shards, replicated and gathered units).
+  int64_t PeakParameterBytes() const { return peak_parameter_bytes_; }
+
+  // LargestUnitBytes: the size of the largest unit when gathered.
+  int64_t LargestUnitBytes() const;
+
  private:
   struct Unit;
   FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm, ShardingOptions options);
@@ -111,6 +119,7 @@ class FullyShardedModule : public UnitHooks {
   void Free(Unit& unit);
   absl::Status ReduceGradients(Unit& unit);
   void OnParameterGradient(Unit& unit);
+  void FinishLaterUnits(size_t index);
   void FinishBackward();
   void Check(const absl::Status& status, const char* what);
 
@@ -122,6 +131,7 @@ class FullyShardedModule : public UnitHooks {
   std::vector<std::string> replicated_names_;
   bool gradient_sync_ = true;
   bool backward_callback_queued_ = false;
+  int64_t peak_parameter_bytes_ = 0;
 };
 
 }  // namespace dray

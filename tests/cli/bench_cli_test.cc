@@ -15,18 +15,24 @@
 namespace dray {
 namespace {
 
-TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
-  FILE* bench = popen(absl::StrCat(RunfilePath("cli/dray"), " bench --workers 2 --quick --json").c_str(), "r");
-  ASSERT_NE(bench, nullptr);
+// RunBench runs `dray bench ARGS` and returns its JSON figures by name.
+std::map<std::string, double> RunBench(const std::string& args) {
+  FILE* bench = popen(absl::StrCat(RunfilePath("cli/dray"), " bench ", args).c_str(), "r");
+  EXPECT_NE(bench, nullptr);
   std::map<std::string, double> figures;
   const std::regex line(R"re(\{"name": "([a-z0-9_]+)", "value": ([-0-9.e+]+), "unit": "([^"]+)"\}\n)re");
   char buffer[512];
   while (fgets(buffer, sizeof(buffer), bench) != nullptr) {
     std::cmatch match;
-    ASSERT_TRUE(std::regex_match(buffer, match, line)) << "not a JSON figure: " << buffer;
-    figures[match[1]] = std::stod(match[2]);
+    EXPECT_TRUE(std::regex_match(buffer, match, line)) << "not a JSON figure: " << buffer;
+    if (!match.empty()) figures[match[1]] = std::stod(match[2]);
   }
-  ASSERT_EQ(pclose(bench), 0);
+  EXPECT_EQ(pclose(bench), 0);
+  return figures;
+}
+
+TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
+  std::map<std::string, double> figures = RunBench("--workers 2 --quick --json");
   for (const char* name :
        {"grpc_echo_p50_us", "call_sync_p50_us", "call_sync_p99_us", "call_sync_p50_vs_grpc_echo",
         "calls_async_per_s", "one_to_all_p50_us_w1", "one_to_all_p50_us_w2", "one_to_all_p50_us_w4",
@@ -35,6 +41,21 @@ TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0) << name << " = " << figures[name];
   }
+}
+
+TEST(BenchCliTest, PrintsEveryShardingFigure) {
+  const std::map<std::string, double> figures = RunBench("--suite sharding --quick --json");
+  for (int world : {1, 2, 4}) {
+    for (const char* name : {"shard_param_bytes_w", "shard_ideal_bytes_w", "shard_grad_bytes_w",
+                             "shard_optimizer_bytes_w", "shard_step_ratio_w"}) {
+      const std::string figure = absl::StrCat(name, world);
+      ASSERT_EQ(figures.count(figure), 1u) << figure;
+      EXPECT_GT(figures.at(figure), 0) << figure;
+    }
+  }
+  // Memory falls with the world size (values are bytes, not timings).
+  EXPECT_LT(figures.at("shard_param_bytes_w4"), figures.at("shard_param_bytes_w2"));
+  EXPECT_LT(figures.at("shard_param_bytes_w2"), figures.at("shard_param_bytes_w1"));
 }
 
 TEST(BenchCliTest, RejectsAnUnknownSuite) {

@@ -10,7 +10,6 @@
 #include <filesystem>
 #include <functional>
 #include <map>
-#include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -20,7 +19,7 @@
 #include "dispatch/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/subprocess.h"
+#include "runtime/local_group.h"
 #include "workers/models/layers.h"
 
 namespace dray {
@@ -107,14 +106,18 @@ Trace RunReference(const Data& data) {
   return trace;
 }
 
-Trace RunRank(int rank, int world, int port, ShardingStrategy strategy, const Data& data) {
-  GroupAddress address;
-  address.rank = rank;
-  address.world_size = world;
-  address.master_port = port;
-  auto comm = CreateGlooCommunicator(Rendezvous::Join(address).value(), "test").value();
+// RunInGroup runs `body` on `world` Gloo ranks (threads), failing the test on errors.
+void RunInGroup(int world, const std::function<void(int, Communicator*)>& body) {
+  at::set_num_threads(1);
+  DRAY_ASSERT_OK(RunLocalGroup(world, [&](int rank, Communicator* comm) {
+    body(rank, comm);
+    return absl::OkStatus();
+  }));
+}
+
+Trace RunRank(int rank, int world, Communicator* comm, ShardingStrategy strategy, const Data& data) {
   ToyModel model;
-  auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm.get(), {strategy}).value();
+  auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {strategy}).value();
   torch::optim::AdamW optimizer(sharded->shards(), Adam());
   const int64_t rows = kBatch / world;
   const at::Tensor x = data.x.slice(0, rank * rows, (rank + 1) * rows);
@@ -143,17 +146,11 @@ double MaxDiff(const at::Tensor& a, const at::Tensor& b) {
 class FullyShardedTest : public ::testing::TestWithParam<std::tuple<int, ShardingStrategy>> {};
 
 TEST_P(FullyShardedTest, MatchesUnshardedTraining) {
-  at::set_num_threads(1);
   const auto [world, strategy] = GetParam();
   const Data data = MakeData();
   const Trace reference = RunReference(data);
-  const int port = PickFreePort().value();
   std::vector<Trace> traces(world);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks.emplace_back([&, rank] { traces[rank] = RunRank(rank, world, port, strategy, data); });
-  }
-  for (std::thread& t : ranks) t.join();
+  RunInGroup(world, [&](int rank, Communicator* comm) { traces[rank] = RunRank(rank, world, comm, strategy, data); });
 
   const int64_t rows = kBatch / world;
   ToyModel layout;
@@ -190,24 +187,6 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
 
-// RunInGroup runs `body(rank, comm)` on `world` threads, each a Gloo rank.
-void RunInGroup(int world, const std::function<void(int, Communicator*)>& body) {
-  at::set_num_threads(1);
-  const int port = PickFreePort().value();
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < world; ++rank) {
-    ranks.emplace_back([&, rank] {
-      GroupAddress address;
-      address.rank = rank;
-      address.world_size = world;
-      address.master_port = port;
-      auto comm = CreateGlooCommunicator(Rendezvous::Join(address).value(), "test").value();
-      body(rank, comm.get());
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-}
-
 TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
   const Data data = MakeData();
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
@@ -226,6 +205,10 @@ TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
       const FullyShardedModule::Bytes after = sharded->LocalBytes();
       EXPECT_EQ(after.parameters, resident);
       EXPECT_EQ(after.gradients, resident);  // shard and replicated gradients only, no full ones left
+      // The memory bound: shards, replicated parameters and at most one gathered
+      // unit at any moment (FULL_SHARD), or all units between forward and backward.
+      const int64_t bound = resident + (strategy == ShardingStrategy::kFullShard ? 170 * 4 : 3 * 170 * 4);
+      EXPECT_EQ(sharded->PeakParameterBytes(), bound);
     });
   }
 }

@@ -4,13 +4,12 @@
 // within 1e-6.
 #include <ATen/ATen.h>
 
-#include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "gtest/gtest.h"
 #include "runtime/sharding/fully_sharded.h"
-#include "runtime/subprocess.h"
+#include "runtime/local_group.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/model.h"
 
@@ -44,27 +43,22 @@ TEST(TransformerShardingTest, ShardedBlocksComputeWhatTheModelComputes) {
   const at::Tensor expected = reference->forward(inputs.hidden, inputs.text, inputs.mask, inputs.timestep, inputs.images).value();
   expected.pow(2).mean().backward();
 
-  const int port = PickFreePort().value();
   std::vector<at::Tensor> outputs(2), grads(2);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < 2; ++rank) {
-    ranks.emplace_back([&, rank] {
-      GroupAddress address;
-      address.rank = rank;
-      address.world_size = 2;
-      address.master_port = port;
-      auto comm = CreateGlooCommunicator(Rendezvous::Join(address).value(), "test").value();
-      QwenImageTransformer model = TinyTransformer();
-      std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(), model->blocks()->end());
-      auto sharded = FullyShardedModule::Shard(model.ptr(), units, comm.get(), {}).value();
-      model->set_unit_hooks(sharded.get());
-      // Each rank runs the whole batch here, so averaged gradients equal the reference's.
-      outputs[rank] = model->forward(inputs.hidden, inputs.text, inputs.mask, inputs.timestep, inputs.images).value();
-      outputs[rank].pow(2).mean().backward();
-      grads[rank] = sharded->shards()[1].grad();  // unit 1: this rank's half of block 1's flat gradient
-    });
-  }
-  for (std::thread& t : ranks) t.join();
+  const absl::Status ran = RunLocalGroup(2, [&](int rank, Communicator* comm) -> absl::Status {
+    QwenImageTransformer model = TinyTransformer();
+    std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(), model->blocks()->end());
+    auto sharded = FullyShardedModule::Shard(model.ptr(), units, comm, {});
+    if (!sharded.ok()) return sharded.status();
+    model->set_unit_hooks(sharded->get());
+    // Each rank runs the whole batch here, so averaged gradients equal the reference's.
+    auto output = model->forward(inputs.hidden, inputs.text, inputs.mask, inputs.timestep, inputs.images);
+    if (!output.ok()) return output.status();
+    outputs[rank] = *output;
+    outputs[rank].pow(2).mean().backward();
+    grads[rank] = (*sharded)->shards()[1].grad();  // unit 1: this rank's half of block 1's flat gradient
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(ran.ok()) << ran;
   for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(at::equal(outputs[rank], expected)) << "rank " << rank;
   // Unit 1's flat gradient: this rank's half of [all block-1 parameter gradients, in order].
   // The last block's text stream feeds nothing, so its weights get no gradient: zeros.

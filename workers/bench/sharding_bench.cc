@@ -1,0 +1,118 @@
+#include "workers/bench/sharding_bench.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <memory>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/optim/adamw.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "dispatch/status_macros.h"
+#include "runtime/local_group.h"
+#include "runtime/sharding/fully_sharded.h"
+#include "workers/models/layers.h"
+#include "workers/models/qwen_image/model.h"
+
+namespace dray {
+namespace {
+
+using qwen_image::QwenImageTransformer;
+using qwen_image::SampleImages;
+
+// Model: the small preset with more blocks, so that blocks dominate as in the real model.
+QwenImageTransformer Model(int64_t layers) {
+  qwen_image::TransformerConfig config = qwen_image::PresetNamed("small").value().transformer;
+  config.num_layers = layers;
+  QwenImageTransformer model(config, at::TensorOptions().dtype(at::kFloat));
+  InitializeLikePyTorch(*model, at::make_generator<at::CPUGeneratorImpl>(0));
+  return model;
+}
+
+// Step runs one training step on a 2-sample batch of 16x16-token images.
+absl::Status Step(QwenImageTransformer& model, torch::optim::Optimizer& optimizer) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  optimizer.zero_grad();
+  DRAY_ASSIGN_OR_RETURN(at::Tensor out,
+                        model->forward(at::randn({2, 512, 64}, generator), at::randn({2, 16, 48}, generator), {},
+                                       at::rand({2}, generator), std::vector<SampleImages>(2, {{1, 16, 16}, {1, 16, 16}})));
+  out.pow(2).mean().backward();
+  optimizer.step();
+  return absl::OkStatus();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+int64_t OptimizerBytes(torch::optim::AdamW& optimizer) {
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    const auto& state = static_cast<const torch::optim::AdamWParamState&>(*entry.second);
+    bytes += state.exp_avg().nbytes() + state.exp_avg_sq().nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const BenchReporter& report) {
+  at::set_num_threads(1);
+  const int64_t layers = quick ? 4 : 8;
+  const int steps = quick ? 2 : 5;
+  std::vector<BenchMetric> metrics;
+  auto emit = [&](std::string name, double value, std::string unit) {
+    metrics.push_back({std::move(name), value, std::move(unit)});
+    if (report) report(metrics.back());
+  };
+
+  QwenImageTransformer baseline = Model(layers);
+  const int64_t total_bytes = ParameterCount(*baseline) * 4;
+  torch::optim::AdamW baseline_optimizer(baseline->parameters(), torch::optim::AdamWOptions(1e-4));
+  DRAY_RETURN_IF_ERROR(Step(baseline, baseline_optimizer));  // warm-up
+  std::vector<double> baseline_times;
+  for (int i = 0; i < steps; ++i) {
+    const absl::Time start = absl::Now();
+    DRAY_RETURN_IF_ERROR(Step(baseline, baseline_optimizer));
+    baseline_times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  const double baseline_step = Median(baseline_times);
+
+  for (int world : {1, 2, 4}) {
+    int64_t peak = 0, grads = 0, optimizer_bytes = 0, largest = 0;
+    double step = 0;
+    DRAY_RETURN_IF_ERROR(RunLocalGroup(world, [&](int rank, Communicator* comm) -> absl::Status {
+      QwenImageTransformer model = Model(layers);
+      std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(), model->blocks()->end());
+      DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, {}));
+      model->set_unit_hooks(sharded.get());
+      torch::optim::AdamW optimizer(sharded->shards(), torch::optim::AdamWOptions(1e-4));
+      DRAY_RETURN_IF_ERROR(Step(model, optimizer));  // warm-up; optimizer state now exists
+      std::vector<double> times;
+      for (int i = 0; i < steps; ++i) {
+        const absl::Time start = absl::Now();
+        DRAY_RETURN_IF_ERROR(Step(model, optimizer));
+        times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      if (rank == 0) {
+        peak = sharded->PeakParameterBytes();
+        grads = sharded->LocalBytes().gradients;
+        optimizer_bytes = OptimizerBytes(optimizer);
+        largest = sharded->LargestUnitBytes();
+        step = Median(times);
+      }
+      return absl::OkStatus();
+    }));
+    emit(absl::StrCat("shard_param_bytes_w", world), static_cast<double>(peak), "bytes");
+    emit(absl::StrCat("shard_ideal_bytes_w", world), static_cast<double>(total_bytes / world + largest), "bytes");
+    emit(absl::StrCat("shard_grad_bytes_w", world), static_cast<double>(grads), "bytes");
+    emit(absl::StrCat("shard_optimizer_bytes_w", world), static_cast<double>(optimizer_bytes), "bytes");
+    emit(absl::StrCat("shard_step_ratio_w", world), step / baseline_step, "x");
+  }
+  return metrics;
+}
+
+}  // namespace dray
