@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -51,6 +52,11 @@ class Communicator {
 
   // Barrier returns once every rank has entered it.
   virtual absl::Status Barrier() = 0;
+
+  // Subgroup makes a communicator over `ranks` (of this group; this rank
+  // among them, sorted), called `name`. Every rank in `ranks` must call it.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
+                                                                 const std::string& name) = 0;
 };
 
 // GroupAddress: where the ranks of a group meet.
@@ -88,16 +94,21 @@ class Rendezvous {
   std::unique_ptr<Store> store_;
 };
 
-// CreateGlooCommunicator joins a Gloo group (CPU tensors) called `name`.
-// Every rank must call it; it returns once all have joined.
+// CreateGlooCommunicator joins a Gloo group (CPU tensors) called `name`,
+// over `ranks` of the rendezvous (empty: all of them). Every member must
+// call it; it returns once all have joined.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name);
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, std::vector<int> ranks = {});
 
 // CreateNcclCommunicator joins an NCCL group (CUDA tensors on `device`)
-// called `name`. Only a --config=cuda build has NCCL; elsewhere it returns
-// UNIMPLEMENTED.
+// called `name`, over `ranks` (empty: all). Only a --config=cuda build has
+// NCCL; elsewhere it returns UNIMPLEMENTED.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device);
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device, std::vector<int> ranks = {});
+
+// GroupRanks returns `ranks`, or all ranks of `address` when empty, checking
+// that they are sorted, distinct, in range, and include address.rank.
+absl::StatusOr<std::vector<int>> GroupRanks(const GroupAddress& address, std::vector<int> ranks);
 
 }  // namespace dray
 

@@ -7,6 +7,7 @@
 #include <ATen/ops/sum.h>
 
 #include <chrono>
+#include <algorithm>
 #include <exception>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
 #include "runtime/communicator.h"
 #include "runtime/rendezvous_store.h"
@@ -36,9 +38,9 @@ absl::Status CheckDense(const at::Tensor& tensor, absl::string_view what) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous,
+  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, std::string name, std::vector<int> ranks,
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
-      : rendezvous_(std::move(rendezvous)), group_(std::move(group)) {}
+      : rendezvous_(std::move(rendezvous)), name_(std::move(name)), ranks_(std::move(ranks)), group_(std::move(group)) {}
 
   int rank() const override { return group_->getRank(); }
   int world_size() const override { return group_->getSize(); }
@@ -104,6 +106,13 @@ class GlooCommunicator final : public Communicator {
     return Wait("barrier", [&] { return group_->barrier(); });
   }
 
+  absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
+                                                         const std::string& name) override {
+    std::vector<int> global;
+    for (int rank : ranks) global.push_back(ranks_.at(rank));
+    return CreateGlooCommunicator(rendezvous_, absl::StrCat(name_, "/", name), global);
+  }
+
  private:
   // Wait starts a collective and waits for it, turning c10 errors (a peer
   // gone, a timeout) into UNAVAILABLE naming the collective.
@@ -118,23 +127,25 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Rendezvous> rendezvous_;
+  std::string name_;
+  std::vector<int> ranks_;  // rendezvous ranks of this group's members, by group rank
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name) {
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, std::vector<int> ranks) {
   const GroupAddress& address = rendezvous->address();
+  DRAY_ASSIGN_OR_RETURN(ranks, GroupRanks(address, std::move(ranks)));
+  const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
   try {
-    auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("gloo/", name),
+    auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ",")),
                                                         rendezvous->store().store);
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
-    options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, address.rank,
-                                                             address.world_size, options);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(rendezvous), group));
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank, static_cast<int>(ranks.size()), options);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(rendezvous), name, ranks, group));
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join Gloo group '",
                                                name, "': ", e.what()));

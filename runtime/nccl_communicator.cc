@@ -9,11 +9,13 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
 #include "runtime/communicator.h"
 #include "runtime/rendezvous_store.h"
@@ -62,17 +64,27 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<Rendezvous> rendezvous, ncclComm_t comm, cudaStream_t stream,
-                   int device)
-      : rendezvous_(std::move(rendezvous)), comm_(comm), stream_(stream), device_(device) {}
+  NcclCommunicator(std::shared_ptr<Rendezvous> rendezvous, std::string name, std::vector<int> ranks, ncclComm_t comm,
+                   cudaStream_t stream, int device)
+      : rendezvous_(std::move(rendezvous)), name_(std::move(name)), ranks_(std::move(ranks)), comm_(comm),
+        stream_(stream), device_(device) {}
 
   ~NcclCommunicator() override {
     ncclCommDestroy(comm_);
     cudaStreamDestroy(stream_);
   }
 
-  int rank() const override { return rendezvous_->address().rank; }
-  int world_size() const override { return rendezvous_->address().world_size; }
+  int rank() const override {
+    return static_cast<int>(std::find(ranks_.begin(), ranks_.end(), rendezvous_->address().rank) - ranks_.begin());
+  }
+  int world_size() const override { return static_cast<int>(ranks_.size()); }
+
+  absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
+                                                         const std::string& name) override {
+    std::vector<int> global;
+    for (int rank : ranks) global.push_back(ranks_.at(rank));
+    return CreateNcclCommunicator(rendezvous_, absl::StrCat(name_, "/", name), device_, global);
+  }
 
   absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) override {
     DRAY_RETURN_IF_ERROR(Check(tensor, "all_reduce"));
@@ -140,6 +152,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Rendezvous> rendezvous_;
+  std::string name_;
+  std::vector<int> ranks_;  // rendezvous ranks of this group's members, by group rank
   ncclComm_t comm_;
   cudaStream_t stream_;
   int device_;
@@ -148,14 +162,16 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device) {
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device, std::vector<int> ranks) {
   const GroupAddress& address = rendezvous->address();
+  DRAY_ASSIGN_OR_RETURN(ranks, GroupRanks(address, std::move(ranks)));
+  const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
   DRAY_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
-  const std::string key = absl::StrCat("nccl/", name, "/unique_id");
+  const std::string key = absl::StrCat("nccl/", name, "/", absl::StrJoin(ranks, ","), "/unique_id");
   ncclUniqueId id;
   try {
     c10d::Store& store = *rendezvous->store().store;
-    if (address.rank == 0) {
+    if (group_rank == 0) {
       DRAY_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
       const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
       store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
@@ -171,12 +187,12 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
                                                " could not exchange the NCCL id: ", e.what()));
   }
   ncclComm_t comm;
-  DRAY_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, address.world_size, id, address.rank),
+  DRAY_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, group_rank),
                                   absl::StrCat("rank ", address.rank, " joining NCCL group '", name, "'")));
   cudaStream_t stream;
   DRAY_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(std::move(rendezvous), comm, stream, device));
+      new NcclCommunicator(std::move(rendezvous), name, std::move(ranks), comm, stream, device));
 }
 
 }  // namespace dray

@@ -37,4 +37,20 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress&
   }
 }
 
+absl::StatusOr<std::vector<int>> GroupRanks(const GroupAddress& address, std::vector<int> ranks) {
+  if (ranks.empty()) {
+    for (int rank = 0; rank < address.world_size; ++rank) ranks.push_back(rank);
+  }
+  bool member = false;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= address.world_size || (i > 0 && ranks[i] <= ranks[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("group ranks must be sorted, distinct ranks below ",
+                                                     address.world_size));
+    }
+    member |= ranks[i] == address.rank;
+  }
+  if (!member) return absl::InvalidArgumentError(absl::StrCat("rank ", address.rank, " is not in the group it joins"));
+  return ranks;
+}
+
 }  // namespace dray

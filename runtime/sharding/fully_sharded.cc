@@ -69,11 +69,21 @@ void AllocateStorage(const at::Tensor& tensor) {
 
 bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
 
+bool Hybrid(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardZero2;
+}
+
+// ReshardsAfterForward: FULL_SHARD frees units after forward, ZERO2-like
+// strategies keep them until backward.
+bool ReshardsAfterForward(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;
+}
+
 }  // namespace
 
 FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm,
                                        ShardingOptions options)
-    : root_(std::move(root)), comm_(comm), options_(options) {}
+    : root_(std::move(root)), comm_(comm), shard_comm_(comm), options_(options) {}
 
 FullyShardedModule::~FullyShardedModule() = default;
 
@@ -85,15 +95,26 @@ void FullyShardedModule::Check(const absl::Status& status, const char* what) {
 absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
     Communicator* comm, ShardingOptions options) {
-  if (options.strategy == ShardingStrategy::kHybridShard || options.strategy == ShardingStrategy::kHybridShardZero2) {
-    return absl::UnimplementedError(absl::StrCat(ShardingStrategyName(options.strategy), " is not implemented yet"));
-  }
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
+  if (Hybrid(options.strategy)) {
+    const int size = options.shard_group_size, world = comm->world_size();
+    if (size < 1 || world % size != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(ShardingStrategyName(options.strategy),
+                                                     " needs shard_group_size dividing the world size ", world,
+                                                     ", got ", size));
+    }
+    std::vector<int> shard_ranks, replica_ranks;
+    for (int r = 0; r < size; ++r) shard_ranks.push_back(comm->rank() / size * size + r);
+    for (int r = comm->rank() % size; r < world; r += size) replica_ranks.push_back(r);
+    DRAY_ASSIGN_OR_RETURN(sharded->shard_group_, comm->Subgroup(shard_ranks, "shard"));
+    DRAY_ASSIGN_OR_RETURN(sharded->replica_group_, comm->Subgroup(replica_ranks, "replica"));
+    sharded->shard_comm_ = sharded->shard_group_.get();
+  }
   torch::NoGradGuard no_grad;
   std::map<const torch::nn::Module*, std::string> prefixes;
   for (const auto& named : root->named_modules()) prefixes[named.value().get()] = named.key();
   std::map<at::TensorImpl*, bool> in_unit;
-  const int64_t group = Shards(options.strategy) ? comm->world_size() : 1;
+  const int64_t group = Shards(options.strategy) ? sharded->shard_comm_->world_size() : 1;
   for (const auto& module : units) {
     auto unit = std::make_unique<Unit>();
     const std::string prefix = prefixes.count(module.get()) ? prefixes[module.get()] : "";
@@ -113,7 +134,7 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     }
     if (options.sync_module_states) DRAY_RETURN_IF_ERROR(comm->Broadcast(flat, 0));
     const int64_t shard_size = unit->padded / group;
-    const int64_t rank = Shards(options.strategy) ? comm->rank() : 0;
+    const int64_t rank = Shards(options.strategy) ? sharded->shard_comm_->rank() : 0;
     unit->shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size).to(at::kFloat).clone().requires_grad_(true);
     // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
     unit->full = Shards(options.strategy) ? at::empty({unit->padded}, flat.options().dtype(dtype)) : unit->shard.detach();
@@ -145,7 +166,7 @@ absl::Status FullyShardedModule::Gather(Unit& unit) {
   unit.gathered = true;
   peak_parameter_bytes_ = std::max(peak_parameter_bytes_, LocalBytes().parameters);
   torch::NoGradGuard no_grad;
-  DRAY_RETURN_IF_ERROR(comm_->AllGather(unit.shard.detach().to(unit.full.scalar_type()), unit.full));
+  DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit.shard.detach().to(unit.full.scalar_type()), unit.full));
   return absl::OkStatus();
 }
 
@@ -181,7 +202,7 @@ void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& 
       return grad;
     });
   }
-  if (!backward_follows || options_.strategy == ShardingStrategy::kFullShard) Free(unit);
+  if (!backward_follows || ReshardsAfterForward(options_.strategy)) Free(unit);
 }
 
 void FullyShardedModule::OnParameterGradient(Unit& unit) {
@@ -202,8 +223,9 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   const int64_t world = comm_->world_size();
   at::Tensor reduced;
   if (Shards(options_.strategy)) {
-    reduced = at::empty({unit.padded / world}, at::kFloat);
-    DRAY_RETURN_IF_ERROR(comm_->ReduceScatter(flat, reduced));
+    reduced = at::empty({unit.padded / shard_comm_->world_size()}, at::kFloat);
+    DRAY_RETURN_IF_ERROR(shard_comm_->ReduceScatter(flat, reduced));
+    if (replica_group_ != nullptr) DRAY_RETURN_IF_ERROR(replica_group_->AllReduce(reduced));
   } else {
     DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
     reduced = flat;
@@ -263,7 +285,7 @@ absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
     if (parameter.grad().defined()) replicated_sum += parameter.grad().to(at::kDouble).pow(2).sum();
   }
   // Shards are disjoint across ranks (sum them); replicas are the same everywhere.
-  if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(comm_->AllReduce(sharded_sum));
+  if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(shard_comm_->AllReduce(sharded_sum));
   const double norm = std::sqrt((sharded_sum + replicated_sum).item<double>());
   if (norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
@@ -298,7 +320,7 @@ int64_t FullyShardedModule::LargestUnitBytes() const {
 
 std::pair<int64_t, int64_t> FullyShardedModule::ShardRange(const Unit& unit) const {
   const int64_t size = unit.shard.numel();
-  const int64_t begin = Shards(options_.strategy) ? comm_->rank() * size : 0;
+  const int64_t begin = Shards(options_.strategy) ? shard_comm_->rank() * size : 0;
   return {begin, begin + size};
 }
 
@@ -356,9 +378,9 @@ absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
     layout.push_back({{"padded", unit.padded}, {"params", params}});
   }
   for (size_t i = 0; i < replicated_.size(); ++i) tensors.emplace_back(replicated_names_[i], replicated_[i].detach());
-  const int64_t shard_world = Shards(options_.strategy) ? comm_->world_size() : 1;
-  const int64_t shard_rank = Shards(options_.strategy) ? comm_->rank() : 0;
-  if (shard_rank == comm_->rank()) {  // NO_SHARD: one copy, from rank 0
+  const int64_t shard_world = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
+  const int64_t shard_rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
+  if (comm_->rank() < shard_world) {  // one copy: the first shard group (NO_SHARD: rank 0)
     DRAY_RETURN_IF_ERROR(WriteSafetensors(ShardFile(dir, static_cast<int>(shard_rank), static_cast<int>(shard_world)), tensors,
                                           {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
   }

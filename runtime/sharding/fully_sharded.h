@@ -49,12 +49,16 @@ struct ShardingOptions {
   // Broadcast rank 0's parameters before sharding (FSDP's
   // sync_module_states), for ranks that did not build identical modules.
   bool sync_module_states = false;
+  // HYBRID_SHARD and HYBRID_SHARD_ZERO2: ranks per shard group (e.g. the
+  // GPUs of a node); groups are contiguous ranks, replicas of each other.
+  int shard_group_size = 0;
 };
 
 class FullyShardedModule : public UnitHooks {
  public:
   // Shard takes over the parameters of `units` (submodules of `root`); the
-  // other parameters of `root` stay replicated. Every rank calls it.
+  // other parameters of `root` stay replicated. Every rank calls it; `comm`
+  // must outlive the returned module.
   static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
       std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
       Communicator* comm, ShardingOptions options = {});
@@ -124,7 +128,10 @@ class FullyShardedModule : public UnitHooks {
   void Check(const absl::Status& status, const char* what);
 
   std::shared_ptr<torch::nn::Module> root_;
-  Communicator* comm_;
+  Communicator* comm_;                            // every rank
+  std::unique_ptr<Communicator> shard_group_;     // hybrid: this rank's shard group
+  std::unique_ptr<Communicator> replica_group_;   // hybrid: its replicas in other groups
+  Communicator* shard_comm_;                      // where units are gathered and reduce-scattered
   ShardingOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<at::Tensor> replicated_;  // parameters outside every unit

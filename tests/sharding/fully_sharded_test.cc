@@ -117,7 +117,10 @@ void RunInGroup(int world, const std::function<void(int, Communicator*)>& body) 
 
 Trace RunRank(int rank, int world, Communicator* comm, ShardingStrategy strategy, const Data& data) {
   ToyModel model;
-  auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {strategy}).value();
+  ShardingOptions options;
+  options.strategy = strategy;
+  options.shard_group_size = world / 2;  // hybrid: two groups (world 4: 2 x 2, world 2: 2 x 1)
+  auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
   torch::optim::AdamW optimizer(sharded->shards(), Adam());
   const int64_t rows = kBatch / world;
   const at::Tensor x = data.x.slice(0, rank * rows, (rank + 1) * rows);
@@ -166,9 +169,10 @@ TEST_P(FullyShardedTest, MatchesUnshardedTraining) {
       }
       at::Tensor flat = at::cat(parts);
       const at::Tensor& shard = traces[rank].shard_grads[u];
-      const int64_t group = strategy == ShardingStrategy::kNoShard ? 1 : world;
+      const bool hybrid = strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardZero2;
+      const int64_t group = strategy == ShardingStrategy::kNoShard ? 1 : hybrid ? world / 2 : world;
       flat = at::constant_pad_nd(flat, {0, shard.numel() * group - flat.numel()}, 0);
-      const int64_t start = strategy == ShardingStrategy::kNoShard ? 0 : rank * shard.numel();
+      const int64_t start = strategy == ShardingStrategy::kNoShard ? 0 : (rank % group) * shard.numel();
       EXPECT_LE(MaxDiff(shard, flat.slice(0, start, start + shard.numel())), 1e-6) << "unit " << u;
     }
     ASSERT_EQ(traces[rank].final_params.size(), reference.final_params.size());
@@ -183,6 +187,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(1, 2, 3, 4),
                        ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
                                          ShardingStrategy::kNoShard)),
+    [](const ::testing::TestParamInfo<std::tuple<int, ShardingStrategy>>& info) {
+      return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
+    });
+
+// Hybrid strategies: full sharding inside each of two groups, replicas across them.
+INSTANTIATE_TEST_SUITE_P(
+    Hybrid, FullyShardedTest,
+    ::testing::Combine(::testing::Values(2, 4),
+                       ::testing::Values(ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2)),
     [](const ::testing::TestParamInfo<std::tuple<int, ShardingStrategy>>& info) {
       return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
