@@ -176,9 +176,22 @@ void FullyShardedModule::Free(Unit& unit) {
   unit.gathered = false;
 }
 
+int FullyShardedModule::GatheredUnits() const {
+  int gathered = 0;
+  for (const auto& unit : units_) gathered += unit->gathered && Shards(options_.strategy) ? 1 : 0;
+  return gathered;
+}
+
+void FullyShardedModule::Prefetch(size_t index) {
+  if (!options_.prefetch || index >= units_.size() || units_[index]->gathered) return;
+  if (GatheredUnits() >= options_.limit_all_gathers) return;
+  Check(Gather(*units_[index]), "prefetching a unit");
+}
+
 void FullyShardedModule::BeforeUnit(size_t index) {
   Unit& unit = *units_.at(index);
   Check(Gather(unit), "gathering a unit for forward");
+  Prefetch(index + 1);
   unit.pending_gradients = 0;
   for (const at::Tensor& param : unit.params) unit.pending_gradients += param.requires_grad() ? 1 : 0;
   unit.gradients_reduced = false;
@@ -193,8 +206,9 @@ void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& 
     // Pre-backward: the unit's parameters are needed again when its output
     // gradients arrive.
     at::Tensor(output).register_hook([this, &unit, index](const at::Tensor& grad) {
-      FinishLaterUnits(index);  // first, so that at most one unit is gathered at a time
+      FinishLaterUnits(index);  // first, so that later units are freed before gathering
       Check(Gather(unit), "gathering a unit for backward");
+      if (index > 0) Prefetch(index - 1);
       if (!backward_callback_queued_) {
         backward_callback_queued_ = true;
         torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishBackward(); });

@@ -52,6 +52,10 @@ struct ShardingOptions {
   // HYBRID_SHARD and HYBRID_SHARD_ZERO2: ranks per shard group (e.g. the
   // GPUs of a node); groups are contiguous ranks, replicas of each other.
   int shard_group_size = 0;
+  // Gather the next unit (in forward) or the previous one (in backward)
+  // ahead of its use, holding at most `limit_all_gathers` units at once.
+  bool prefetch = false;
+  int limit_all_gathers = 2;
 };
 
 class FullyShardedModule : public UnitHooks {
@@ -120,6 +124,9 @@ class FullyShardedModule : public UnitHooks {
   // ShardRange returns [begin, end) of this rank's shard within a unit's flat parameter.
   std::pair<int64_t, int64_t> ShardRange(const Unit& unit) const;
   absl::Status Gather(Unit& unit);
+  // Prefetch gathers unit `index` if it exists and the limit allows.
+  void Prefetch(size_t index);
+  int GatheredUnits() const;
   void Free(Unit& unit);
   absl::Status ReduceGradients(Unit& unit);
   void OnParameterGradient(Unit& unit);

@@ -226,6 +226,29 @@ TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
   }
 }
 
+TEST(FullyShardedMemoryTest, PrefetchHoldsAtMostTheLimitAndChangesNothing) {
+  const Data data = MakeData();
+  std::vector<at::Tensor> plain(2), prefetched(2);
+  std::vector<int64_t> peaks(2);
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6);
+    for (bool prefetch : {false, true}) {
+      ToyModel model;
+      ShardingOptions options;
+      options.prefetch = prefetch;
+      options.limit_all_gathers = 2;
+      auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+      model->forward(x, sharded.get()).pow(2).mean().backward();
+      (prefetch ? prefetched : plain)[rank] = sharded->shards()[0].grad().clone();
+      if (prefetch) peaks[rank] = sharded->PeakParameterBytes() - sharded->LocalBytes().parameters;
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(at::equal(prefetched[rank], plain[rank]));
+    EXPECT_EQ(peaks[rank], 2 * 170 * 4);  // two gathered units at most: the current and the next
+  }
+}
+
 TEST(FullyShardedGradientTest, AccumulationWithoutSyncEqualsOneSyncedStep) {
   const Data data = MakeData();
   std::vector<at::Tensor> synced(2), accumulated(2);
