@@ -1,8 +1,9 @@
 // Communicator over LibTorch 1.13's c10d ProcessGroupGloo.
 //
 // Debian's Gloo lacks _allgather_base, reduce_scatter and bfloat16: AllGather
-// gathers into views of the flat output, and ReduceScatter is alltoall_base
-// followed by a local sum (each rank receives every rank's copy of its part).
+// gathers into views of the flat output, ReduceScatter is alltoall_base
+// followed by a local sum (each rank receives every rank's copy of its part),
+// and bfloat16 moves as float16 bit patterns (all-reduce goes through float32).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 
@@ -27,6 +28,12 @@ std::chrono::milliseconds ToChrono(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
+// Transport views bfloat16 (which Debian's Gloo lacks, like int16) as
+// float16 bit patterns, for collectives that move data without arithmetic.
+at::Tensor Transport(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+}
+
 absl::Status CheckDense(const at::Tensor& tensor, absl::string_view what) {
   if (!tensor.defined() || tensor.layout() != at::kStrided || !tensor.is_contiguous() ||
       !tensor.device().is_cpu()) {
@@ -47,6 +54,12 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) override {
     DRAY_RETURN_IF_ERROR(CheckDense(tensor, "all_reduce"));
+    if (tensor.scalar_type() == at::kBFloat16) {  // reduce in float32, store back
+      at::Tensor wide = tensor.to(at::kFloat);
+      DRAY_RETURN_IF_ERROR(AllReduce(wide, op));
+      tensor.copy_(wide);
+      return absl::OkStatus();
+    }
     std::vector<at::Tensor> tensors = {tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = op == ReduceOp::kSum   ? c10d::ReduceOp::SUM
@@ -60,7 +73,7 @@ class GlooCommunicator final : public Communicator {
     if (root < 0 || root >= world_size()) {
       return absl::InvalidArgumentError(absl::StrCat("broadcast: root ", root, " is not a rank"));
     }
-    std::vector<at::Tensor> tensors = {tensor};
+    std::vector<at::Tensor> tensors = {Transport(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     return Wait("broadcast", [&] { return group_->broadcast(tensors, options); });
@@ -76,10 +89,10 @@ class GlooCommunicator final : public Communicator {
           c10::toString(input.scalar_type())));
     }
     std::vector<std::vector<at::Tensor>> outputs(1);
-    for (const at::Tensor& part : output.view({-1}).chunk(world_size())) {
+    for (const at::Tensor& part : Transport(output).view({-1}).chunk(world_size())) {
       outputs[0].push_back(part.view(input.sizes()));
     }
-    std::vector<at::Tensor> inputs = {input};
+    std::vector<at::Tensor> inputs = {Transport(input)};
     return Wait("all_gather", [&] { return group_->allgather(outputs, inputs); });
   }
 
@@ -93,10 +106,11 @@ class GlooCommunicator final : public Communicator {
           " elements of ", c10::toString(output.scalar_type())));
     }
     at::Tensor received = at::empty({input.numel()}, input.options());
-    at::Tensor flat_input = input.view({-1});
+    at::Tensor flat_input = Transport(input.view({-1}));
+    at::Tensor transport_received = Transport(received);
     std::vector<int64_t> even_splits;
     DRAY_RETURN_IF_ERROR(Wait("reduce_scatter", [&] {
-      return group_->alltoall_base(received, flat_input, even_splits, even_splits);
+      return group_->alltoall_base(transport_received, flat_input, even_splits, even_splits);
     }));
     output.view({-1}).copy_(at::sum(received.view({world_size(), -1}), 0));
     return absl::OkStatus();

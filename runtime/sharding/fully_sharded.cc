@@ -96,6 +96,10 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
     Communicator* comm, ShardingOptions options) {
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
+  const MixedPrecision& precision = options.mixed_precision;
+  if (precision.param_dtype.has_value() && options.strategy == ShardingStrategy::kNoShard) {
+    return absl::UnimplementedError("mixed precision with NO_SHARD is not supported; use a sharding strategy");
+  }
   if (Hybrid(options.strategy)) {
     const int size = options.shard_group_size, world = comm->world_size();
     if (size < 1 || world % size != 0) {
@@ -127,7 +131,8 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
       in_unit[named.value().unsafeGetTensorImpl()] = true;
     }
     unit->padded = (numel + group - 1) / group * group;
-    const at::ScalarType dtype = unit->params.empty() ? at::kFloat : unit->params[0].scalar_type();
+    const at::ScalarType dtype = precision.param_dtype.value_or(unit->params.empty() ? at::kFloat : unit->params[0].scalar_type());
+    sharded->param_dtype_ = dtype;
     at::Tensor flat = at::zeros({unit->padded}, unit->params.empty() ? at::TensorOptions() : unit->params[0].options());
     for (size_t i = 0; i < unit->params.size(); ++i) {
       flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel()).copy_(unit->params[i].reshape(-1));
@@ -140,12 +145,14 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     unit->full = Shards(options.strategy) ? at::empty({unit->padded}, flat.options().dtype(dtype)) : unit->shard.detach();
     for (size_t i = 0; i < unit->params.size(); ++i) {
       at::Tensor& param = unit->params[i];
+      // First the new data (its dtype may differ, which resets the gradient
+      // accumulator), then the accumulator's hook.
+      param.set_data(unit->full.slice(0, unit->offsets[i], unit->offsets[i] + param.numel()).view(param.sizes()));
       auto accumulator = torch::autograd::impl::grad_accumulator(param);
       Unit* raw = unit.get();
       FullyShardedModule* self = sharded.get();
       accumulator->add_post_hook(std::make_unique<PostAccumulateHook>([self, raw] { self->OnParameterGradient(*raw); }));
       unit->accumulators.push_back(std::move(accumulator));
-      param.set_data(unit->full.slice(0, unit->offsets[i], unit->offsets[i] + param.numel()).view(param.sizes()));
     }
     unit->gathered = true;
     sharded->Free(*unit);
@@ -153,9 +160,21 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   }
   for (const auto& named : root->named_parameters()) {
     if (in_unit.count(named.value().unsafeGetTensorImpl())) continue;
-    sharded->replicated_.push_back(named.value());
+    at::Tensor parameter = named.value();
+    sharded->replicated_.push_back(parameter);
     sharded->replicated_names_.push_back(named.key());
+    if (precision.param_dtype.has_value()) {  // a float32 master, and a working copy to compute with
+      sharded->replicated_masters_.push_back(parameter.detach().to(at::kFloat).clone().requires_grad_(true));
+      parameter.set_data(parameter.detach().to(*precision.param_dtype));
+    } else {
+      sharded->replicated_masters_.push_back(parameter);
+    }
   }
+  if (precision.buffer_dtype.has_value()) {
+    for (auto& buffer : root->buffers()) buffer.set_data(buffer.to(*precision.buffer_dtype));
+  }
+  if (precision.param_dtype.has_value()) sharded->param_dtype_ = *precision.param_dtype;
+  sharded->reduce_dtype_ = precision.reduce_dtype.value_or(precision.param_dtype.value_or(at::kFloat));
   sharded->peak_parameter_bytes_ = sharded->LocalBytes().parameters;
   return sharded;
 }
@@ -174,6 +193,17 @@ void FullyShardedModule::Free(Unit& unit) {
   if (!unit.gathered || !Shards(options_.strategy)) return;
   ReleaseStorage(unit.full);
   unit.gathered = false;
+}
+
+void FullyShardedModule::BeforeForward() {
+  if (!options_.mixed_precision.param_dtype.has_value()) return;
+  torch::NoGradGuard no_grad;  // refresh the working copies from their masters (after optimizer steps)
+  for (size_t i = 0; i < replicated_.size(); ++i) replicated_[i].detach().copy_(replicated_masters_[i]);
+}
+
+std::string FullyShardedModule::DescribePrecision() const {
+  return absl::StrCat("parameters stored as float32 shards, gathered and computed in ", c10::toString(param_dtype_),
+                      ", gradients reduced in ", c10::toString(reduce_dtype_));
 }
 
 int FullyShardedModule::GatheredUnits() const {
@@ -227,7 +257,7 @@ void FullyShardedModule::OnParameterGradient(Unit& unit) {
 
 absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   torch::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({unit.padded}, at::kFloat);
+  at::Tensor flat = at::zeros({unit.padded}, at::TensorOptions().dtype(reduce_dtype_));
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor& grad = unit.params[i].mutable_grad();
     if (!grad.defined()) continue;
@@ -237,14 +267,14 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   const int64_t world = comm_->world_size();
   at::Tensor reduced;
   if (Shards(options_.strategy)) {
-    reduced = at::empty({unit.padded / shard_comm_->world_size()}, at::kFloat);
+    reduced = at::empty({unit.padded / shard_comm_->world_size()}, flat.options());
     DRAY_RETURN_IF_ERROR(shard_comm_->ReduceScatter(flat, reduced));
     if (replica_group_ != nullptr) DRAY_RETURN_IF_ERROR(replica_group_->AllReduce(reduced));
   } else {
     DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
     reduced = flat;
   }
-  reduced.div_(world);
+  reduced = reduced.to(at::kFloat).div_(world);
   at::Tensor& grad = unit.shard.mutable_grad();
   grad = grad.defined() ? grad.add_(reduced) : reduced;
   unit.gradients_reduced = true;
@@ -273,18 +303,25 @@ void FullyShardedModule::FinishBackward() {
   }
   if (!gradient_sync_) return;
   torch::NoGradGuard no_grad;
-  for (at::Tensor& parameter : replicated_) {
-    at::Tensor& grad = parameter.mutable_grad();
-    if (!grad.defined()) grad = at::zeros_like(parameter);
-    Check(comm_->AllReduce(grad), "all-reducing replicated gradients");
-    grad.div_(comm_->world_size());
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    at::Tensor& grad = replicated_[i].mutable_grad();
+    at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_) : at::zeros(replicated_[i].sizes(), at::TensorOptions().dtype(reduce_dtype_));
+    Check(comm_->AllReduce(reduced), "all-reducing replicated gradients");
+    reduced = reduced.to(at::kFloat).div_(comm_->world_size());
+    if (replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl()) {
+      grad = reduced;  // no mixed precision: the parameter is its own master
+    } else {
+      grad.reset();
+      at::Tensor& master_grad = replicated_masters_[i].mutable_grad();
+      master_grad = master_grad.defined() ? master_grad.add_(reduced) : reduced;
+    }
   }
 }
 
 std::vector<at::Tensor> FullyShardedModule::shards() const {
   std::vector<at::Tensor> tensors;
   for (const auto& unit : units_) tensors.push_back(unit->shard);
-  tensors.insert(tensors.end(), replicated_.begin(), replicated_.end());
+  tensors.insert(tensors.end(), replicated_masters_.begin(), replicated_masters_.end());
   return tensors;
 }
 
@@ -295,8 +332,8 @@ absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
   for (const auto& unit : units_) {
     if (unit->shard.grad().defined()) sharded_sum += unit->shard.grad().to(at::kDouble).pow(2).sum();
   }
-  for (const at::Tensor& parameter : replicated_) {
-    if (parameter.grad().defined()) replicated_sum += parameter.grad().to(at::kDouble).pow(2).sum();
+  for (const at::Tensor& master : replicated_masters_) {
+    if (master.grad().defined()) replicated_sum += master.grad().to(at::kDouble).pow(2).sum();
   }
   // Shards are disjoint across ranks (sum them); replicas are the same everywhere.
   if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(shard_comm_->AllReduce(sharded_sum));
@@ -311,17 +348,24 @@ absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModule::FullParameters() {
+  // Gathered from the float32 masters, whatever the compute dtype.
+  torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (auto& unit : units_) {
-    const bool was_gathered = unit->gathered;
-    DRAY_RETURN_IF_ERROR(Gather(*unit));
-    for (size_t i = 0; i < unit->params.size(); ++i) {
-      parameters.emplace_back(unit->names[i], unit->params[i].detach().clone());
+    at::Tensor flat = at::empty({unit->padded}, at::kFloat);
+    if (Shards(options_.strategy)) {
+      DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit->shard.detach(), flat));
+    } else {
+      flat.copy_(unit->shard.detach());
     }
-    if (!was_gathered) Free(*unit);
+    for (size_t i = 0; i < unit->params.size(); ++i) {
+      parameters.emplace_back(unit->names[i],
+                              flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel())
+                                  .view(unit->params[i].sizes()).clone());
+    }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    parameters.emplace_back(replicated_names_[i], replicated_[i].detach().clone());
+    parameters.emplace_back(replicated_names_[i], replicated_masters_[i].detach().clone());
   }
   return parameters;
 }
@@ -358,8 +402,8 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor stored,
-                          checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), replicated_[i].scalar_type()));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), at::kFloat));
+    replicated_masters_[i].detach().copy_(stored);
     replicated_[i].detach().copy_(stored);
   }
   return absl::OkStatus();
@@ -391,7 +435,7 @@ absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
     }
     layout.push_back({{"padded", unit.padded}, {"params", params}});
   }
-  for (size_t i = 0; i < replicated_.size(); ++i) tensors.emplace_back(replicated_names_[i], replicated_[i].detach());
+  for (size_t i = 0; i < replicated_.size(); ++i) tensors.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
   const int64_t shard_world = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
   if (comm_->rank() < shard_world) {  // one copy: the first shard group (NO_SHARD: rank 0)
@@ -440,6 +484,7 @@ absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[0]->Get(replicated_names_[i]));
+    replicated_masters_[i].detach().copy_(saved);
     replicated_[i].detach().copy_(saved);
   }
   return absl::OkStatus();
@@ -454,9 +499,11 @@ FullyShardedModule::Bytes FullyShardedModule::LocalBytes() const {
       if (param.grad().defined()) bytes.gradients += param.grad().nbytes();
     }
   }
-  for (const at::Tensor& parameter : replicated_) {
-    bytes.parameters += parameter.nbytes();
-    if (parameter.grad().defined()) bytes.gradients += parameter.grad().nbytes();
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    const bool own_master = replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl();
+    bytes.parameters += replicated_[i].nbytes() + (own_master ? 0 : replicated_masters_[i].nbytes());
+    if (replicated_[i].grad().defined()) bytes.gradients += replicated_[i].grad().nbytes();
+    if (!own_master && replicated_masters_[i].grad().defined()) bytes.gradients += replicated_masters_[i].grad().nbytes();
   }
   return bytes;
 }

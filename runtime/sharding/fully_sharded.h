@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@
 
 namespace dray {
 
+// MixedPrecision: the dtypes parameters take outside their float32 master
+// shards (FSDP's MixedPrecision). Unset fields keep the parameters' dtype.
+struct MixedPrecision {
+  std::optional<at::ScalarType> param_dtype;   // gathered parameters: the compute dtype
+  std::optional<at::ScalarType> reduce_dtype;  // gradient reduction (default: param_dtype)
+  std::optional<at::ScalarType> buffer_dtype;  // module buffers
+};
+
 struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   // Broadcast rank 0's parameters before sharding (FSDP's
@@ -56,6 +65,7 @@ struct ShardingOptions {
   // ahead of its use, holding at most `limit_all_gathers` units at once.
   bool prefetch = false;
   int limit_all_gathers = 2;
+  MixedPrecision mixed_precision;
 };
 
 class FullyShardedModule : public UnitHooks {
@@ -69,12 +79,17 @@ class FullyShardedModule : public UnitHooks {
 
   ~FullyShardedModule() override;
 
+  void BeforeForward() override;
   void BeforeUnit(size_t index) override;
   void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) override;
 
-  // shards returns the tensors an optimizer updates: every unit's local
-  // shard, then the replicated parameters. Their .grad is set by backward.
+  // shards returns the tensors an optimizer updates, all float32 masters:
+  // every unit's local shard, then the replicated parameters (themselves, or
+  // under mixed precision their masters). Their .grad is set by backward.
   std::vector<at::Tensor> shards() const;
+
+  // DescribePrecision says which dtype is stored, gathered and reduced.
+  std::string DescribePrecision() const;
 
   // set_gradient_sync(false) lets backward accumulate full gradients locally
   // without communication (gradient accumulation); the next backward with
@@ -143,6 +158,9 @@ class FullyShardedModule : public UnitHooks {
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<at::Tensor> replicated_;  // parameters outside every unit
   std::vector<std::string> replicated_names_;
+  std::vector<at::Tensor> replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)
+  at::ScalarType param_dtype_ = at::kFloat;
+  at::ScalarType reduce_dtype_ = at::kFloat;
   bool gradient_sync_ = true;
   bool backward_callback_queued_ = false;
   int64_t peak_parameter_bytes_ = 0;

@@ -14,6 +14,8 @@ namespace dray {
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
+  // BeforeForward runs when the model's forward starts, before any unit.
+  virtual void BeforeForward() {}
   // BeforeUnit runs before unit `index`'s forward.
   virtual void BeforeUnit(size_t index) = 0;
   // AfterUnit runs after it, with the unit's outputs.

@@ -327,7 +327,10 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
                                                              const at::Tensor& timestep,
                                                              const std::vector<SampleImages>& images) {
   DRAY_RETURN_IF_ERROR(CheckInputs(hidden_states, encoder_hidden_states, text_mask, timestep, images));
-  at::Tensor image = img_in_->forward(hidden_states);
+  if (unit_hooks_ != nullptr) unit_hooks_->BeforeForward();
+  // Compute in the parameters' dtype (e.g. bfloat16 under mixed precision).
+  const at::ScalarType dtype = img_in_->weight.scalar_type();
+  at::Tensor image = img_in_->forward(hidden_states.to(dtype));
   at::Tensor t = timestep.to(image.scalar_type());
   at::Tensor modulate_index;
   if (config_.zero_cond_t) {
@@ -336,7 +339,7 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
     modulate_index = at::ones({image.size(0), image.size(1)}, at::kInt);
     modulate_index.slice(1, 0, noisy).fill_(0);
   }
-  at::Tensor text = txt_in_->forward(txt_norm_->forward(encoder_hidden_states));
+  at::Tensor text = txt_in_->forward(txt_norm_->forward(encoder_hidden_states.to(dtype)));
   at::Tensor temb = TimestepEmbedding(t, image.scalar_type());
   const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1));
   at::Tensor mask;
