@@ -97,8 +97,8 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     Communicator* comm, ShardingOptions options) {
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
   const MixedPrecision& precision = options.mixed_precision;
-  if (precision.param_dtype.has_value() && options.strategy == ShardingStrategy::kNoShard) {
-    return absl::UnimplementedError("mixed precision with NO_SHARD is not supported; use a sharding strategy");
+  if ((precision.param_dtype.has_value() || options.cpu_offload) && options.strategy == ShardingStrategy::kNoShard) {
+    return absl::UnimplementedError("mixed precision and CPU offload need a sharding strategy, not NO_SHARD");
   }
   if (Hybrid(options.strategy)) {
     const int size = options.shard_group_size, world = comm->world_size();
@@ -140,7 +140,8 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     if (options.sync_module_states) DRAY_RETURN_IF_ERROR(comm->Broadcast(flat, 0));
     const int64_t shard_size = unit->padded / group;
     const int64_t rank = Shards(options.strategy) ? sharded->shard_comm_->rank() : 0;
-    unit->shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size).to(at::kFloat).clone().requires_grad_(true);
+    const at::Device shard_device = options.cpu_offload ? at::Device(at::kCPU) : flat.device();
+    unit->shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size).to(shard_device, at::kFloat).clone().requires_grad_(true);
     // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
     unit->full = Shards(options.strategy) ? at::empty({unit->padded}, flat.options().dtype(dtype)) : unit->shard.detach();
     for (size_t i = 0; i < unit->params.size(); ++i) {
@@ -185,7 +186,7 @@ absl::Status FullyShardedModule::Gather(Unit& unit) {
   unit.gathered = true;
   peak_parameter_bytes_ = std::max(peak_parameter_bytes_, LocalBytes().parameters);
   torch::NoGradGuard no_grad;
-  DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit.shard.detach().to(unit.full.scalar_type()), unit.full));
+  DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit.shard.detach().to(unit.full.device(), unit.full.scalar_type()), unit.full));
   return absl::OkStatus();
 }
 
@@ -193,6 +194,32 @@ void FullyShardedModule::Free(Unit& unit) {
   if (!unit.gathered || !Shards(options_.strategy)) return;
   ReleaseStorage(unit.full);
   unit.gathered = false;
+}
+
+absl::Status FullyShardedModule::Offload() {
+  return MoveMasters(at::kCPU);
+}
+
+absl::Status FullyShardedModule::Load(at::Device device) {
+  return MoveMasters(device);
+}
+
+absl::Status FullyShardedModule::MoveMasters(at::Device device) {
+  torch::NoGradGuard no_grad;
+  for (auto& unit : units_) {
+    if (unit->gathered && Shards(options_.strategy)) {
+      return absl::FailedPreconditionError("Offload/Load between forward and backward: a unit is still gathered");
+    }
+    // set_data keeps the tensors (and any optimizer holding them) the same.
+    if (Shards(options_.strategy)) unit->shard.set_data(unit->shard.detach().to(device));
+  }
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    replicated_[i].set_data(replicated_[i].detach().to(device));
+    if (replicated_masters_[i].unsafeGetTensorImpl() != replicated_[i].unsafeGetTensorImpl()) {
+      replicated_masters_[i].set_data(replicated_masters_[i].detach().to(device));
+    }
+  }
+  return absl::OkStatus();
 }
 
 void FullyShardedModule::BeforeForward() {
@@ -257,7 +284,7 @@ void FullyShardedModule::OnParameterGradient(Unit& unit) {
 
 absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   torch::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({unit.padded}, at::TensorOptions().dtype(reduce_dtype_));
+  at::Tensor flat = at::zeros({unit.padded}, unit.full.options().dtype(reduce_dtype_));  // on the compute device
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor& grad = unit.params[i].mutable_grad();
     if (!grad.defined()) continue;
@@ -274,7 +301,7 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
     DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
     reduced = flat;
   }
-  reduced = reduced.to(at::kFloat).div_(world);
+  reduced = reduced.to(unit.shard.device(), at::kFloat).div_(world);  // to the master's device (CPU when offloaded)
   at::Tensor& grad = unit.shard.mutable_grad();
   grad = grad.defined() ? grad.add_(reduced) : reduced;
   unit.gradients_reduced = true;
@@ -305,7 +332,7 @@ void FullyShardedModule::FinishBackward() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < replicated_.size(); ++i) {
     at::Tensor& grad = replicated_[i].mutable_grad();
-    at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_) : at::zeros(replicated_[i].sizes(), at::TensorOptions().dtype(reduce_dtype_));
+    at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_) : at::zeros(replicated_[i].sizes(), replicated_[i].options().dtype(reduce_dtype_));
     Check(comm_->AllReduce(reduced), "all-reducing replicated gradients");
     reduced = reduced.to(at::kFloat).div_(comm_->world_size());
     if (replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl()) {
@@ -327,13 +354,15 @@ std::vector<at::Tensor> FullyShardedModule::shards() const {
 
 absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
-  at::Tensor sharded_sum = at::zeros({1}, at::kDouble);
-  at::Tensor replicated_sum = at::zeros({1}, at::kDouble);
+  // Sums on the compute device (NCCL reduces device tensors), in float64.
+  const at::TensorOptions sum_options = (units_.empty() ? at::TensorOptions() : units_[0]->full.options()).dtype(at::kDouble);
+  at::Tensor sharded_sum = at::zeros({1}, sum_options);
+  at::Tensor replicated_sum = at::zeros({1}, sum_options);
   for (const auto& unit : units_) {
-    if (unit->shard.grad().defined()) sharded_sum += unit->shard.grad().to(at::kDouble).pow(2).sum();
+    if (unit->shard.grad().defined()) sharded_sum += unit->shard.grad().to(sum_options).pow(2).sum();
   }
   for (const at::Tensor& master : replicated_masters_) {
-    if (master.grad().defined()) replicated_sum += master.grad().to(at::kDouble).pow(2).sum();
+    if (master.grad().defined()) replicated_sum += master.grad().to(sum_options).pow(2).sum();
   }
   // Shards are disjoint across ranks (sum them); replicas are the same everywhere.
   if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(shard_comm_->AllReduce(sharded_sum));
@@ -352,20 +381,20 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModu
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (auto& unit : units_) {
-    at::Tensor flat = at::empty({unit->padded}, at::kFloat);
+    at::Tensor flat = at::empty({unit->padded}, unit->full.options().dtype(at::kFloat));
     if (Shards(options_.strategy)) {
-      DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit->shard.detach(), flat));
+      DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit->shard.detach().to(flat.device()), flat));
     } else {
       flat.copy_(unit->shard.detach());
     }
     for (size_t i = 0; i < unit->params.size(); ++i) {
       parameters.emplace_back(unit->names[i],
                               flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel())
-                                  .view(unit->params[i].sizes()).clone());
+                                  .view(unit->params[i].sizes()).cpu().clone());
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    parameters.emplace_back(replicated_names_[i], replicated_masters_[i].detach().clone());
+    parameters.emplace_back(replicated_names_[i], replicated_masters_[i].detach().cpu().clone());
   }
   return parameters;
 }

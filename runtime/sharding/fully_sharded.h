@@ -66,6 +66,9 @@ struct ShardingOptions {
   bool prefetch = false;
   int limit_all_gathers = 2;
   MixedPrecision mixed_precision;
+  // Keep the float32 master shards, their gradients and so the optimizer's
+  // state in CPU memory; units move to the compute device only to run.
+  bool cpu_offload = false;
 };
 
 class FullyShardedModule : public UnitHooks {
@@ -90,6 +93,13 @@ class FullyShardedModule : public UnitHooks {
 
   // DescribePrecision says which dtype is stored, gathered and reduced.
   std::string DescribePrecision() const;
+
+  // Offload moves the master shards and replicated parameters to CPU memory
+  // (an inference worker between calls: verl's offload_fsdp_model); Load
+  // brings them back to `device` (load_fsdp_model). Call them outside
+  // forward/backward. Tensors keep their identity, so optimizers stay valid.
+  absl::Status Offload();
+  absl::Status Load(at::Device device);
 
   // set_gradient_sync(false) lets backward accumulate full gradients locally
   // without communication (gradient accumulation); the next backward with
@@ -139,6 +149,7 @@ class FullyShardedModule : public UnitHooks {
   // ShardRange returns [begin, end) of this rank's shard within a unit's flat parameter.
   std::pair<int64_t, int64_t> ShardRange(const Unit& unit) const;
   absl::Status Gather(Unit& unit);
+  absl::Status MoveMasters(at::Device device);
   // Prefetch gathers unit `index` if it exists and the limit allows.
   void Prefetch(size_t index);
   int GatheredUnits() const;
