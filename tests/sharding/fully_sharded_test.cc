@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/local_group.h"
+#include "runtime/sharding/checkpoint.h"
 #include "workers/models/layers.h"
 
 namespace dray {
@@ -51,12 +52,16 @@ class ToyModelImpl : public torch::nn::Module {
     output = register_module("output", Linear(LinearImpl::Options{kWidth, 2}));
     InitializeLikePyTorch(*this, at::make_generator<at::CPUGeneratorImpl>(seed));
   }
-  at::Tensor forward(const at::Tensor& x, UnitHooks* hooks) {
+  at::Tensor forward(const at::Tensor& x, UnitHooks* hooks, bool checkpoint = false) {
     if (hooks) hooks->BeforeForward();
     at::Tensor h = input->forward(x.to(input->weight.scalar_type()));  // compute in the parameters' dtype
     for (size_t i = 0; i < blocks->size(); ++i) {
       if (hooks) hooks->BeforeUnit(i);
-      h = blocks[i]->as<BlockImpl>()->forward(h);
+      BlockImpl* block = blocks[i]->as<BlockImpl>();
+      h = checkpoint ? CheckpointedForward([block](const std::vector<at::Tensor>& in) {
+                         return std::vector<at::Tensor>{block->forward(in[0])};
+                       }, {h})[0]
+                     : block->forward(h);
       if (hooks) hooks->AfterUnit(i, {h});
     }
     return output->forward(h).to(at::kFloat);
@@ -333,6 +338,46 @@ TEST(FullyShardedOffloadTest, OffloadAndLoadBetweenCallsKeepTheModel) {
   });
 }
 
+std::map<std::string, at::Tensor> Parameters(FullyShardedModule& sharded) {
+  const auto gathered = sharded.FullParameters().value();  // keep the result alive while iterating
+  return std::map<std::string, at::Tensor>(gathered.begin(), gathered.end());
+}
+
+void ExpectIdentical(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) EXPECT_TRUE(at::equal(tensor, b.at(name))) << name;
+}
+
+TEST(ActivationCheckpointTest, RecomputingGivesIdenticalGradients) {
+  const Data data = MakeData();
+  std::map<std::string, at::Tensor> grads[2];
+  for (bool checkpoint : {false, true}) {
+    ToyModel model;
+    (model->forward(data.x, nullptr, checkpoint) - data.y).pow(2).mean().backward();
+    for (const auto& p : model->named_parameters()) {
+      grads[checkpoint][p.key()] = p.value().grad();
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << (checkpoint ? " (checkpointed)" : "");
+    }
+  }
+  ExpectIdentical(grads[1], grads[0]);
+}
+
+TEST(ActivationCheckpointTest, CombinesWithFullSharding) {
+  const Data data = MakeData();
+  std::vector<at::Tensor> plain(2), checkpointed(2);
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6);
+    for (bool checkpoint : {false, true}) {
+      ToyModel model;
+      auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+      model->forward(x, sharded.get(), checkpoint).pow(2).mean().backward();
+      (checkpoint ? checkpointed : plain)[rank] = sharded->shards()[1].grad().clone();
+      EXPECT_EQ(sharded->LocalBytes().parameters, sharded->PeakParameterBytes() - 170 * 4);  // one unit at a time
+    }
+  });
+  for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(at::equal(checkpointed[rank], plain[rank]));
+}
+
 TEST(FullyShardedGradientTest, AccumulationWithoutSyncEqualsOneSyncedStep) {
   const Data data = MakeData();
   std::vector<at::Tensor> synced(2), accumulated(2);
@@ -353,16 +398,6 @@ TEST(FullyShardedGradientTest, AccumulationWithoutSyncEqualsOneSyncedStep) {
     accumulated[rank] = b->shards()[1].grad().clone();
   });
   for (int rank = 0; rank < 2; ++rank) EXPECT_LE(MaxDiff(accumulated[rank], synced[rank]), 1e-6);
-}
-
-std::map<std::string, at::Tensor> Parameters(FullyShardedModule& sharded) {
-  const auto gathered = sharded.FullParameters().value();  // keep the result alive while iterating
-  return std::map<std::string, at::Tensor>(gathered.begin(), gathered.end());
-}
-
-void ExpectIdentical(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, tensor] : a) EXPECT_TRUE(at::equal(tensor, b.at(name))) << name;
 }
 
 TEST(FullyShardedStateTest, FullAndShardedStateDictsReloadAtAnotherWorldSize) {

@@ -75,5 +75,20 @@ TEST(TransformerShardingTest, ShardedBlocksComputeWhatTheModelComputes) {
   }
 }
 
+TEST(TransformerShardingTest, ActivationCheckpointingGivesIdenticalGradients) {
+  const Inputs inputs = MakeInputs(2);
+  std::vector<at::Tensor> outputs, grads;
+  for (bool checkpoint : {false, true}) {
+    QwenImageTransformer model = TinyTransformer();
+    model->set_activation_checkpointing(checkpoint);
+    outputs.push_back(model->forward(inputs.hidden, inputs.text, inputs.mask, inputs.timestep, inputs.images).value());
+    outputs.back().pow(2).mean().backward();
+    grads.push_back(model->named_parameters()["transformer_blocks.0.attn.to_q.weight"].grad());
+    EXPECT_TRUE(model->named_parameters()["time_text_embed.timestep_embedder.linear_1.weight"].grad().defined());
+  }
+  EXPECT_TRUE(at::equal(outputs[0], outputs[1]));
+  EXPECT_TRUE(at::equal(grads[0], grads[1]));
+}
+
 }  // namespace
 }  // namespace dray::qwen_image

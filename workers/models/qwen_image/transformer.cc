@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
+#include "runtime/sharding/checkpoint.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -348,8 +349,20 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
   }
   for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
     if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
-    std::tie(text, image) = transformer_blocks_[i]->as<TransformerBlockImpl>()->forward(
-        image, text, temb, image_freqs, text_freqs, mask, modulate_index);
+    TransformerBlockImpl* block = transformer_blocks_[i]->as<TransformerBlockImpl>();
+    if (checkpoint_blocks_) {
+      // Captured by value: the recomputation runs in backward, after forward returned.
+      const std::vector<at::Tensor> outputs = CheckpointedForward(
+          [block, image_rope = image_freqs, text_rope = text_freqs, mask, modulate_index](const std::vector<at::Tensor>& in) {
+            const auto [txt, img] = block->forward(in[0], in[1], in[2], image_rope, text_rope, mask, modulate_index);
+            return std::vector<at::Tensor>{txt, img};
+          },
+          {image, text, temb});
+      text = outputs[0];
+      image = outputs[1];
+    } else {
+      std::tie(text, image) = block->forward(image, text, temb, image_freqs, text_freqs, mask, modulate_index);
+    }
     if (unit_hooks_ != nullptr) unit_hooks_->AfterUnit(i, {text, image});
   }
   if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];

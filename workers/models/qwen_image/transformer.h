@@ -152,6 +152,9 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   // set_unit_hooks makes forward call `hooks` around each block (sharding);
   // null: none. `hooks` must outlive every later forward.
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
+  // set_activation_checkpointing recomputes each block in backward instead
+  // of keeping its activations (less memory, one more forward of compute).
+  void set_activation_checkpointing(bool enabled) { checkpoint_blocks_ = enabled; }
 
  private:
   absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
@@ -167,6 +170,7 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   RMSNorm txt_norm_{nullptr};
   torch::nn::ModuleList transformer_blocks_{nullptr};
   UnitHooks* unit_hooks_ = nullptr;
+  bool checkpoint_blocks_ = false;
 };
 TORCH_MODULE(QwenImageTransformer);
 
