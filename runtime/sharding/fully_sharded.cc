@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
+#include "runtime/tensor_storage.h"
 
 namespace dray {
 
@@ -53,19 +54,6 @@ class PostAccumulateHook : public torch::autograd::FunctionPostHook {
  private:
   std::function<void()> callback_;
 };
-
-void ReleaseStorage(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-  storage->set_nbytes(0);
-}
-
-void AllocateStorage(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  const size_t bytes = tensor.numel() * tensor.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
 
 bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
 
@@ -135,6 +123,7 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     sharded->param_dtype_ = dtype;
     at::Tensor flat = at::zeros({unit->padded}, unit->params.empty() ? at::TensorOptions() : unit->params[0].options());
     for (size_t i = 0; i < unit->params.size(); ++i) {
+      if (!HasStorage(unit->params[i])) continue;  // built shape-only: filled by broadcast or LoadShards
       flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel()).copy_(unit->params[i].reshape(-1));
     }
     if (options.sync_module_states) DRAY_RETURN_IF_ERROR(comm->Broadcast(flat, 0));
@@ -162,6 +151,14 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   for (const auto& named : root->named_parameters()) {
     if (in_unit.count(named.value().unsafeGetTensorImpl())) continue;
     at::Tensor parameter = named.value();
+    if (!HasStorage(parameter)) {  // shape-only: give it memory (filled by broadcast or LoadShards)
+      AllocateStorage(parameter);
+      parameter.detach().zero_();
+    }
+    if (options.sync_module_states) {
+      at::Tensor data = parameter.detach();
+      DRAY_RETURN_IF_ERROR(comm->Broadcast(data, 0));
+    }
     sharded->replicated_.push_back(parameter);
     sharded->replicated_names_.push_back(named.key());
     if (precision.param_dtype.has_value()) {  // a float32 master, and a working copy to compute with
@@ -171,8 +168,9 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
       sharded->replicated_masters_.push_back(parameter);
     }
   }
-  if (precision.buffer_dtype.has_value()) {
-    for (auto& buffer : root->buffers()) buffer.set_data(buffer.to(*precision.buffer_dtype));
+  for (auto& buffer : root->buffers()) {
+    if (options.sync_module_states) DRAY_RETURN_IF_ERROR(comm->Broadcast(buffer, 0));
+    if (precision.buffer_dtype.has_value()) buffer.set_data(buffer.to(*precision.buffer_dtype));
   }
   if (precision.param_dtype.has_value()) sharded->param_dtype_ = *precision.param_dtype;
   sharded->reduce_dtype_ = precision.reduce_dtype.value_or(precision.param_dtype.value_or(at::kFloat));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -435,15 +436,44 @@ TEST(FullyShardedStateTest, RankZeroInitializationEqualsEveryRankLoading) {
     ToyModel reference(/*seed=*/0);
     for (const auto& p : reference->named_parameters()) expected[p.key()] = p.value().detach().clone();
   }
-  RunInGroup(3, [&](int rank, Communicator* comm) {
-    ToyModel model(/*seed=*/rank == 0 ? 0 : 100 + rank);  // only rank 0 holds the real weights
-    ShardingOptions options;
-    options.sync_module_states = true;
-    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
-    const auto parameters = Parameters(*sharded);
-    for (const auto& [name, tensor] : parameters) {
-      if (name.rfind("blocks.", 0) == 0) EXPECT_TRUE(at::equal(tensor, expected.at(name))) << name;
+  for (bool deferred : {false, true}) {
+    RunInGroup(3, [&](int rank, Communicator* comm) {
+      // Only rank 0 holds the real weights; the others build different ones,
+      // or (deferred) none at all: shape-only parameters.
+      std::optional<DeferredAllocation> defer;
+      if (deferred && rank != 0) defer.emplace();
+      ToyModel model(/*seed=*/rank == 0 ? 0 : 100 + rank);
+      defer.reset();
+      if (deferred && rank != 0) {
+        for (const auto& p : model->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u);
+      }
+      ShardingOptions options;
+      options.sync_module_states = true;
+      auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+      ExpectIdentical(Parameters(*sharded), expected);  // units and replicated parameters alike
+    });
+  }
+}
+
+TEST(FullyShardedStateTest, ShapeOnlyModulesLoadTheirShardsStraightFromACheckpoint) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/toy.safetensors";
+  std::map<std::string, at::Tensor> expected;
+  {
+    ToyModel reference(/*seed=*/3);
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& p : reference->named_parameters()) {
+      expected[p.key()] = p.value().detach().clone();
+      tensors.emplace_back(p.key(), p.value().detach());
     }
+    DRAY_ASSERT_OK(WriteSafetensors(path, tensors));
+  }
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    std::optional<DeferredAllocation> defer(std::in_place);
+    ToyModel model;
+    defer.reset();
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    DRAY_ASSERT_OK(sharded->LoadShards(Checkpoint::Open(path).value()));
+    ExpectIdentical(Parameters(*sharded), expected);
   });
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dispatch/status_macros.h"
+#include "runtime/tensor_storage.h"
 
 namespace dray {
 namespace {
@@ -27,17 +28,29 @@ std::string ListNames(const std::vector<std::string>& names) {
   return text;
 }
 
+thread_local bool deferring = false;
+
 }  // namespace
 
+DeferredAllocation::DeferredAllocation() : previous_(deferring) { deferring = true; }
+DeferredAllocation::~DeferredAllocation() { deferring = previous_; }
+bool DeferredAllocation::active() { return deferring; }
+
+at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor tensor = at::empty(shape, options);
+  if (deferring && !tensor.is_meta()) ReleaseStorage(tensor);
+  return tensor;
+}
+
 LinearImpl::LinearImpl(const Options& options) {
-  weight = register_parameter("weight", at::empty({options.out_features, options.in_features}, options.tensor));
-  if (options.bias) bias = register_parameter("bias", at::empty({options.out_features}, options.tensor));
+  weight = register_parameter("weight", NewParameter({options.out_features, options.in_features}, options.tensor));
+  if (options.bias) bias = register_parameter("bias", NewParameter({options.out_features}, options.tensor));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, at::TensorOptions options) : eps(eps) {
-  weight = register_parameter("weight", at::empty({dim}, options));
+  weight = register_parameter("weight", NewParameter({dim}, options));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -75,6 +88,7 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
         has_fan_in ? 1.0 / std::sqrt(static_cast<double>(weight->numel() / weight->size(0))) : 0;
     for (const auto& parameter : parameters) {
       at::Tensor tensor = parameter.value();
+      if (!HasStorage(tensor)) continue;  // shape-only (DeferredAllocation): filled by sharding instead
       if (has_fan_in) {
         tensor.uniform_(-bound, bound, generator);
       } else {

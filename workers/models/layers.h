@@ -24,6 +24,29 @@
 
 namespace dray {
 
+// DeferredAllocation: while one is alive (on this thread), layers create
+// their parameters shape-only: real tensors of the requested dtype and
+// device whose storage is released at once, so a model of any size can be
+// built with no more memory than its largest parameter, then filled by
+// sharding (FullyShardedModule's sync_module_states or LoadShards).
+//
+//   { DeferredAllocation deferred; model = QwenImageTransformer(config, options); }
+class DeferredAllocation {
+ public:
+  DeferredAllocation();
+  ~DeferredAllocation();
+  DeferredAllocation(const DeferredAllocation&) = delete;
+  DeferredAllocation& operator=(const DeferredAllocation&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// NewParameter returns an uninitialized tensor for a layer's parameter,
+// shape-only under DeferredAllocation (runtime/tensor_storage.h).
+at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options);
+
 // LinearImpl: y = x W^T + b, like torch.nn.Linear (parameters "weight", "bias").
 class LinearImpl : public torch::nn::Module {
  public:
@@ -74,7 +97,7 @@ std::shared_ptr<ModuleType> RegisterAt(torch::nn::Module& root, const std::strin
 // InitializeLikePyTorch fills every parameter of `module` with PyTorch's
 // default initialization for its layer (Linear and convolutions: uniform in
 // +-1/sqrt(fan_in), biases too; norm scales: ones), drawing from
-// `generator`: deterministic for a seed.
+// `generator`: deterministic for a seed. Shape-only parameters are skipped.
 void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator);
 
 // LoadStateDict copies every parameter of `module` from `checkpoint` (same

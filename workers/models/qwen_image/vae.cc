@@ -59,8 +59,8 @@ class CausalConv3dImpl : public torch::nn::Module {
   CausalConv3dImpl(int64_t in, int64_t out, Triple kernel, Triple stride, Triple padding,
                    at::TensorOptions options)
       : stride_(stride), padding_{padding[2], padding[2], padding[1], padding[1], 2 * padding[0], 0} {
-    weight = register_parameter("weight", at::empty({out, in, kernel[0], kernel[1], kernel[2]}, options));
-    bias = register_parameter("bias", at::empty({out}, options));
+    weight = register_parameter("weight", NewParameter({out, in, kernel[0], kernel[1], kernel[2]}, options));
+    bias = register_parameter("bias", NewParameter({out}, options));
   }
 
   // forward convolves x, prepending `cache` (earlier frames) in place of zeros.
@@ -97,8 +97,8 @@ class Conv2dImpl : public torch::nn::Module {
  public:
   Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, at::TensorOptions options)
       : stride_(stride), padding_(padding) {
-    weight = register_parameter("weight", at::empty({out, in, kernel, kernel}, options));
-    bias = register_parameter("bias", at::empty({out}, options));
+    weight = register_parameter("weight", NewParameter({out, in, kernel, kernel}, options));
+    bias = register_parameter("bias", NewParameter({out}, options));
   }
   at::Tensor forward(const at::Tensor& x) { return at::conv2d(x, weight, bias, stride_, padding_); }
 
@@ -117,7 +117,7 @@ class ChannelRMSNormImpl : public torch::nn::Module {
       : scale_(std::sqrt(static_cast<double>(dim))) {
     std::vector<int64_t> shape = {dim, 1, 1};
     if (!images) shape.push_back(1);
-    gamma = register_parameter("gamma", at::empty(shape, options));
+    gamma = register_parameter("gamma", NewParameter(shape, options));
   }
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor norm = at::linalg_vector_norm(x, 2, {1}, /*keepdim=*/true).clamp_min(1e-12);
