@@ -69,6 +69,21 @@ bool ReshardsAfterForward(ShardingStrategy strategy) {
 
 }  // namespace
 
+std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> SizeBasedWrap(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules, int64_t min_num_params) {
+  std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units;
+  int64_t in_last = min_num_params;  // start a new unit
+  for (const auto& module : modules) {
+    if (in_last >= min_num_params) {
+      units.emplace_back();
+      in_last = 0;
+    }
+    units.back().push_back(module);
+    for (const auto& parameter : module->parameters()) in_last += parameter.numel();
+  }
+  return units;
+}
+
 FullyShardedModule::FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm,
                                        ShardingOptions options)
     : root_(std::move(root)), comm_(comm), shard_comm_(comm), options_(options) {}
@@ -82,6 +97,14 @@ void FullyShardedModule::Check(const absl::Status& status, const char* what) {
 
 absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
+    Communicator* comm, ShardingOptions options) {
+  std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> groups;
+  for (auto& unit : units) groups.push_back({std::move(unit)});
+  return Shard(std::move(root), std::move(groups), comm, options);
+}
+
+absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
+    std::shared_ptr<torch::nn::Module> root, std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units,
     Communicator* comm, ShardingOptions options) {
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
   const MixedPrecision& precision = options.mixed_precision;
@@ -107,16 +130,19 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   for (const auto& named : root->named_modules()) prefixes[named.value().get()] = named.key();
   std::map<at::TensorImpl*, bool> in_unit;
   const int64_t group = Shards(options.strategy) ? sharded->shard_comm_->world_size() : 1;
-  for (const auto& module : units) {
+  for (const auto& members : units) {
     auto unit = std::make_unique<Unit>();
-    const std::string prefix = prefixes.count(module.get()) ? prefixes[module.get()] : "";
     int64_t numel = 0;
-    for (const auto& named : module->named_parameters()) {
-      unit->names.push_back(prefix.empty() ? named.key() : absl::StrCat(prefix, ".", named.key()));
-      unit->params.push_back(named.value());
-      unit->offsets.push_back(numel);
-      numel += named.value().numel();
-      in_unit[named.value().unsafeGetTensorImpl()] = true;
+    for (const auto& module : members) {
+      sharded->unit_of_hook_.push_back(sharded->units_.size());
+      const std::string prefix = prefixes.count(module.get()) ? prefixes[module.get()] : "";
+      for (const auto& named : module->named_parameters()) {
+        unit->names.push_back(prefix.empty() ? named.key() : absl::StrCat(prefix, ".", named.key()));
+        unit->params.push_back(named.value());
+        unit->offsets.push_back(numel);
+        numel += named.value().numel();
+        in_unit[named.value().unsafeGetTensorImpl()] = true;
+      }
     }
     unit->padded = (numel + group - 1) / group * group;
     const at::ScalarType dtype = precision.param_dtype.value_or(unit->params.empty() ? at::kFloat : unit->params[0].scalar_type());
@@ -243,17 +269,21 @@ void FullyShardedModule::Prefetch(size_t index) {
   Check(Gather(*units_[index]), "prefetching a unit");
 }
 
-void FullyShardedModule::BeforeUnit(size_t index) {
-  Unit& unit = *units_.at(index);
+void FullyShardedModule::BeforeUnit(size_t hook) {
+  const size_t index = unit_of_hook_.at(hook);
+  Unit& unit = *units_[index];
   Check(Gather(unit), "gathering a unit for forward");
   Prefetch(index + 1);
-  unit.pending_gradients = 0;
-  for (const at::Tensor& param : unit.params) unit.pending_gradients += param.requires_grad() ? 1 : 0;
-  unit.gradients_reduced = false;
+  if (hook == 0 || unit_of_hook_[hook - 1] != index) {  // the unit's first module: a new pass
+    unit.pending_gradients = 0;
+    for (const at::Tensor& param : unit.params) unit.pending_gradients += param.requires_grad() ? 1 : 0;
+    unit.gradients_reduced = false;
+  }
 }
 
-void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) {
-  Unit& unit = *units_.at(index);
+void FullyShardedModule::AfterUnit(size_t hook, const std::vector<at::Tensor>& outputs) {
+  const size_t index = unit_of_hook_.at(hook);
+  Unit& unit = *units_[index];
   bool backward_follows = false;
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
@@ -271,7 +301,8 @@ void FullyShardedModule::AfterUnit(size_t index, const std::vector<at::Tensor>& 
       return grad;
     });
   }
-  if (!backward_follows || ReshardsAfterForward(options_.strategy)) Free(unit);
+  const bool last_module = hook + 1 == unit_of_hook_.size() || unit_of_hook_[hook + 1] != index;
+  if (last_module && (!backward_follows || ReshardsAfterForward(options_.strategy))) Free(unit);
 }
 
 void FullyShardedModule::OnParameterGradient(Unit& unit) {

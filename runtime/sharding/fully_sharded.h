@@ -71,6 +71,23 @@ struct ShardingOptions {
   bool cpu_offload = false;
 };
 
+// UnitsOfType returns the submodules of `root` of type T (in registration
+// order): FSDP's TRANSFORMER_BASED_WRAP, e.g. UnitsOfType<TransformerBlockImpl>.
+template <typename T>
+std::vector<std::shared_ptr<torch::nn::Module>> UnitsOfType(const torch::nn::Module& root) {
+  std::vector<std::shared_ptr<torch::nn::Module>> units;
+  for (const auto& module : root.modules(/*include_self=*/false)) {
+    if (module->as<T>() != nullptr) units.push_back(module);
+  }
+  return units;
+}
+
+// SizeBasedWrap groups consecutive `modules` into units of at least
+// `min_num_params` parameters each (the last may be smaller): FSDP's
+// SIZE_BASED_WRAP over the modules a model calls hooks around.
+std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> SizeBasedWrap(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules, int64_t min_num_params);
+
 class FullyShardedModule : public UnitHooks {
  public:
   // Shard takes over the parameters of `units` (submodules of `root`); the
@@ -78,6 +95,13 @@ class FullyShardedModule : public UnitHooks {
   // must outlive the returned module.
   static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
       std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
+      Communicator* comm, ShardingOptions options = {});
+
+  // Shard with units of several consecutive modules each (SizeBasedWrap):
+  // the model's hook index i is the i-th module overall; a unit is gathered
+  // at its first module and freed after its last.
+  static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
+      std::shared_ptr<torch::nn::Module> root, std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units,
       Communicator* comm, ShardingOptions options = {});
 
   ~FullyShardedModule() override;
@@ -167,6 +191,7 @@ class FullyShardedModule : public UnitHooks {
   Communicator* shard_comm_;                      // where units are gathered and reduce-scattered
   ShardingOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<size_t> unit_of_hook_;  // model hook index -> unit
   std::vector<at::Tensor> replicated_;  // parameters outside every unit
   std::vector<std::string> replicated_names_;
   std::vector<at::Tensor> replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)

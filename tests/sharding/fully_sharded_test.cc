@@ -207,6 +207,35 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
 
+TEST(WrapPolicyTest, TransformerAndSizeBasedUnits) {
+  ToyModel model;
+  const auto blocks = UnitsOfType<BlockImpl>(*model);
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[1].get(), model->blocks[1].get());
+  const auto groups = SizeBasedWrap(blocks, /*min_num_params=*/300);  // 170 per block: 2 + 1
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].size(), 2u);
+  EXPECT_EQ(groups[1].size(), 1u);
+
+  const Data data = MakeData();
+  const Trace reference = RunReference(data);
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel sharded_model;
+    auto sharded = FullyShardedModule::Shard(sharded_model.ptr(), SizeBasedWrap(sharded_model->units(), 300), comm, {}).value();
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6), y = data.y.slice(0, rank * 6, rank * 6 + 6);
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      (sharded_model->forward(x, sharded.get()) - y).pow(2).mean().backward();
+      optimizer.step();
+    }
+    EXPECT_EQ(sharded->LargestUnitBytes(), 340 * 4);
+    EXPECT_EQ(sharded->PeakParameterBytes() - sharded->LocalBytes().parameters, 340 * 4);  // one unit at a time
+    const auto gathered = sharded->FullParameters().value();
+    for (const auto& [name, tensor] : gathered) EXPECT_LE(MaxDiff(tensor, reference.final_params.at(name)), 1e-6) << name;
+  });
+}
+
 TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
   const Data data = MakeData();
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
