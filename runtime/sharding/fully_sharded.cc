@@ -467,6 +467,31 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
   return absl::OkStatus();
 }
 
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::LocalStateDict() const {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (size_t u = 0; u < units_.size(); ++u) state.emplace_back(absl::StrCat("unit", u), units_[u]->shard.detach());
+  for (size_t i = 0; i < replicated_.size(); ++i) state.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
+  return state;
+}
+
+absl::Status FullyShardedModule::LoadLocalStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  torch::NoGradGuard no_grad;
+  for (auto [name, target] : LocalStateDict()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return absl::NotFoundError(absl::StrCat("local state dict has no '", name, "'"));
+    if (it->second.sizes() != target.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("local state dict: '", name, "' has shape [",
+                                                     absl::StrJoin(it->second.sizes(), ", "), "], this rank's is [",
+                                                     absl::StrJoin(target.sizes(), ", "),
+                                                     "] (saved with other units or another world size?)"));
+    }
+    target.copy_(it->second);
+  }
+  BeforeForward();  // refresh working copies of replicated parameters
+  return absl::OkStatus();
+}
+
 absl::Status FullyShardedModule::SaveFullStateDict(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(auto parameters, FullParameters());
   if (comm_->rank() == 0) DRAY_RETURN_IF_ERROR(WriteSafetensors(path, parameters, {{"format", "pt"}}));

@@ -149,6 +149,10 @@ class FullyShardedModule : public UnitHooks {
   // writes its shards and the layout to `dir`/shard-RRRRR-of-WWWWW.safetensors;
   // LoadShardedStateDict reads a directory written at any world size.
   absl::Status SaveFullStateDict(const std::string& path);
+  // LOCAL: this rank's flat shards as they are ("unit0", "unit1", ...), and
+  // the replicated parameters; loadable only with the same units and world.
+  std::vector<std::pair<std::string, at::Tensor>> LocalStateDict() const;
+  absl::Status LoadLocalStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state);
   absl::Status SaveShardedStateDict(const std::string& dir);
   absl::Status LoadShardedStateDict(const std::string& dir);
 

@@ -459,6 +459,20 @@ TEST(FullyShardedStateTest, FullAndShardedStateDictsReloadAtAnotherWorldSize) {
   });
 }
 
+TEST(FullyShardedStateTest, LocalStateDictRoundTripsAtTheSameWorldSize) {
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel trained(/*seed=*/1), fresh(/*seed=*/2);
+    auto a = FullyShardedModule::Shard(trained.ptr(), trained->units(), comm, {}).value();
+    auto b = FullyShardedModule::Shard(fresh.ptr(), fresh->units(), comm, {}).value();
+    DRAY_ASSERT_OK(b->LoadLocalStateDict(a->LocalStateDict()));
+    ExpectIdentical(Parameters(*b), Parameters(*a));
+    auto local = a->LocalStateDict();
+    local[0].second = at::zeros({3});
+    EXPECT_THAT(b->LoadLocalStateDict(local),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("'unit0' has shape [3]")));
+  });
+}
+
 TEST(FullyShardedStateTest, RankZeroInitializationEqualsEveryRankLoading) {
   std::map<std::string, at::Tensor> expected;
   {
