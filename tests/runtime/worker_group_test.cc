@@ -169,7 +169,9 @@ TEST_F(WorkerGroupTest, AsynchronousCallsRunAndReturnInOrder) {
       const std::vector<int64_t> seen = *rank_output.GetRows<int64_t>("seen").value();
       ASSERT_FALSE(seen.empty());
       EXPECT_EQ(seen.back(), seq);  // each worker ran the calls in submission order
-      if (seen.size() >= 2) EXPECT_EQ(seen[seen.size() - 2], seq - 1);
+      if (seen.size() >= 2) {
+        EXPECT_EQ(seen[seen.size() - 2], seq - 1);
+      }
     }
   }
 }
