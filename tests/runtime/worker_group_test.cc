@@ -20,6 +20,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "dispatch/status_macros.h"
+#include "dispatch/wire.h"
+#include "dray/v1/worker.grpc.pb.h"
 #include "runtime/grpc_util.h"
 #include "tests/runtime/test_util.h"
 
@@ -27,6 +30,7 @@ namespace dray {
 namespace {
 
 using ::dray::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -230,6 +234,35 @@ TEST_F(WorkerGroupTest, ControllerAndWorkersServeGrpcHealth) {
   for (const std::string& address : group_->worker_addresses()) {
     EXPECT_EQ(HealthOf(address).value(), grpc::health::v1::HealthCheckResponse::SERVING) << address;
   }
+}
+
+// CallOnce runs `role`.`method` on the worker at `address` through the unary
+// Call RPC, the way a simple client (one without sessions) would.
+absl::StatusOr<v1::CallResponse> CallOnce(const std::string& address, const std::string& role,
+                                          const std::string& method, const DataProto& input) {
+  auto stub = v1::WorkerService::NewStub(CreateDrayChannel(address));
+  v1::CallRequest request;
+  request.set_role(role);
+  request.set_method(method);
+  DRAY_ASSIGN_OR_RETURN(*request.mutable_input(), ToWire(input));
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(10));
+  v1::CallResponse response;
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(stub->Call(&context, request, &response), address));
+  return response;
+}
+
+TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
+  const std::string address = group_->worker_addresses()[1];
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse echoed, CallOnce(address, "test", "echo", Batch(3)));
+  ASSERT_FALSE(echoed.has_error()) << echoed.error().message();
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto result, FromWire(echoed.result()));
+  EXPECT_THAT(Column(result, "x"), ElementsAre(0, 1, 2));
+
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse failed, CallOnce(address, "test", "no_such_method", Batch(1)));
+  ASSERT_TRUE(failed.has_error());
+  EXPECT_EQ(failed.error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(failed.error().message(), AllOf(HasSubstr("rank 1"), HasSubstr("no_such_method")));
 }
 
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
