@@ -123,6 +123,9 @@ absl::StatusOr<WorkerProcessOptions> ParseWorkerProcessFlags(const std::vector<s
   if (options.controller_address.empty()) {
     return absl::InvalidArgumentError("a worker process needs --controller=HOST:PORT");
   }
+  if (options.roles.empty()) {
+    return absl::InvalidArgumentError("a worker process needs --roles=A[,B...]: the worker classes to host");
+  }
   return options;
 }
 

@@ -34,7 +34,7 @@ struct WorkerProcessOptions {
 };
 
 // ParseWorkerProcessFlags reads --controller=, --roles= and --host=; other
-// arguments are INVALID_ARGUMENT.
+// arguments, or a missing --controller or --roles, are INVALID_ARGUMENT.
 absl::StatusOr<WorkerProcessOptions> ParseWorkerProcessFlags(const std::vector<std::string>& args);
 
 // RunWorkerProcess serves until the process should exit; a method may still
