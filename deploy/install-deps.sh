@@ -16,6 +16,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # Images and configuration.
   libpng-dev libjpeg-dev libyaml-cpp-dev
+  # Unicode (tokenizer regular expressions and normalization).
+  libicu-dev
   # Command line and JSON (configs, safetensors headers).
   libcli11-dev nlohmann-json3-dev
   # The Python client example and its test.
