@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dispatch/shape_string.h"
 #include "dispatch/status_macros.h"
 
 namespace dray {
@@ -17,10 +18,6 @@ namespace {
 constexpr absl::string_view kNonTensorKinds[] = {"strings", "bytes",   "images",
                                                  "ints",    "doubles", "json"};
 constexpr absl::string_view kMetaKinds[] = {"bool", "int", "double", "string", "json"};
-
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
 
 NonTensorColumn TakeRowsOf(const NonTensorColumn& column, const std::vector<int64_t>& indices) {
   return std::visit(

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "dispatch/shape_string.h"
 #include "dispatch/status_macros.h"
 
 namespace dray {
@@ -55,10 +56,6 @@ absl::StatusOr<std::string> DTypeString(at::ScalarType dtype, absl::string_view 
   }
   return absl::InvalidArgumentError(
       absl::StrCat("tensor '", name, "' has dtype ", c10::toString(dtype), ", which safetensors (here) cannot store"));
-}
-
-std::string ShapeString(at::IntArrayRef shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {

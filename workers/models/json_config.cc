@@ -122,6 +122,19 @@ absl::Status JsonConfig::Get(const char* key, std::optional<double>* value) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<JsonConfig> JsonConfig::Object(const char* key) {
+  const nlohmann::json& field = Field(key);
+  if (!field.is_null() && !field.is_object()) return WrongType(key, "an object");
+  JsonConfig object;
+  object.name_ = absl::StrCat(name_, ": ", key);
+  object.json_ = std::make_shared<nlohmann::json>(field.is_null() ? nlohmann::json::object() : field);
+  return object;
+}
+
+void JsonConfig::Ignore(std::initializer_list<const char*> keys) {
+  for (const char* key : keys) known_.insert(key);
+}
+
 absl::Status JsonConfig::Unsupported(const char* key) {
   const nlohmann::json& field = Field(key);
   if (field.is_null() || field == false) return absl::OkStatus();

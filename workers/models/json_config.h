@@ -15,6 +15,7 @@
 #define DRAY_WORKERS_MODELS_JSON_CONFIG_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <set>
@@ -48,6 +49,15 @@ class JsonConfig {
   absl::Status Get(const char* key, std::vector<bool>* value);
   // Get into an optional: JSON null or absence leaves it empty.
   absl::Status Get(const char* key, std::optional<double>* value);
+
+  // Object returns the JSON object under `key` as a config of its own
+  // (named "file: key"), empty when absent; unread keys there are its own
+  // Finish's to report.
+  absl::StatusOr<JsonConfig> Object(const char* key);
+
+  // Ignore marks keys that carry no meaning for dray (bookkeeping such as
+  // "architectures" or "torch_dtype"), so Finish accepts them.
+  void Ignore(std::initializer_list<const char*> keys);
 
   // Unsupported accepts `key` only when absent, false or null.
   absl::Status Unsupported(const char* key);

@@ -1,10 +1,14 @@
 #include "workers/models/layers.h"
 
+#include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/softmax.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/rsqrt.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -60,6 +64,19 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
     normed = normed.to(weight.scalar_type());
   }
   return normed * weight;
+}
+
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOptions options) {
+  weight = register_parameter("weight", NewParameter({num_embeddings, dim}, options));
+}
+
+at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
+
+at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& allowed) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1), v);
 }
 
 std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, const std::string& path,

@@ -75,6 +75,23 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// EmbeddingImpl: a lookup table, like torch.nn.Embedding (parameter "weight").
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOptions options = {});
+  at::Tensor forward(const at::Tensor& ids);
+
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+// DotProductAttention: softmax(q k^T / sqrt(D) masked) v for q [B, H, Sq, D]
+// and k, v [B, H, Sk, D]. `allowed` (bool, broadcastable to [B, H, Sq, Sk],
+// or undefined for all) marks the keys each query may attend to; the
+// textbook formula, as diffusers' reference SDPA computes it.
+at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& allowed);
+
 // RegisterAt registers `module` under the dotted `path` below `root`
 // ("attn.to_out.0"), creating parameter-free parents on the way, so that
 // parameter names match a checkpoint's without placeholder modules.

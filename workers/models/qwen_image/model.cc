@@ -13,6 +13,7 @@
 #include "dispatch/status_macros.h"
 #include "runtime/safetensors.h"
 #include "workers/models/layers.h"
+#include "workers/models/qwen_image/prompt_template.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -29,7 +30,11 @@ constexpr Component kComponents[] = {
     {"scheduler", "diffusers", "FlowMatchEulerDiscreteScheduler"},
     {"transformer", "diffusers", "QwenImageTransformer2DModel"},
     {"vae", "diffusers", "AutoencoderKLQwenImage"},
+    {"text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration"},
+    {"tokenizer", "transformers", "Qwen2Tokenizer"},
+    {"processor", "transformers", "Qwen2VLProcessor"},
 };
+
 
 // CheckModelIndex verifies that model_index.json names the components dray loads.
 absl::Status CheckModelIndex(const std::string& dir) {
@@ -58,10 +63,40 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-absl::Status WriteWeights(const fs::path& dir, torch::nn::Module& module) {
+absl::Status WriteWeights(const fs::path& file, torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& parameter : module.named_parameters()) tensors.emplace_back(parameter.key(), parameter.value());
-  return WriteSafetensors((dir / "diffusion_pytorch_model.safetensors").string(), tensors, {{"format", "pt"}});
+  return WriteSafetensors(file.string(), tensors, {{"format", "pt"}});
+}
+
+// kSpecialTokens: Qwen2's added tokens, in id order.
+constexpr const char* kSpecialTokens[] = {
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"};
+
+// kInstructionSamples: with the edit template, what the written tokenizer
+// learns its merges from.
+constexpr char kInstructionSamples[] =
+    " Make the sky blue. Turn the cat into a dog. Add a red hat. Remove the background. Change the color of "
+    "the car to green. Make it look like a painting.";
+
+// WriteTokenizer writes a learned byte-level tokenizer with Qwen2's special
+// tokens and points the text encoder's vocabulary and token ids at it.
+absl::Status WriteTokenizer(const fs::path& dir, int merges, qwen2_vl::TextEncoderConfig& text_encoder) {
+  BpeTokenizer::Model model = LearnBpeMerges(FormatEditPrompt(kInstructionSamples), merges);
+  int64_t id = static_cast<int64_t>(model.vocab.size());
+  for (const char* token : kSpecialTokens) model.added_tokens.push_back({id++, token, true});
+  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer, BpeTokenizer::Build(std::move(model)));
+  text_encoder.vocab_size = tokenizer.vocab_size();
+  for (auto [token, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
+           {"<|endoftext|>", &text_encoder.bos_token_id}, {"<|im_end|>", &text_encoder.eos_token_id},
+           {"<|image_pad|>", &text_encoder.image_token_id}, {"<|video_pad|>", &text_encoder.video_token_id},
+           {"<|vision_start|>", &text_encoder.vision_start_token_id},
+           {"<|vision_end|>", &text_encoder.vision_end_token_id}, {"<|vision_pad|>", &text_encoder.vision_token_id}}) {
+    DRAY_ASSIGN_OR_RETURN(*field, tokenizer.TokenId(token));
+  }
+  return WriteText(dir / "tokenizer.json", tokenizer.ToJson());
 }
 
 }  // namespace
@@ -85,6 +120,17 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
   DRAY_RETURN_IF_ERROR(LoadStateDict(*model.transformer, transformer_weights));
   DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, Checkpoint::Open((root / "vae").string()));
   DRAY_RETURN_IF_ERROR(LoadStateDict(*model.vae, vae_weights));
+  DRAY_ASSIGN_OR_RETURN(model.text_encoder, qwen2_vl::LoadTextEncoder((root / "text_encoder").string(), options));
+  if (model.text_encoder->config().hidden_size != transformer.joint_attention_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": the text encoder's hidden_size ",
+                                                   model.text_encoder->config().hidden_size,
+                                                   " differs from the transformer's joint_attention_dim ",
+                                                   transformer.joint_attention_dim));
+  }
+  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer, BpeTokenizer::FromDirectory((root / "tokenizer").string()));
+  model.tokenizer = std::make_shared<const BpeTokenizer>(std::move(tokenizer));
+  DRAY_ASSIGN_OR_RETURN(model.image_processor, qwen2_vl::ImageProcessorConfig::FromFile(
+                                                   (root / "processor" / "preprocessor_config.json").string()));
   return model;
 }
 
@@ -92,7 +138,22 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
   ModelPreset preset;
   preset.scheduler = FlowMatchEulerConfig::QwenImage();
   if (name == "real") return preset;
+  qwen2_vl::TextEncoderConfig& text = preset.text_encoder;
+  qwen2_vl::VisionConfig& vision = text.vision;
+  vision.depth = 2;
+  vision.fullatt_block_indexes = {1};
+  text.num_hidden_layers = 2;
   if (name == "tiny") {
+    preset.tokenizer_merges = 200;
+    text.hidden_size = vision.out_hidden_size = 16;
+    text.intermediate_size = 32;
+    text.num_attention_heads = 2;
+    text.num_key_value_heads = 1;
+    text.mrope_section = {2, 1, 1};
+    vision.hidden_size = 16;
+    vision.intermediate_size = 32;
+    vision.num_heads = 2;
+    vision.window_size = 56;
     preset.transformer = {2, 16, 4, 2, 16, 3, 16, {8, 4, 4}, false};
     preset.vae.base_dim = 24;
     preset.vae.z_dim = 4;
@@ -104,6 +165,15 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
     return preset;
   }
   if (name == "small") {
+    preset.tokenizer_merges = 400;
+    text.hidden_size = vision.out_hidden_size = 48;
+    text.intermediate_size = 96;
+    text.num_attention_heads = 4;
+    text.num_key_value_heads = 2;
+    text.mrope_section = {2, 2, 2};
+    vision.hidden_size = 32;
+    vision.intermediate_size = 64;
+    vision.num_heads = 2;
     preset.transformer = {2, 64, 16, 3, 32, 4, 48, {8, 12, 12}, false};
     preset.vae.base_dim = 12;
     return preset;
@@ -124,14 +194,23 @@ absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset
   DRAY_RETURN_IF_ERROR(WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
   DRAY_RETURN_IF_ERROR(WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
   DRAY_RETURN_IF_ERROR(WriteText(root / "vae" / "config.json", preset.vae.ToJson()));
+  qwen2_vl::TextEncoderConfig text_encoder = preset.text_encoder;
+  DRAY_RETURN_IF_ERROR(WriteTokenizer(root / "tokenizer", preset.tokenizer_merges, text_encoder));
+  DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder" / "config.json", text_encoder.ToJson()));
+  DRAY_RETURN_IF_ERROR(
+      WriteText(root / "processor" / "preprocessor_config.json", preset.image_processor.ToJson()));
 
+  const at::TensorOptions float32 = at::TensorOptions().dtype(at::kFloat);
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  QwenImageTransformer transformer(preset.transformer, at::TensorOptions().dtype(at::kFloat));
+  QwenImageTransformer transformer(preset.transformer, float32);
   InitializeLikePyTorch(*transformer, generator);
-  DRAY_RETURN_IF_ERROR(WriteWeights(root / "transformer", *transformer));
-  AutoencoderKLQwenImage vae(preset.vae, at::TensorOptions().dtype(at::kFloat));
+  DRAY_RETURN_IF_ERROR(WriteWeights(root / "transformer" / "diffusion_pytorch_model.safetensors", *transformer));
+  AutoencoderKLQwenImage vae(preset.vae, float32);
   InitializeLikePyTorch(*vae, generator);
-  return WriteWeights(root / "vae", *vae);
+  DRAY_RETURN_IF_ERROR(WriteWeights(root / "vae" / "diffusion_pytorch_model.safetensors", *vae));
+  qwen2_vl::Qwen25VLTextEncoder encoder(text_encoder, float32);
+  InitializeLikePyTorch(*encoder, generator);
+  return WriteWeights(root / "text_encoder" / "model.safetensors", *encoder);
 }
 
 }  // namespace dray::qwen_image

@@ -7,9 +7,12 @@
 //                                     (or *.safetensors.index.json + shards)
 //   vae/config.json                   AutoencoderKLQwenImage
 //   vae/diffusion_pytorch_model.safetensors
+//   text_encoder/config.json          Qwen2_5_VLForConditionalGeneration
+//   text_encoder/model.safetensors    (or model.safetensors.index.json + shards)
+//   tokenizer/tokenizer.json          Qwen2Tokenizer (or vocab.json + merges.txt)
+//   processor/preprocessor_config.json  Qwen2VLProcessor's image half
 //
-// (text_encoder/ and tokenizer/ belong to the text-encoder half.) Every
-// config is read strictly and every weight checked by name and shape.
+// Every config is read strictly and every weight checked by name and shape.
 //
 //   DRAY_ASSIGN_OR_RETURN(QwenImageModel model, LoadQwenImageModel("ckpt/", at::kFloat));
 //   DRAY_RETURN_IF_ERROR(WriteRandomQwenImageModel("tiny/", TinyPreset(), /*seed=*/0));
@@ -19,18 +22,26 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
 #include "absl/status/statusor.h"
+#include "workers/models/bpe_tokenizer.h"
+#include "workers/models/qwen2_vl/image_processor.h"
+#include "workers/models/qwen2_vl/text_encoder.h"
 #include "workers/models/qwen_image/scheduler.h"
 #include "workers/models/qwen_image/transformer.h"
 #include "workers/models/qwen_image/vae.h"
 
 namespace dray::qwen_image {
 
-// QwenImageModel: the diffusion half of Qwen-Image-Edit, loaded.
+// QwenImageModel: Qwen-Image-Edit, loaded.
 struct QwenImageModel {
   QwenImageTransformer transformer{nullptr};
   AutoencoderKLQwenImage vae{nullptr};
   FlowMatchEulerConfig scheduler;
+  qwen2_vl::Qwen25VLTextEncoder text_encoder{nullptr};
+  std::shared_ptr<const BpeTokenizer> tokenizer;
+  qwen2_vl::ImageProcessorConfig image_processor;
 };
 
 // LoadQwenImageModel reads `dir`, building the models in `options` (dtype,
@@ -42,6 +53,9 @@ struct ModelPreset {
   TransformerConfig transformer;
   VaeConfig vae;
   FlowMatchEulerConfig scheduler;
+  qwen2_vl::TextEncoderConfig text_encoder;  // vocab and special ids follow the tokenizer written
+  qwen2_vl::ImageProcessorConfig image_processor;
+  int tokenizer_merges = 0;  // merges learned for the tokenizer written (no released vocabulary here)
 };
 
 // PresetNamed returns "tiny" (runs anywhere in seconds), "small" (the
@@ -50,7 +64,9 @@ struct ModelPreset {
 absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
 
 // WriteRandomQwenImageModel writes a model directory with PyTorch-default
-// random weights (float32), deterministic for `seed`.
+// random weights (float32), deterministic for `seed`, and a byte-level BPE
+// tokenizer with Qwen2's special tokens whose merges are learned from the
+// edit prompt template.
 absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset, uint64_t seed);
 
 }  // namespace dray::qwen_image

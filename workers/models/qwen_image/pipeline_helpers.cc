@@ -17,9 +17,9 @@ std::pair<int64_t, int64_t> CalculateDimensions(double target_area, double ratio
 
 std::pair<int64_t, int64_t> EditOutputSize(int64_t image_width, int64_t image_height,
                                            std::optional<int64_t> width, std::optional<int64_t> height,
-                                           int64_t vae_scale_factor) {
+                                           int64_t vae_scale_factor, double target_area) {
   const auto [default_width, default_height] =
-      CalculateDimensions(1024.0 * 1024.0, static_cast<double>(image_width) / static_cast<double>(image_height));
+      CalculateDimensions(target_area, static_cast<double>(image_width) / static_cast<double>(image_height));
   const int64_t multiple = 2 * vae_scale_factor;
   return {width.value_or(default_width) / multiple * multiple, height.value_or(default_height) / multiple * multiple};
 }

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dispatch/shape_string.h"
 #include "dispatch/status_macros.h"
 #include "runtime/sharding/checkpoint.h"
 
@@ -201,12 +202,8 @@ std::pair<at::Tensor, at::Tensor> JointAttentionImpl::forward(const at::Tensor& 
   const at::Tensor q = at::cat({txt_q, img_q}, 1).permute({0, 2, 1, 3});
   const at::Tensor k = at::cat({txt_k, img_k}, 1).permute({0, 2, 1, 3});
   const at::Tensor v = at::cat({txt_v, img_v}, 1).permute({0, 2, 1, 3});
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (mask.defined()) {
-    scores = scores.masked_fill(mask.logical_not().view({mask.size(0), 1, 1, mask.size(1)}),
-                                -std::numeric_limits<double>::infinity());
-  }
-  const at::Tensor joint = at::matmul(at::softmax(scores, -1), v).permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
+  const at::Tensor allowed = mask.defined() ? mask.view({mask.size(0), 1, 1, mask.size(1)}) : at::Tensor();
+  const at::Tensor joint = DotProductAttention(q, k, v, allowed).permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
   const int64_t text_length = text.size(1);
   return {to_out_->forward(joint.slice(1, text_length)), to_add_out_->forward(joint.slice(1, 0, text_length))};
 }
@@ -279,9 +276,7 @@ absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_stat
                                                    const at::Tensor& encoder_hidden_states,
                                                    const at::Tensor& text_mask, const at::Tensor& timestep,
                                                    const std::vector<SampleImages>& images) const {
-  auto shape = [](const at::Tensor& t) {
-    return t.defined() ? absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]") : std::string("undefined");
-  };
+  auto shape = [](const at::Tensor& t) { return t.defined() ? ShapeString(t.sizes()) : std::string("undefined"); };
   if (!hidden_states.defined() || hidden_states.dim() != 3 || hidden_states.size(2) != config_.in_channels) {
     return absl::InvalidArgumentError(absl::StrCat("transformer: hidden_states must be [B, S, ", config_.in_channels,
                                                    "], got ", shape(hidden_states)));

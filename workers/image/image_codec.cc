@@ -1,0 +1,140 @@
+#include "workers/image/image_codec.h"
+
+#include <ATen/ATen.h>
+
+#include <csetjmp>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <jpeglib.h>
+#include <png.h>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/shape_string.h"
+#include "dispatch/status_macros.h"
+
+namespace dray {
+namespace {
+
+absl::Status TooLarge(int64_t width, int64_t height, int64_t max_pixels) {
+  return absl::InvalidArgumentError(absl::StrCat("image is ", width, "x", height, "; at most ", max_pixels,
+                                                 " pixels are accepted"));
+}
+
+absl::StatusOr<at::Tensor> DecodePng(absl::string_view bytes, int64_t max_pixels) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("not a readable PNG: ", image.message));
+  }
+  if (static_cast<int64_t>(image.width) * image.height > max_pixels) {
+    png_image_free(&image);
+    return TooLarge(image.width, image.height, max_pixels);
+  }
+  image.format = PNG_FORMAT_RGB;
+  png_color black{0, 0, 0};
+  at::Tensor rgb = at::empty({image.height, image.width, 3}, at::kByte);
+  if (!png_image_finish_read(&image, &black, rgb.data_ptr<uint8_t>(), 0, nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("corrupt PNG: ", image.message));
+  }
+  return rgb;
+}
+
+struct JpegError {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void OnJpegError(j_common_ptr info) {
+  JpegError* error = reinterpret_cast<JpegError*>(info->err);
+  (*info->err->format_message)(info, error->message);
+  std::longjmp(error->jump, 1);
+}
+
+absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixels) {
+  jpeg_decompress_struct info{};
+  JpegError error{};
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = OnJpegError;
+  at::Tensor rgb;
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&info);
+    return absl::InvalidArgumentError(absl::StrCat("corrupt JPEG: ", error.message));
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(&info, TRUE);
+  if (static_cast<int64_t>(info.image_width) * info.image_height > max_pixels) {
+    const absl::Status status = TooLarge(info.image_width, info.image_height, max_pixels);
+    jpeg_destroy_decompress(&info);
+    return status;
+  }
+  info.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&info);
+  rgb = at::empty({info.output_height, info.output_width, 3}, at::kByte);
+  while (info.output_scanline < info.output_height) {
+    JSAMPROW row = rgb.data_ptr<uint8_t>() + static_cast<size_t>(info.output_scanline) * info.output_width * 3;
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_decompress(&info);
+  jpeg_destroy_decompress(&info);
+  return rgb;
+}
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels) {
+  if (bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {
+    return DecodePng(bytes, max_pixels);
+  }
+  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+      static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF) {
+    return DecodeJpeg(bytes, max_pixels);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
+}
+
+absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
+  if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || rgb.numel() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("PNG encoding needs a non-empty uint8 [H, W, 3] image, got ",
+                                                   c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
+  }
+  const at::Tensor pixels = rgb.contiguous();
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  image.width = static_cast<png_uint_32>(pixels.size(1));
+  image.height = static_cast<png_uint_32>(pixels.size(0));
+  image.format = PNG_FORMAT_RGB;
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data_ptr<uint8_t>(), 0, nullptr)) {
+    return absl::InternalError(absl::StrCat("PNG encoding failed: ", image.message));
+  }
+  std::string png(size, '\0');
+  if (!png_image_write_to_memory(&image, png.data(), &size, 0, pixels.data_ptr<uint8_t>(), 0, nullptr)) {
+    return absl::InternalError(absl::StrCat("PNG encoding failed: ", image.message));
+  }
+  png.resize(size);
+  return png;
+}
+
+absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read image ", path));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  absl::StatusOr<at::Tensor> image = DecodeImage(bytes.str());
+  if (!image.ok()) return absl::Status(image.status().code(), absl::StrCat(path, ": ", image.status().message()));
+  return image;
+}
+
+absl::Status WritePngFile(const std::string& path, const at::Tensor& rgb) {
+  DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
+  std::ofstream out(path, std::ios::binary);
+  out << png;
+  if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace dray

@@ -1,0 +1,39 @@
+// Decoding PNG and JPEG files into RGB tensors and encoding PNG, for what
+// users send (image bytes) and what dray returns.
+//
+//   DRAY_ASSIGN_OR_RETURN(at::Tensor rgb, DecodeImage(bytes));  // uint8 [H, W, 3]
+//   DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
+//
+// Grayscale, palette, 16-bit and alpha images become 8-bit RGB (alpha is
+// composited on black, as PIL's convert("RGB") drops it). Corrupt or
+// unsupported data is INVALID_ARGUMENT saying why; images larger than
+// `max_pixels` are refused before any pixel memory is allocated.
+#ifndef DRAY_WORKERS_IMAGE_IMAGE_CODEC_H_
+#define DRAY_WORKERS_IMAGE_IMAGE_CODEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dray {
+
+// kDefaultMaxPixels: 64 megapixels.
+inline constexpr int64_t kDefaultMaxPixels = int64_t{64} << 20;
+
+// DecodeImage reads PNG or JPEG bytes (recognized by their signature).
+absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels = kDefaultMaxPixels);
+
+// EncodePng writes an RGB image (uint8 [H, W, 3]) as PNG.
+absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb);
+
+// ReadImageFile and WritePngFile: the same, through files.
+absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path);
+absl::Status WritePngFile(const std::string& path, const at::Tensor& rgb);
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_IMAGE_IMAGE_CODEC_H_

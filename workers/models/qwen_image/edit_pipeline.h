@@ -1,0 +1,102 @@
+// QwenImageEditPipeline: an image and an instruction in, the edited image
+// out, as diffusers' QwenImageEditPipeline computes it:
+//
+//   1. resize the input to about image_size^2 pixels (CalculateDimensions,
+//      Lanczos), keeping its aspect ratio;
+//   2. encode the instruction with Qwen2.5-VL, which also sees the image
+//      (the edit chat template; the system turn's states dropped); the
+//      negative prompt likewise when classifier-free guidance is on;
+//   3. VAE-encode the resized image (mode, normalized, 2x2-packed);
+//   4. from seeded Gaussian noise, denoise with the transformer over
+//      [noisy tokens, image tokens], with true CFG (rescaled to the
+//      conditional prediction's norm) when true_cfg_scale > 1 and a
+//      negative prompt is given, stepping the shifted flow-matching schedule;
+//   5. unpack, de-normalize and VAE-decode to an 8-bit RGB image.
+//
+//   DRAY_ASSIGN_OR_RETURN(QwenImageModel model, LoadQwenImageModel(dir, at::kFloat));
+//   QwenImageEditPipeline pipeline(std::move(model));
+//   DRAY_ASSIGN_OR_RETURN(auto images, pipeline.Edit({{rgb, "make the sky green", /*seed=*/7}}, options));
+//
+// Each row's noise comes from its own seed, so a row's result does not
+// depend on which rows share its batch. Rows with images of one size are
+// denoised together as one batch.
+//
+// Thread-safety: not thread-safe (the models are not).
+#ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
+#define DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "workers/models/qwen_image/model.h"
+
+namespace dray::qwen_image {
+
+struct EditInput {
+  at::Tensor image;  // RGB, uint8 [H, W, 3]
+  std::string instruction;
+  uint64_t seed = 0;  // this row's noise
+};
+
+struct EditOptions {
+  int num_inference_steps = 50;
+  double true_cfg_scale = 4.0;
+  // Guidance runs only with a negative prompt and true_cfg_scale > 1
+  // (diffusers: " " is a common negative prompt).
+  std::optional<std::string> negative_prompt;
+  // The input is resized to about image_size^2 pixels (diffusers: 1024).
+  int64_t image_size = 1024;
+  // Output size; each defaults to the resized input's, and is floored to a
+  // multiple of 2 x the VAE's scale factor.
+  std::optional<int64_t> width, height;
+};
+
+// ProgressCallback: called after each denoising step of each batch.
+using ProgressCallback = std::function<void(int step, int steps)>;
+
+// PromptEmbeddings: the transformer's text input for a batch.
+struct PromptEmbeddings {
+  at::Tensor embeds;  // [B, L, hidden], zero past each prompt's end
+  at::Tensor mask;    // int64 [B, L]: 1 for real tokens
+};
+
+class QwenImageEditPipeline {
+ public:
+  explicit QwenImageEditPipeline(QwenImageModel model);
+
+  // EncodePrompts encodes each instruction with its image (uint8 [H, W, 3],
+  // already resized as step 1 does) through the edit template.
+  absl::StatusOr<PromptEmbeddings> EncodePrompts(const std::vector<std::string>& instructions,
+                                                 const std::vector<at::Tensor>& images);
+
+  // Edit returns one uint8 [height, width, 3] image per input, in order.
+  absl::StatusOr<std::vector<at::Tensor>> Edit(const std::vector<EditInput>& inputs, const EditOptions& options,
+                                               const ProgressCallback& progress = nullptr);
+
+  QwenImageModel& model() { return model_; }
+  // vae_scale_factor: pixels per latent along each side.
+  int64_t vae_scale_factor() const;
+
+ private:
+  // EditBatch edits rows whose images share one size.
+  absl::StatusOr<std::vector<at::Tensor>> EditBatch(const std::vector<const EditInput*>& rows,
+                                                    const EditOptions& options, const ProgressCallback& progress);
+  // Denoise runs the flow-matching loop from packed noise.
+  absl::StatusOr<at::Tensor> Denoise(at::Tensor latents, const at::Tensor& image_latents,
+                                     const PromptEmbeddings& prompt, const PromptEmbeddings* negative,
+                                     const std::vector<SampleImages>& shapes, const EditOptions& options,
+                                     const ProgressCallback& progress);
+
+  QwenImageModel model_;
+  int64_t dropped_tokens_;  // template tokens whose hidden states are dropped
+};
+
+}  // namespace dray::qwen_image
+
+#endif  // DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
