@@ -1,4 +1,4 @@
-// `dray init-model` and `dray parity`, run as a user would run them.
+// `dray init-model`, `dray edit` and `dray parity`, run as a user would run them.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/safetensors.h"
+#include "workers/image/image_codec.h"
 #include "tests/models/reference.h"
 #include "tests/runtime/test_util.h"
 
@@ -38,10 +39,55 @@ TEST(ModelCliTest, InitModelWritesADiffusersDirectory) {
   EXPECT_THAT(output, HasSubstr("wrote a random tiny Qwen-Image-Edit model (seed 3)"));
   for (const char* file : {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
                            "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
-                           "vae/diffusion_pytorch_model.safetensors"}) {
+                           "vae/diffusion_pytorch_model.safetensors", "text_encoder/config.json",
+                           "text_encoder/model.safetensors", "tokenizer/tokenizer.json",
+                           "processor/preprocessor_config.json"}) {
     EXPECT_TRUE(fs::exists(out / file)) << file;
   }
   EXPECT_NE(RunDray("init-model --preset enormous --out /tmp/x").first, 0);
+}
+
+// WriteTestImage writes a 50x30 gradient PNG.
+std::string WriteTestImage(const std::string& name) {
+  const std::string path = (fs::path(std::getenv("TEST_TMPDIR")) / name).string();
+  const at::Tensor image = at::arange(50 * 30 * 3, at::kLong).remainder(256).to(at::kByte).view({30, 50, 3});
+  EXPECT_TRUE(WritePngFile(path, image).ok());
+  return path;
+}
+
+TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
+  const std::string in = WriteTestImage("in.png");
+  const std::string out = (fs::path(std::getenv("TEST_TMPDIR")) / "out.png").string();
+  const std::string args = absl::StrCat("edit --image ", in, " --instruction 'make it blue' --out ", out,
+                                        " --steps 3 --image-size 64 --seed 5");
+  const auto [code, output] = RunDray(args);
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("tiny (embedded default), 3 steps"));
+  EXPECT_THAT(output, HasSubstr("step 3/3"));
+  absl::StatusOr<at::Tensor> edited = ReadImageFile(out);
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  // 4096 pixels at 50:30 -> CalculateDimensions gives 96 x 64... floored to multiples of 8.
+  EXPECT_EQ(edited->size(2), 3);
+  EXPECT_EQ(edited->size(1) % 8, 0);
+  EXPECT_GT(edited->size(1), edited->size(0));
+  // The same seed gives the same image.
+  const at::Tensor first = *edited;
+  ASSERT_EQ(RunDray(args).first, 0);
+  EXPECT_TRUE(ReadImageFile(out)->equal(first));
+}
+
+TEST(ModelCliTest, EditRejectsBadInputClearly) {
+  const auto [code, output] = RunDray("edit --image /nonexistent.png --instruction x --out /tmp/never.png");
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(output, HasSubstr("cannot read image /nonexistent.png"));
+  const std::string text = (fs::path(std::getenv("TEST_TMPDIR")) / "not_an_image.png").string();
+  std::FILE* file = std::fopen(text.c_str(), "w");
+  std::fputs("hello", file);
+  std::fclose(file);
+  const auto [bad_code, bad_output] = RunDray(absl::StrCat("edit --image ", text, " --instruction x --out /tmp/never.png"));
+  EXPECT_EQ(bad_code, 1);
+  EXPECT_THAT(bad_output, HasSubstr("neither PNG nor JPEG"));
+  EXPECT_NE(RunDray("edit --instruction x --out y.png").first, 0);  // --image is required
 }
 
 TEST(ModelCliTest, ParityPassesOnTheDiffusersReference) {
