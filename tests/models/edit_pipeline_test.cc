@@ -8,12 +8,15 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "dispatch/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/safetensors.h"
+#include "workers/models/layers.h"
 #include "workers/models/qwen2_vl/image_processor.h"
 #include "workers/models/qwen2_vl/text_encoder.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
@@ -113,6 +116,30 @@ TEST(TextEncoderTest, RealConfigBuildsOnTheMetaDeviceWithAbout8Point3BParameters
   DRAY_ASSERT_OK_AND_ASSIGN(JsonConfig json, JsonConfig::Parse(config.ToJson(), "config.json"));
   DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::TextEncoderConfig reread, qwen2_vl::TextEncoderConfig::FromJson(std::move(json)));
   EXPECT_EQ(reread.ToJson(), config.ToJson());
+}
+
+TEST(TextEncoderTest, LoadsCheckpointsOfEitherTransformersLayout) {
+  // transformers >= 4.52 saves model.language_model.* and model.visual.*.
+  qwen2_vl::TextEncoderConfig config = PresetNamed("tiny")->text_encoder;
+  const at::TensorOptions float32 = at::TensorOptions().dtype(at::kFloat);
+  qwen2_vl::Qwen25VLTextEncoder saved(config, float32, qwen2_vl::WeightLayout::kLanguageModel);
+  InitializeLikePyTorch(*saved, at::make_generator<at::CPUGeneratorImpl>(1));
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / "new_layout";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.ToJson();
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& parameter : saved->named_parameters()) tensors.emplace_back(parameter.key(), parameter.value());
+  ASSERT_TRUE(tensors.front().first.rfind("model.", 0) == 0 || tensors.front().first == "lm_head.weight");
+  DRAY_ASSERT_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::Qwen25VLTextEncoder loaded, qwen2_vl::LoadTextEncoder(dir.string(), float32));
+  const auto names = loaded->named_parameters();
+  const std::string embed = "model.language_model.embed_tokens.weight";
+  ASSERT_TRUE(names.contains(embed));
+  EXPECT_TRUE(names[embed].equal(saved->named_parameters()[embed]));
+  // A checkpoint missing a tensor names it.
+  tensors.pop_back();
+  DRAY_ASSERT_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
+  EXPECT_THAT(qwen2_vl::LoadTextEncoder(dir.string(), float32), StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1")));
 }
 
 TEST(TextEncoderTest, ConfigErrorsNameTheKey) {

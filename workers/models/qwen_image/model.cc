@@ -99,6 +99,28 @@ absl::Status WriteTokenizer(const fs::path& dir, int merges, qwen2_vl::TextEncod
   return WriteText(dir / "tokenizer.json", tokenizer.ToJson());
 }
 
+// ReducedTextEncoder: Qwen2.5-VL's layout at a small width: two decoder
+// layers and two vision blocks (the second with full attention), MLPs twice
+// as wide as their blocks.
+qwen2_vl::TextEncoderConfig ReducedTextEncoder(int64_t hidden, int64_t heads, int64_t kv_heads,
+                                               std::vector<int64_t> mrope_section, int64_t vision_hidden,
+                                               int64_t window_size) {
+  qwen2_vl::TextEncoderConfig text;
+  text.num_hidden_layers = 2;
+  text.hidden_size = text.vision.out_hidden_size = hidden;
+  text.intermediate_size = 2 * hidden;
+  text.num_attention_heads = heads;
+  text.num_key_value_heads = kv_heads;
+  text.mrope_section = std::move(mrope_section);
+  text.vision.depth = 2;
+  text.vision.fullatt_block_indexes = {1};
+  text.vision.hidden_size = vision_hidden;
+  text.vision.intermediate_size = 2 * vision_hidden;
+  text.vision.num_heads = 2;
+  text.vision.window_size = window_size;
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options) {
@@ -138,22 +160,10 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
   ModelPreset preset;
   preset.scheduler = FlowMatchEulerConfig::QwenImage();
   if (name == "real") return preset;
-  qwen2_vl::TextEncoderConfig& text = preset.text_encoder;
-  qwen2_vl::VisionConfig& vision = text.vision;
-  vision.depth = 2;
-  vision.fullatt_block_indexes = {1};
-  text.num_hidden_layers = 2;
   if (name == "tiny") {
     preset.tokenizer_merges = 200;
-    text.hidden_size = vision.out_hidden_size = 16;
-    text.intermediate_size = 32;
-    text.num_attention_heads = 2;
-    text.num_key_value_heads = 1;
-    text.mrope_section = {2, 1, 1};
-    vision.hidden_size = 16;
-    vision.intermediate_size = 32;
-    vision.num_heads = 2;
-    vision.window_size = 56;
+    preset.text_encoder = ReducedTextEncoder(/*hidden=*/16, /*heads=*/2, /*kv_heads=*/1, {2, 1, 1},
+                                             /*vision_hidden=*/16, /*window_size=*/56);
     preset.transformer = {2, 16, 4, 2, 16, 3, 16, {8, 4, 4}, false};
     preset.vae.base_dim = 24;
     preset.vae.z_dim = 4;
@@ -166,14 +176,8 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
   }
   if (name == "small") {
     preset.tokenizer_merges = 400;
-    text.hidden_size = vision.out_hidden_size = 48;
-    text.intermediate_size = 96;
-    text.num_attention_heads = 4;
-    text.num_key_value_heads = 2;
-    text.mrope_section = {2, 2, 2};
-    vision.hidden_size = 32;
-    vision.intermediate_size = 64;
-    vision.num_heads = 2;
+    preset.text_encoder = ReducedTextEncoder(/*hidden=*/48, /*heads=*/4, /*kv_heads=*/2, {2, 2, 2},
+                                             /*vision_hidden=*/32, /*window_size=*/112);
     preset.transformer = {2, 64, 16, 3, 32, 4, 48, {8, 12, 12}, false};
     preset.vae.base_dim = 12;
     return preset;
