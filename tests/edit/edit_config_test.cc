@@ -1,0 +1,92 @@
+// ImageEditConfig: the seeds' YAML layout, dotted overrides, and errors
+// that name the key (listing the valid ones for an unknown key).
+#include "workers/edit/edit_config.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "dispatch/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string WriteYaml(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::path(std::getenv("TEST_TMPDIR")) / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ImageEditConfigTest, ReadsTheFileThenOverrides) {
+  const std::string path = WriteYaml("job.yaml", R"(
+worker:
+  image_edit:
+    model_path: /models/qwen-image-edit
+    enable_fsdp: true
+    fsdp_sharding_strategy: SHARD_GRAD_OP
+    torch_dtype: bfloat16
+    batch_size: 8
+    true_cfg_scale: 3.5
+    negative_prompt: "blurry"
+    device: cuda
+)");
+  DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig config,
+                            ImageEditConfig::Load(path, {"worker.image_edit.batch_size=2",
+                                                         "worker.image_edit.enable_cpu_offload=true"}));
+  EXPECT_EQ(config.model_path, "/models/qwen-image-edit");
+  EXPECT_TRUE(config.enable_fsdp);
+  EXPECT_EQ(config.fsdp_sharding_strategy, "SHARD_GRAD_OP");
+  EXPECT_EQ(config.torch_dtype, "bfloat16");
+  EXPECT_EQ(config.batch_size, 2);  // the override wins
+  EXPECT_TRUE(config.enable_cpu_offload);
+  EXPECT_DOUBLE_EQ(config.true_cfg_scale, 3.5);
+  EXPECT_EQ(config.negative_prompt, "blurry");
+  EXPECT_EQ(config.num_inference_steps, 50);  // untouched default
+  // The resolved configuration reads back as itself.
+  const std::string resolved = WriteYaml("resolved.yaml", config.ToYaml());
+  DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig reread, ImageEditConfig::Load(resolved, {}));
+  EXPECT_EQ(reread.ToYaml(), config.ToYaml());
+}
+
+TEST(ImageEditConfigTest, DefaultsNeedNoFile) {
+  DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig config, ImageEditConfig::Load("", {}));
+  EXPECT_TRUE(config.model_path.empty());
+  EXPECT_THAT(config.ToYaml(), HasSubstr("image_edit:"));
+}
+
+TEST(ImageEditConfigTest, UnknownKeysListTheValidOnes) {
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batchsize=2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown key worker.image_edit.batchsize; valid keys: model_path, enable_fsdp")));
+  const std::string path = WriteYaml("bad_key.yaml", "worker:\n  image_edit:\n    steps: 3\n");
+  EXPECT_THAT(ImageEditConfig::Load(path, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps")));
+  const std::string top = WriteYaml("bad_top.yaml", "trainer:\n  epochs: 3\n");
+  EXPECT_THAT(ImageEditConfig::Load(top, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key trainer; valid keys: worker")));
+}
+
+TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.enable_fsdp=maybe"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("enable_fsdp must be true or false")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batch_size=[1, 2]"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be an integer")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batch_size=0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float8"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("torch_dtype")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.fsdp_sharding_strategy=HALF"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fsdp_sharding_strategy")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"batch_size=2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must read worker.image_edit.KEY=VALUE")));
+  EXPECT_THAT(ImageEditConfig::Load("/nonexistent.yaml", {}), StatusIs(absl::StatusCode::kNotFound));
+  const std::string broken = WriteYaml("broken.yaml", "worker: [unclosed\n");
+  EXPECT_THAT(ImageEditConfig::Load(broken, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid YAML")));
+}
+
+}  // namespace
+}  // namespace dray

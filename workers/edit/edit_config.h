@@ -1,0 +1,54 @@
+// ImageEditConfig: the `worker.image_edit` section of a job's YAML file, the
+// keys dray's image-edit worker and service read, with command-line
+// overrides in the same dotted form:
+//
+//   worker:
+//     image_edit:
+//       model_path: /models/Qwen-Image-Edit
+//       enable_fsdp: true
+//       num_inference_steps: 30
+//
+//   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config,
+//       ImageEditConfig::Load("job.yaml", {"worker.image_edit.batch_size=8"}));
+//   std::cout << config.ToYaml();  // the resolved configuration
+//
+// An unknown key, a wrong type or an out-of-range value is INVALID_ARGUMENT
+// naming the key (and, for unknown keys, listing the valid ones).
+#ifndef DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
+#define DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dray {
+
+struct ImageEditConfig {
+  std::string model_path;          // empty: the embedded tiny model
+  bool enable_fsdp = false;        // shard transformer and text encoder by block
+  std::string fsdp_sharding_strategy = "FULL_SHARD";
+  bool fsdp_cpu_offload = false;   // keep sharded parameters on the CPU
+  bool fsdp_sync_module_states = true;  // rank 0 loads, the others receive
+  bool enable_cpu_offload = false;  // parameters on the CPU between calls
+  std::string torch_dtype = "float32";  // float32, bfloat16 or float16
+  int64_t batch_size = 4;          // rows per worker call; the service batches up to this
+  int64_t image_size = 1024;       // work at about image_size^2 pixels
+  double true_cfg_scale = 4.0;
+  int64_t num_inference_steps = 50;
+  std::string negative_prompt = " ";  // empty: no guidance
+  int64_t seed = 42;
+  std::string device = "cpu";      // cpu, cuda or cuda:N
+
+  // Load reads `yaml_path` (none when empty), then applies `overrides`
+  // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.
+  static absl::StatusOr<ImageEditConfig> Load(const std::string& yaml_path,
+                                              const std::vector<std::string>& overrides);
+  // ToYaml writes the configuration in the file layout, every key present.
+  std::string ToYaml() const;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
