@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <csetjmp>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -53,34 +54,44 @@ void OnJpegError(j_common_ptr info) {
   std::longjmp(error->jump, 1);
 }
 
+// DecodeJpeg keeps no C++ object with a destructor alive across libjpeg
+// calls: libjpeg's errors longjmp back to setjmp, skipping destructors. The
+// pixels live in a malloc'd buffer until decoding has finished.
 absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixels) {
   jpeg_decompress_struct info{};
   JpegError error{};
   info.err = jpeg_std_error(&error.manager);
   error.manager.error_exit = OnJpegError;
-  at::Tensor rgb;
+  uint8_t* volatile pixels = nullptr;
   if (setjmp(error.jump)) {
     jpeg_destroy_decompress(&info);
+    std::free(pixels);
     return absl::InvalidArgumentError(absl::StrCat("corrupt JPEG: ", error.message));
   }
   jpeg_create_decompress(&info);
   jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   jpeg_read_header(&info, TRUE);
-  if (static_cast<int64_t>(info.image_width) * info.image_height > max_pixels) {
-    const absl::Status status = TooLarge(info.image_width, info.image_height, max_pixels);
+  const int64_t width = info.image_width, height = info.image_height;
+  if (width * height > max_pixels) {
     jpeg_destroy_decompress(&info);
-    return status;
+    return TooLarge(width, height, max_pixels);
   }
   info.out_color_space = JCS_RGB;
   jpeg_start_decompress(&info);
-  rgb = at::empty({info.output_height, info.output_width, 3}, at::kByte);
+  const size_t stride = static_cast<size_t>(info.output_width) * 3;
+  pixels = static_cast<uint8_t*>(std::malloc(stride * info.output_height));
+  if (pixels == nullptr) {
+    jpeg_destroy_decompress(&info);
+    return absl::ResourceExhaustedError(absl::StrCat("no memory for a ", width, "x", height, " image"));
+  }
   while (info.output_scanline < info.output_height) {
-    JSAMPROW row = rgb.data_ptr<uint8_t>() + static_cast<size_t>(info.output_scanline) * info.output_width * 3;
+    JSAMPROW row = pixels + info.output_scanline * stride;
     jpeg_read_scanlines(&info, &row, 1);
   }
+  const int64_t out_height = info.output_height, out_width = info.output_width;
   jpeg_finish_decompress(&info);
   jpeg_destroy_decompress(&info);
-  return rgb;
+  return at::from_blob(pixels, {out_height, out_width, 3}, [](void* data) { std::free(data); }, at::kByte);
 }
 
 }  // namespace
