@@ -24,6 +24,7 @@
 #include "runtime/bench/actor_bench.h"
 #include "runtime/worker_process.h"
 #include "workers/bench/sharding_bench.h"
+#include "workers/edit/image_edit_worker.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
@@ -42,6 +43,7 @@ std::string SelfPath() {
 WorkerClassRegistry WorkerClasses() {
   WorkerClassRegistry classes;
   RegisterBenchWorkers(&classes);
+  classes.Add<QwenImageEditWorker>(kImageEditRole);
   return classes;
 }
 

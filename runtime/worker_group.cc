@@ -118,6 +118,17 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     return addresses;
   }
   const std::string& controller_address() const { return controller_address_; }
+  absl::Status Health() {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
+    for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
+      if (exits_[rank].has_value()) {
+        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ", processes_[rank]->pid(), ") ",
+                                                   exits_[rank]->ToString()));
+      }
+    }
+    return absl::OkStatus();
+  }
   std::vector<pid_t> pids() const {
     std::vector<pid_t> pids;
     for (const auto& process : processes_) pids.push_back(process ? process->pid() : -1);
@@ -347,6 +358,8 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceS
 void WorkerGroup::Shutdown() { impl_->Stop(); }
 
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
+
+absl::Status WorkerGroup::Health() const { return impl_->Health(); }
 
 std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
 

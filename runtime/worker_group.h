@@ -122,6 +122,11 @@ class WorkerGroup {
   // what is left. Later calls fail with FAILED_PRECONDITION. Idempotent.
   void Shutdown();
 
+  // Health is OK while every worker process runs; otherwise UNAVAILABLE
+  // naming the first rank that exited and its exit status or signal (or
+  // saying that the group has shut down).
+  absl::Status Health() const;
+
   // pids returns the worker processes' ids, by rank.
   std::vector<pid_t> pids() const;
 

@@ -51,12 +51,23 @@ worker:
   const std::string resolved = WriteYaml("resolved.yaml", config.ToYaml());
   DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig reread, ImageEditConfig::Load(resolved, {}));
   EXPECT_EQ(reread.ToYaml(), config.ToYaml());
+  DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig from_text, ImageEditConfig::FromYaml(config.ToYaml()));
+  EXPECT_EQ(from_text.ToYaml(), config.ToYaml());
 }
 
-TEST(ImageEditConfigTest, DefaultsNeedNoFile) {
+TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSize) {
   DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig config, ImageEditConfig::Load("", {}));
   EXPECT_TRUE(config.model_path.empty());
+  EXPECT_EQ(config.num_inference_steps, kEmbeddedSteps);
+  EXPECT_EQ(config.image_size, kEmbeddedImageSize);
   EXPECT_THAT(config.ToYaml(), HasSubstr("image_edit:"));
+  // Keys that are set keep their values; a model path brings the full defaults back.
+  DRAY_ASSERT_OK_AND_ASSIGN(config, ImageEditConfig::Load("", {"worker.image_edit.num_inference_steps=3"}));
+  EXPECT_EQ(config.num_inference_steps, 3);
+  EXPECT_EQ(config.image_size, kEmbeddedImageSize);
+  DRAY_ASSERT_OK_AND_ASSIGN(config, ImageEditConfig::Load("", {"worker.image_edit.model_path=/m"}));
+  EXPECT_EQ(config.num_inference_steps, 50);
+  EXPECT_EQ(config.image_size, 1024);
 }
 
 TEST(ImageEditConfigTest, UnknownKeysListTheValidOnes) {
@@ -86,6 +97,8 @@ TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
   EXPECT_THAT(ImageEditConfig::Load("/nonexistent.yaml", {}), StatusIs(absl::StatusCode::kNotFound));
   const std::string broken = WriteYaml("broken.yaml", "worker: [unclosed\n");
   EXPECT_THAT(ImageEditConfig::Load(broken, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid YAML")));
+  EXPECT_THAT(ImageEditConfig::FromYaml("worker:\n  image_edit:\n    seed: -1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seed must be >= 0")));
 }
 
 }  // namespace

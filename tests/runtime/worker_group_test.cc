@@ -267,6 +267,7 @@ TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
 
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 4}, {"test"}));
+  DRAY_EXPECT_OK(group->Health());
   const DataProto slow = DataProto::Make({}, {}, {{"ms", int64_t{20000}}}).value();
   absl::StatusOr<std::vector<DataProto>> result;
   absl::Time returned;
@@ -287,6 +288,7 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   EXPECT_THAT(group->Call("identity", {}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
   EXPECT_THAT(HealthOf(group->worker_addresses()[2]), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(group->Health(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
   const std::vector<pid_t> pids = group->pids();
   group->Shutdown();
   for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // every process reaped

@@ -68,22 +68,15 @@ absl::Status Set(ImageEditConfig& config, const std::string& key, const YAML::No
                                                  absl::StrJoin(names, ", ")));
 }
 
-// ReadFile applies the `worker: image_edit:` section of a YAML file.
-absl::Status ReadFile(const std::string& path, ImageEditConfig& config) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid YAML: ", e.what()));
-  }
+// ApplyDocument applies the `worker: image_edit:` section of a YAML
+// document; errors name `where` (a file, or "config").
+absl::Status ApplyDocument(const YAML::Node& root, const std::string& where, ImageEditConfig& config) {
   if (root.IsNull()) return absl::OkStatus();
-  auto only = [&](const YAML::Node& node, const char* key, const std::string& where) -> absl::Status {
-    if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", where, " must be a mapping"));
+  auto only = [&](const YAML::Node& node, const char* key, const std::string& path) -> absl::Status {
+    if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", path, " must be a mapping"));
     for (const auto& entry : node) {
       if (entry.first.as<std::string>() != key) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": unknown key ", where.empty() ? "" : where + ".",
+        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key ", path.empty() ? "" : path + ".",
                                                        entry.first.as<std::string>(), "; valid keys: ", key));
       }
     }
@@ -93,12 +86,24 @@ absl::Status ReadFile(const std::string& path, ImageEditConfig& config) {
   DRAY_RETURN_IF_ERROR(only(root["worker"], "image_edit", "worker"));
   const YAML::Node section = root["worker"]["image_edit"];
   if (section.IsNull()) return absl::OkStatus();
-  if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", kSection, " must be a mapping"));
+  if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kSection, " must be a mapping"));
   for (const auto& entry : section) {
     absl::Status set = Set(config, entry.first.as<std::string>(), entry.second);
-    if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", set.message()));
+    if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", set.message()));
   }
   return absl::OkStatus();
+}
+
+// ParseYaml reads a YAML document from `text` (a file when `is_path`).
+absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, bool is_path) {
+  const std::string where = is_path ? text : "config";
+  try {
+    return is_path ? YAML::LoadFile(text) : YAML::Load(text);
+  } catch (const YAML::BadFile&) {
+    return absl::NotFoundError(absl::StrCat("cannot read config file ", text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid YAML: ", e.what()));
+  }
 }
 
 absl::Status ApplyOverride(const std::string& text, ImageEditConfig& config) {
@@ -141,9 +146,28 @@ absl::Status Validate(const ImageEditConfig& c) {
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_path,
                                                       const std::vector<std::string>& overrides) {
+  YAML::Node document;
+  if (!yaml_path.empty()) {
+    DRAY_ASSIGN_OR_RETURN(document, ParseYaml(yaml_path, /*is_path=*/true));
+  }
+  auto resolve = [&](ImageEditConfig config) -> absl::StatusOr<ImageEditConfig> {
+    DRAY_RETURN_IF_ERROR(ApplyDocument(document, yaml_path, config));
+    for (const std::string& text : overrides) DRAY_RETURN_IF_ERROR(ApplyOverride(text, config));
+    DRAY_RETURN_IF_ERROR(Validate(config));
+    return config;
+  };
+  DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, resolve(ImageEditConfig()));
+  if (!config.model_path.empty()) return config;
+  ImageEditConfig embedded;  // what the tiny model needs: unset keys take these instead
+  embedded.num_inference_steps = kEmbeddedSteps;
+  embedded.image_size = kEmbeddedImageSize;
+  return resolve(embedded);
+}
+
+absl::StatusOr<ImageEditConfig> ImageEditConfig::FromYaml(const std::string& text) {
+  DRAY_ASSIGN_OR_RETURN(YAML::Node document, ParseYaml(text, /*is_path=*/false));
   ImageEditConfig config;
-  if (!yaml_path.empty()) DRAY_RETURN_IF_ERROR(ReadFile(yaml_path, config));
-  for (const std::string& text : overrides) DRAY_RETURN_IF_ERROR(ApplyOverride(text, config));
+  DRAY_RETURN_IF_ERROR(ApplyDocument(document, "config", config));
   DRAY_RETURN_IF_ERROR(Validate(config));
   return config;
 }

@@ -12,6 +12,10 @@
 //       ImageEditConfig::Load("job.yaml", {"worker.image_edit.batch_size=8"}));
 //   std::cout << config.ToYaml();  // the resolved configuration
 //
+// With no model_path, dray runs its embedded default, the tiny model that
+// `dray init-model --preset tiny` writes; keys the file and overrides leave
+// unset then default to what suits it (20 steps at 256^2, not 50 at 1024^2).
+//
 // An unknown key, a wrong type or an out-of-range value is INVALID_ARGUMENT
 // naming the key (and, for unknown keys, listing the valid ones).
 #ifndef DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
@@ -24,6 +28,10 @@
 #include "absl/status/statusor.h"
 
 namespace dray {
+
+// The embedded default's step count and working size.
+inline constexpr int64_t kEmbeddedSteps = 20;
+inline constexpr int64_t kEmbeddedImageSize = 256;
 
 struct ImageEditConfig {
   std::string model_path;          // empty: the embedded tiny model
@@ -45,6 +53,9 @@ struct ImageEditConfig {
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.
   static absl::StatusOr<ImageEditConfig> Load(const std::string& yaml_path,
                                               const std::vector<std::string>& overrides);
+  // FromYaml reads a document in the file layout (what ToYaml writes: how
+  // the controller hands its resolved configuration to workers).
+  static absl::StatusOr<ImageEditConfig> FromYaml(const std::string& text);
   // ToYaml writes the configuration in the file layout, every key present.
   std::string ToYaml() const;
 };

@@ -43,6 +43,11 @@ class DeferredAllocation {
   bool previous_;
 };
 
+// Weights: whether a loader reads a model's weights, or builds the model
+// shape-only (under DeferredAllocation) for a rank that receives its
+// weights from rank 0 instead.
+enum class Weights { kRead, kShapeOnly };
+
 // NewParameter returns an uninitialized tensor for a layer's parameter,
 // shape-only under DeferredAllocation (runtime/tensor_storage.h).
 at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options);

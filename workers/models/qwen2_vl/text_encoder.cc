@@ -499,12 +499,17 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
   return norm_->forward(x);
 }
 
-absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options) {
+absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options,
+                                                    Weights weights) {
   DRAY_ASSIGN_OR_RETURN(TextEncoderConfig config, TextEncoderConfig::FromFile(dir + "/config.json"));
   DRAY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
   const WeightLayout layout = checkpoint.contains("model.language_model.embed_tokens.weight")
                                   ? WeightLayout::kLanguageModel
                                   : WeightLayout::kLegacy;
+  if (weights == Weights::kShapeOnly) {
+    DeferredAllocation deferred;
+    return Qwen25VLTextEncoder(std::move(config), options, layout);
+  }
   Qwen25VLTextEncoder encoder(std::move(config), options, layout);
   absl::Status loaded = LoadStateDict(*encoder, checkpoint);
   if (!loaded.ok()) return absl::Status(loaded.code(), absl::StrCat(dir, ": ", loaded.message()));

@@ -190,8 +190,10 @@ TORCH_MODULE(Qwen25VLTextEncoder);
 
 // LoadTextEncoder builds the text encoder of `dir` (a transformers
 // directory: config.json and safetensors) in `options` and loads its
-// weights, whichever WeightLayout they use.
-absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options);
+// weights, whichever WeightLayout they use (or, with Weights::kShapeOnly,
+// builds it shape-only in the checkpoint's layout).
+absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options,
+                                                    Weights weights = Weights::kRead);
 
 }  // namespace dray::qwen2_vl
 

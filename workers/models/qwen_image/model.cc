@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -123,7 +124,8 @@ qwen2_vl::TextEncoderConfig ReducedTextEncoder(int64_t hidden, int64_t heads, in
 
 }  // namespace
 
-absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options) {
+absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options,
+                                                  Weights weights) {
   DRAY_RETURN_IF_ERROR(CheckModelIndex(dir));
   const fs::path root(dir);
   QwenImageModel model;
@@ -136,13 +138,20 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
     return absl::InvalidArgumentError(absl::StrCat(dir, ": the transformer predicts ", transformer.out_channels,
                                                    " latent channels, the VAE has z_dim ", vae.z_dim));
   }
-  model.transformer = QwenImageTransformer(transformer, options);
-  model.vae = AutoencoderKLQwenImage(vae, options);
-  DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights, Checkpoint::Open((root / "transformer").string()));
-  DRAY_RETURN_IF_ERROR(LoadStateDict(*model.transformer, transformer_weights));
-  DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, Checkpoint::Open((root / "vae").string()));
-  DRAY_RETURN_IF_ERROR(LoadStateDict(*model.vae, vae_weights));
-  DRAY_ASSIGN_OR_RETURN(model.text_encoder, qwen2_vl::LoadTextEncoder((root / "text_encoder").string(), options));
+  {
+    std::optional<DeferredAllocation> deferred;
+    if (weights == Weights::kShapeOnly) deferred.emplace();
+    model.transformer = QwenImageTransformer(transformer, options);
+    model.vae = AutoencoderKLQwenImage(vae, options);
+  }
+  if (weights == Weights::kRead) {
+    DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights, Checkpoint::Open((root / "transformer").string()));
+    DRAY_RETURN_IF_ERROR(LoadStateDict(*model.transformer, transformer_weights));
+    DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, Checkpoint::Open((root / "vae").string()));
+    DRAY_RETURN_IF_ERROR(LoadStateDict(*model.vae, vae_weights));
+  }
+  DRAY_ASSIGN_OR_RETURN(model.text_encoder,
+                        qwen2_vl::LoadTextEncoder((root / "text_encoder").string(), options, weights));
   if (model.text_encoder->config().hidden_size != transformer.joint_attention_dim) {
     return absl::InvalidArgumentError(absl::StrCat(dir, ": the text encoder's hidden_size ",
                                                    model.text_encoder->config().hidden_size,

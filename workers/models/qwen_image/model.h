@@ -45,8 +45,11 @@ struct QwenImageModel {
 };
 
 // LoadQwenImageModel reads `dir`, building the models in `options` (dtype,
-// device) and loading their weights (converted to that dtype).
-absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options);
+// device) and loading their weights (converted to that dtype); with
+// Weights::kShapeOnly it reads only the configs and builds every model
+// shape-only, for a rank that receives the weights from rank 0.
+absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options,
+                                                  Weights weights = Weights::kRead);
 
 // ModelPreset: the configuration of a model directory to write.
 struct ModelPreset {

@@ -1,0 +1,113 @@
+// QwenImageEditWorker end to end: real `dray worker` processes on the tiny
+// model, driven by ImageEditController over gRPC, compared with the edit
+// pipeline run in this process.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "dispatch/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/edit/edit_test_util.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/edit/image_edit_controller.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class ImageEditWorkerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { controller_ = StartTestController(TestConfig(), 2).value().release(); }
+  static void TearDownTestSuite() { delete controller_; }
+  static ImageEditController* controller_;
+};
+ImageEditController* ImageEditWorkerTest::controller_ = nullptr;
+
+TEST_F(ImageEditWorkerTest, InitModelRanOnEveryRank) {
+  ASSERT_EQ(controller_->init_results().size(), 2u);
+  for (int rank = 0; rank < 2; ++rank) {
+    const DataProto& result = controller_->init_results()[rank];
+    EXPECT_EQ(result.GetMeta<int64_t>("rank").value(), rank);
+    EXPECT_GT(result.GetMeta<int64_t>("parameter_bytes").value(), 0);
+  }
+}
+
+TEST_F(ImageEditWorkerTest, FiveImagesOverTwoWorkersKeepTheirOrder) {
+  const TestBatch batch = MakeTestBatch(5);
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller_->Edit(batch.data));
+  ASSERT_EQ(edited.size(), 5);  // the padding row is not returned
+  const std::vector<at::Tensor> expected = EditInProcess(TestConfig(), batch);
+  const std::vector<at::Tensor> images = EditedImages(edited);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(at::equal(images[i], expected[i])) << "row " << i << " differs from the same row edited here";
+  }
+  // process_batch is edit_images_batch under its other name.
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> alias, controller_->group().Call("process_batch", {batch.data}));
+  EXPECT_TRUE(SameDataProto(alias.front(), edited));
+}
+
+TEST_F(ImageEditWorkerTest, BadRowsAreNamedBeforeDispatch) {
+  TestBatch batch = MakeTestBatch(4);
+  std::vector<std::string> pngs = batch.pngs, instructions = batch.instructions;
+  pngs[2] = "this is not an image";
+  EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 2: image data (20 bytes) is neither PNG nor JPEG")));
+  pngs = batch.pngs;
+  instructions[3] = "  ";
+  EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 3: the instruction is empty")));
+  instructions = batch.instructions;
+  pngs[0] = EncodeTestImage(at::zeros({4096, 4097, 3}, at::kByte));
+  EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 0: image is 4097x4096")));
+}
+
+TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
+  TestBatch batch = MakeTestBatch(4);
+  std::vector<std::string> pngs = batch.pngs;
+  pngs[3] = pngs[3].substr(0, 40);  // truncated
+  // Straight to the workers, past the controller's checks: rank 1 holds rows 2 and 3.
+  EXPECT_THAT(controller_->group().Call("edit_images_batch", {MakeEditBatch(pngs, batch.instructions).value()}),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rank 1"), HasSubstr("row 3"))));
+  DRAY_EXPECT_OK(controller_->Edit(batch.data).status());
+}
+
+TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
+  const TestBatch batch = MakeTestBatch(3);
+  std::vector<at::Tensor> baseline;
+  int64_t replicated_bytes = 0;
+  for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
+           {},
+           {"worker.image_edit.enable_fsdp=true"},
+           {"worker.image_edit.enable_fsdp=true", "worker.image_edit.fsdp_sharding_strategy=SHARD_GRAD_OP",
+            "worker.image_edit.fsdp_sync_module_states=false"},
+           {"worker.image_edit.enable_cpu_offload=true"},
+           {"worker.image_edit.enable_fsdp=true", "worker.image_edit.enable_cpu_offload=true",
+            "worker.image_edit.fsdp_cpu_offload=true"}}) {
+    const std::string mode = overrides.empty() ? "replicated" : absl::StrJoin(overrides, " ");
+    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
+                              StartTestController(TestConfig(overrides), 2));
+    const int64_t bytes = controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value();
+    if (overrides.empty()) replicated_bytes = bytes;
+    if (controller->config().enable_fsdp) {
+      EXPECT_LT(bytes, replicated_bytes * 3 / 4) << mode << ": rank 1 should hold about half of the blocks";
+    }
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
+    const std::vector<at::Tensor> images = EditedImages(edited);
+    if (baseline.empty()) baseline = images;
+    for (size_t i = 0; i < images.size(); ++i) {
+      EXPECT_TRUE(at::equal(images[i], baseline[i])) << mode << ": row " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dray

@@ -1,0 +1,72 @@
+// The columns of an image-edit batch, as the controller sends them to
+// QwenImageEditWorker and the worker returns them, and the checks every row
+// passes before any model sees it:
+//
+//   in   preliminary_edited_images  images (PNG, JPEG, or raw RGB)
+//        re_edit_instructions       strings, not empty
+//        seeds                      ints, optional: each row's noise seed
+//   out  final_edited_images        PNG images, in the input's row order
+//
+// Meta info may override the worker's configuration for one call:
+// num_inference_steps, true_cfg_scale, negative_prompt ("" turns guidance
+// off), width and height (0 follows the input's aspect ratio), and
+// progress (true prints each denoising step).
+//
+//   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
+//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller, before dispatch
+//   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, first_row, seed));  // a worker
+#ifndef DRAY_WORKERS_EDIT_EDIT_BATCH_H_
+#define DRAY_WORKERS_EDIT_EDIT_BATCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "dispatch/data_proto.h"
+#include "workers/edit/edit_config.h"
+#include "workers/models/qwen_image/edit_pipeline.h"
+
+namespace dray {
+
+inline constexpr char kImagesColumn[] = "preliminary_edited_images";
+inline constexpr char kInstructionsColumn[] = "re_edit_instructions";
+inline constexpr char kSeedsColumn[] = "seeds";
+inline constexpr char kEditedColumn[] = "final_edited_images";
+
+// Limits on one row: larger inputs are INVALID_ARGUMENT, never a crash.
+inline constexpr int64_t kMaxInputPixels = int64_t{4096} * 4096;
+inline constexpr int64_t kMaxInstructionBytes = 4096;
+
+// EditRow: one decoded, checked row.
+struct EditRow {
+  at::Tensor image;  // RGB, uint8 [H, W, 3]
+  std::string instruction;
+  uint64_t seed = 0;
+};
+
+// MakeEditBatch builds a batch from encoded images (PNG or JPEG, told apart
+// by their signature), instructions and, when not empty, per-row seeds.
+absl::StatusOr<DataProto> MakeEditBatch(const std::vector<std::string>& images,
+                                        const std::vector<std::string>& instructions,
+                                        const std::vector<int64_t>& seeds = {});
+
+// DecodeEditRows decodes and checks every row. Rows are numbered from
+// `first_row` in errors ("row 3: ..."); a row without a seeds column gets
+// `default_seed` plus its number, so results do not depend on how a batch
+// was split across ranks.
+absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t first_row,
+                                                    int64_t default_seed);
+
+// CheckEditBatch runs DecodeEditRows' checks and drops the pixels.
+absl::Status CheckEditBatch(const DataProto& batch);
+
+// EditOptionsFor returns the pipeline options of `config`, overridden by
+// the batch's meta info (keys above; a wrong type is INVALID_ARGUMENT).
+absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config, const MetaInfo& meta);
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_EDIT_BATCH_H_

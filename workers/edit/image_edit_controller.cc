@@ -1,0 +1,80 @@
+#include "workers/edit/image_edit_controller.h"
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/status_macros.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/edit/image_edit_worker.h"
+#include "workers/models/qwen_image/model.h"
+
+namespace dray {
+namespace {
+
+// ScratchFolder: a temporary directory, removed with its contents.
+class ScratchFolder {
+ public:
+  static absl::StatusOr<ScratchFolder> Create(const std::string& prefix) {
+    std::string path = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+    if (mkdtemp(path.data()) == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path));
+    return ScratchFolder(std::move(path));
+  }
+  ScratchFolder(ScratchFolder&& other) noexcept : path_(std::exchange(other.path_, "")) {}
+  ScratchFolder& operator=(ScratchFolder&& other) noexcept {
+    std::swap(path_, other.path_);
+    return *this;
+  }
+  ~ScratchFolder() {
+    std::error_code ignored;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchFolder(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(const ImageEditConfig& config,
+                                                                                Options options) {
+  WorkerGroupOptions group_options;
+  group_options.command = std::move(options.worker_command);
+  group_options.roles = {kImageEditRole};
+  group_options.env = std::move(options.env);
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, WorkerGroup::Create({1, options.workers}, group_options));
+  std::unique_ptr<ImageEditController> controller(new ImageEditController(config, std::move(group)));
+
+  ImageEditConfig worker_config = config;
+  std::optional<ScratchFolder> embedded;  // the tiny model, while the workers load it
+  if (config.model_path.empty()) {
+    DRAY_ASSIGN_OR_RETURN(embedded, ScratchFolder::Create("dray-tiny"));
+    DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(embedded->path(), tiny, /*seed=*/0));
+    worker_config.model_path = embedded->path();
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
+  CallOptions call;
+  call.timeout = options.init_timeout;
+  absl::StatusOr<std::vector<DataProto>> initialized = controller->group_->Call("init_model", {init}, call);
+  if (!initialized.ok()) {
+    return absl::Status(initialized.status().code(),
+                        absl::StrCat("init_model: ", initialized.status().message()));
+  }
+  controller->init_results_ = *std::move(initialized);
+  return controller;
+}
+
+absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch, std::optional<absl::Duration> timeout) {
+  DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));
+  CallOptions call;
+  call.timeout = timeout;
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited, group_->Call("edit_images_batch", {batch}, call));
+  return std::move(edited.front());
+}
+
+}  // namespace dray

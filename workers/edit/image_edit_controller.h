@@ -1,0 +1,68 @@
+// ImageEditController: the controller side of image editing. It starts a
+// group of QwenImageEditWorker processes, initializes them with a
+// configuration (ONE_TO_ALL), and edits batches (DP_COMPUTE_PROTO), checking
+// every row before dispatch so that a bad row fails its call with an error
+// naming it and no worker sees it.
+//
+//   ImageEditController::Options options;
+//   options.workers = 2;
+//   options.worker_command = {"/usr/bin/dray", "worker"};
+//   DRAY_ASSIGN_OR_RETURN(auto controller, ImageEditController::Start(config, options));
+//   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(pngs, instructions));
+//   DRAY_ASSIGN_OR_RETURN(DataProto edited, controller->Edit(batch));  // final_edited_images
+//
+// With no model_path (the embedded default) Start writes the tiny model that
+// `dray init-model --preset tiny` writes to a scratch folder, loads it into
+// the workers, and removes the folder.
+//
+// Thread-safety: thread-safe; calls are answered in the order they are made.
+#ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
+#define DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dispatch/data_proto.h"
+#include "runtime/worker_group.h"
+#include "workers/edit/edit_config.h"
+
+namespace dray {
+
+class ImageEditController {
+ public:
+  struct Options {
+    int workers = 1;
+    // The worker executable and its leading arguments (`dray worker`).
+    std::vector<std::string> worker_command;
+    // Extra environment variables for the workers.
+    std::vector<std::pair<std::string, std::string>> env;
+    absl::Duration init_timeout = absl::Minutes(30);
+  };
+
+  static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config, Options options);
+
+  // Edit checks `batch`'s rows, then runs edit_images_batch across the
+  // workers; returns final_edited_images in row order. `timeout` unset: the
+  // group's call timeout.
+  absl::StatusOr<DataProto> Edit(const DataProto& batch, std::optional<absl::Duration> timeout = std::nullopt);
+
+  const ImageEditConfig& config() const { return config_; }
+  // init_results: what init_model returned, by rank (memory figures as meta).
+  const std::vector<DataProto>& init_results() const { return init_results_; }
+  WorkerGroup& group() { return *group_; }
+
+ private:
+  ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group)
+      : config_(std::move(config)), group_(std::move(group)) {}
+
+  const ImageEditConfig config_;
+  std::unique_ptr<WorkerGroup> group_;
+  std::vector<DataProto> init_results_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_

@@ -1,0 +1,49 @@
+// QwenImageEditWorker: the worker class behind dray's image editing, one
+// process per GPU, each holding Qwen-Image-Edit (sharded with FSDP's design
+// when enable_fsdp is set):
+//
+//   init_model         ONE_TO_ALL        meta "config": the resolved ImageEditConfig
+//                                        (ToYaml); returns as meta this rank's
+//                                        parameter_bytes, block_model_parameter_bytes
+//                                        (transformer and text encoder) and resident_bytes
+//   edit_images_batch  DP_COMPUTE_PROTO  the columns of edit_batch.h: images and
+//   process_batch      (the same)        instructions in, PNG images out
+//
+// init_model: rank 0 reads the weights; with fsdp_sync_module_states the
+// other ranks build the model shape-only and receive rank 0's weights (each
+// keeping only its shards of the transformer's and text encoder's blocks;
+// the VAE is replicated); without it every rank reads the weights itself.
+// A barrier ends it, and each phase's memory is logged.
+//
+// With enable_cpu_offload the parameters (the shards, under FSDP) wait in
+// CPU memory between calls and move to the device for each call.
+#ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
+#define DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "dispatch/data_proto.h"
+#include "runtime/worker.h"
+
+namespace dray {
+
+// kImageEditRole: the role QwenImageEditWorker is registered under.
+inline constexpr char kImageEditRole[] = "image_edit";
+
+class QwenImageEditWorker : public Worker {
+ public:
+  QwenImageEditWorker();
+  ~QwenImageEditWorker() override;
+
+  absl::StatusOr<DataProto> InitModel(const DataProto& input);
+  absl::StatusOr<DataProto> EditImagesBatch(const DataProto& batch);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;  // set by init_model
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
