@@ -1,0 +1,245 @@
+// ImageEditService end to end: an ImageEditServer over two real `dray
+// worker` processes, called over gRPC as clients would call it.
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "dispatch/status_macros.h"
+#include "dispatch/testing/status_matchers.h"
+#include "dray/v1/image_edit.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "reflection_list.pb.h"
+#include "runtime/grpc_util.h"
+#include "tests/edit/edit_test_util.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/edit/image_edit_server.h"
+#include "workers/image/image_codec.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::HasSubstr;
+
+// Serving: a controller with two workers and a server in front of it.
+struct Serving {
+  std::unique_ptr<ImageEditController> controller;
+  std::unique_ptr<ImageEditServer> server;
+  std::shared_ptr<grpc::Channel> channel;
+};
+
+Serving Serve(const ImageEditConfig& config, ServeOptions options = {}) {
+  Serving serving;
+  serving.controller = StartTestController(config, 2).value();
+  options.address = "127.0.0.1:0";
+  serving.server = ImageEditServer::Start(serving.controller.get(), options).value();
+  serving.channel = CreateDrayChannel(absl::StrCat("127.0.0.1:", serving.server->port()));
+  return serving;
+}
+
+v1::EditImageRequest Request(int index, int64_t seed) {
+  const TestBatch batch = MakeTestBatch(index + 1);
+  v1::EditImageRequest request;
+  request.set_image(batch.pngs[index]);
+  request.set_instruction(batch.instructions[index]);
+  request.set_seed(seed);
+  return request;
+}
+
+absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving, const v1::EditImageRequest& request,
+                                           absl::Duration timeout = absl::Minutes(2)) {
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout);
+  v1::EditImageResponse response;
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(v1::ImageEditService::NewStub(serving.channel)->Edit(&context, request, &response),
+                                    "Edit"));
+  return response;
+}
+
+absl::StatusOr<HealthCheckResponse::ServingStatus> Health(const Serving& serving) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(5));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(kImageEditServiceName);
+  HealthCheckResponse response;
+  DRAY_RETURN_IF_ERROR(
+      ToAbslStatus(grpc::health::v1::Health::NewStub(serving.channel)->Check(&context, request, &response), "health"));
+  return response.status();
+}
+
+class ImageEditServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { serving_ = new Serving(Serve(TestConfig())); }
+  static void TearDownTestSuite() { delete serving_; }
+  static Serving* serving_;
+};
+Serving* ImageEditServerTest::serving_ = nullptr;
+
+TEST_F(ImageEditServerTest, EditAnswersWhatTheWorkersCompute) {
+  const v1::EditImageRequest request = Request(2, /*seed=*/7);
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse response, Edit(*serving_, request));
+  EXPECT_EQ(response.seed(), 7);
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto direct,
+                            serving_->controller->Edit(MakeEditBatch({request.image()}, {request.instruction()}, {7}).value()));
+  const at::Tensor expected = EditedImages(direct).front();
+  const at::Tensor served = DecodeImage(response.image()).value();
+  EXPECT_TRUE(at::equal(served, expected));
+  EXPECT_EQ(response.width(), served.size(1));
+  EXPECT_EQ(response.height(), served.size(0));
+}
+
+TEST_F(ImageEditServerTest, EditBatchAnswersInOrder) {
+  v1::EditImageBatchRequest request;
+  for (int i = 0; i < 3; ++i) *request.add_requests() = Request(i, 100 + i);
+  request.mutable_requests(1)->set_width(48);
+  request.mutable_requests(1)->set_height(32);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Minutes(2));
+  v1::EditImageBatchResponse response;
+  DRAY_ASSERT_OK(ToAbslStatus(v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
+                              "EditBatch"));
+  ASSERT_EQ(response.responses_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(response.responses(i).seed(), 100 + i);
+    DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse alone, Edit(*serving_, request.requests(i)));
+    EXPECT_EQ(response.responses(i).image(), alone.image()) << "request " << i;
+  }
+  EXPECT_EQ(response.responses(1).width(), 48);
+  EXPECT_EQ(response.responses(1).height(), 32);
+}
+
+TEST_F(ImageEditServerTest, ConcurrentClientsAreAllAnsweredInSharedBatches) {
+  constexpr int kClients = 32;
+  std::vector<absl::StatusOr<v1::EditImageResponse>> results(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] { results[i] = Edit(*serving_, Request(i % 4, i)); });
+  }
+  for (std::thread& client : clients) client.join();
+  int largest_batch = 0;
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->seed(), i);
+    largest_batch = std::max(largest_batch, results[i]->batch_rows());
+  }
+  EXPECT_GT(largest_batch, 1) << "concurrent requests should share worker calls";
+  EXPECT_LE(largest_batch, 4) << "at most batch_size rows per worker";
+}
+
+TEST_F(ImageEditServerTest, InvalidRequestsAreInvalidArgument) {
+  v1::EditImageRequest request = Request(0, 1);
+  request.set_image("GIF89a not supported");
+  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neither PNG nor JPEG")));
+  request = Request(0, 1);
+  request.set_instruction("");
+  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("instruction is empty")));
+  request = Request(0, 1);
+  request.set_num_inference_steps(0);
+  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_inference_steps")));
+  request = Request(0, 1);
+  request.set_image(std::string((32 << 20) + 1, 'x'));
+  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 33554432")));
+  // The server still serves.
+  DRAY_EXPECT_OK(Edit(*serving_, Request(0, 1)).status());
+}
+
+TEST_F(ImageEditServerTest, ClientDeadlinesAreHonoured) {
+  v1::EditImageRequest slow = Request(0, 1);
+  slow.set_num_inference_steps(200);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Edit(*serving_, slow, absl::Milliseconds(300)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  DRAY_EXPECT_OK(Edit(*serving_, Request(1, 1)).status());
+}
+
+// ListServices asks the server's reflection service what it serves, as
+// grpcurl list does (raw bytes on the reflection method).
+std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& channel) {
+  const grpc::internal::RpcMethod method("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(5));
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
+                                                                                           &context));
+  dray::testing::reflection::ServerReflectionRequest request;
+  request.set_list_services("");
+  grpc::Slice slice(request.SerializeAsString());
+  EXPECT_TRUE(stream->Write(grpc::ByteBuffer(&slice, 1)));
+  stream->WritesDone();
+  grpc::ByteBuffer reply;
+  std::vector<std::string> services;
+  if (!stream->Read(&reply)) return services;
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(reply.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& piece : slices) bytes.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+  dray::testing::reflection::ServerReflectionResponse response;
+  EXPECT_TRUE(response.ParseFromString(bytes));
+  for (const auto& service : response.list_services_response().service()) services.push_back(service.name());
+  EXPECT_TRUE(stream->Finish().ok());
+  return services;
+}
+
+TEST_F(ImageEditServerTest, ServesHealthAndReflection) {
+  EXPECT_EQ(Health(*serving_).value(), HealthCheckResponse::SERVING);
+  EXPECT_THAT(ListServices(serving_->channel),
+              ::testing::IsSupersetOf({std::string(kImageEditServiceName), std::string("grpc.health.v1.Health")}));
+}
+
+TEST(ImageEditServerLimitsTest, AFullQueueAnswersResourceExhausted) {
+  ServeOptions options;
+  options.max_queue = 2;
+  Serving serving = Serve(TestConfig({"worker.image_edit.num_inference_steps=8"}), options);
+  constexpr int kClients = 16;
+  std::vector<absl::StatusOr<v1::EditImageResponse>> results(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) clients.emplace_back([&, i] { results[i] = Edit(serving, Request(0, i)); });
+  for (std::thread& client : clients) client.join();
+  int answered = 0, refused = 0;
+  for (const auto& result : results) {
+    if (result.ok()) ++answered;
+    if (result.status().code() == absl::StatusCode::kResourceExhausted) {
+      ++refused;
+      EXPECT_THAT(result.status().message(), HasSubstr("retry later"));
+    }
+  }
+  EXPECT_GT(answered, 0);
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(answered + refused, kClients);
+}
+
+TEST(ImageEditServerFailureTest, AKilledWorkerMakesRequestsFailFast) {
+  Serving serving = Serve(TestConfig({"worker.image_edit.num_inference_steps=200"}));
+  absl::StatusOr<v1::EditImageResponse> pending;
+  std::thread client([&] { pending = Edit(serving, Request(0, 1)); });
+  absl::SleepFor(absl::Milliseconds(1500));  // the request is being denoised
+  ASSERT_EQ(kill(serving.controller->group().pids()[1], SIGKILL), 0);
+  const absl::Time killed = absl::Now();
+  client.join();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(2));
+  EXPECT_THAT(pending, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 1")));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(Edit(serving, Request(0, 2)), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("killed by signal 9")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  absl::StatusOr<HealthCheckResponse::ServingStatus> health;
+  for (int i = 0; i < 20; ++i) {
+    health = Health(serving);
+    if (health.ok() && *health == HealthCheckResponse::NOT_SERVING) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(health.value(), HealthCheckResponse::NOT_SERVING);
+}
+
+}  // namespace
+}  // namespace dray

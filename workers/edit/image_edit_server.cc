@@ -1,0 +1,318 @@
+#include "workers/edit/image_edit_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "dispatch/status_macros.h"
+#include "dray/v1/image_edit.grpc.pb.h"
+#include "runtime/grpc_util.h"
+#include "workers/edit/edit_batch.h"
+
+namespace dray {
+namespace {
+
+// How often a waiting handler checks its client, and health its workers.
+constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+
+// QueuedEdit: one image waiting for, or in, a batch.
+struct QueuedEdit {
+  MetaInfo options;  // the worker call's meta info: requests batch together when equal
+  std::string image;
+  std::string instruction;
+  int64_t seed = 0;
+  absl::Time enqueued;
+  absl::Time deadline;
+  std::atomic<bool> abandoned{false};  // the client has gone
+  absl::Notification done;
+  absl::StatusOr<v1::EditImageResponse> result;  // written before done.Notify()
+};
+using QueuedEdits = std::vector<std::shared_ptr<QueuedEdit>>;
+
+absl::Time DeadlineOf(const grpc::ServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+}  // namespace
+
+class ImageEditServer::Impl final : public v1::ImageEditService::Service {
+ public:
+  Impl(ImageEditController* controller, ServeOptions options)
+      : controller_(controller),
+        options_(std::move(options)),
+        max_rows_(controller->config().batch_size * controller->group().world_size()) {}
+  ~Impl() override { Shutdown(); }
+
+  absl::Status Start();
+  void Shutdown();
+  int port() const { return port_; }
+
+  grpc::Status Edit(grpc::ServerContext* context, const v1::EditImageRequest* request,
+                    v1::EditImageResponse* response) override {
+    absl::StatusOr<QueuedEdits> queued = Admit({request}, *context);
+    if (!queued.ok()) return ToGrpcStatus(queued.status());
+    absl::StatusOr<v1::EditImageResponse> result = Await(queued->front(), *context);
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *response = *std::move(result);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status EditBatch(grpc::ServerContext* context, const v1::EditImageBatchRequest* request,
+                         v1::EditImageBatchResponse* response) override;
+
+ private:
+  // Admit checks the requests and queues them all, or none.
+  absl::StatusOr<QueuedEdits> Admit(const std::vector<const v1::EditImageRequest*>& requests,
+                                    const grpc::ServerContext& context);
+  absl::StatusOr<std::shared_ptr<QueuedEdit>> Prepare(const v1::EditImageRequest& request, int64_t row,
+                                                      absl::Time deadline) const;
+  // Await waits for `edit`'s result while its client waits.
+  absl::StatusOr<v1::EditImageResponse> Await(const std::shared_ptr<QueuedEdit>& edit,
+                                              const grpc::ServerContext& context);
+  // NextBatch blocks for the next batch (empty when every request it took
+  // was abandoned); nullopt when shutting down.
+  std::optional<QueuedEdits> NextBatch();
+  void RunBatch(const QueuedEdits& batch);
+  void RunBatches();
+  void WatchHealth();
+
+  ImageEditController* const controller_;
+  const ServeOptions options_;
+  const int64_t max_rows_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread batcher_, health_watcher_;
+  absl::Notification stopped_;
+
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context, const v1::EditImageBatchRequest* request,
+                                              v1::EditImageBatchResponse* response) {
+  std::vector<const v1::EditImageRequest*> requests;
+  for (const v1::EditImageRequest& one : request->requests()) requests.push_back(&one);
+  absl::StatusOr<QueuedEdits> queued = Admit(requests, *context);
+  if (!queued.ok()) return ToGrpcStatus(queued.status());
+  for (const std::shared_ptr<QueuedEdit>& edit : *queued) {
+    absl::StatusOr<v1::EditImageResponse> result = Await(edit, *context);
+    if (!result.ok()) {
+      for (const auto& other : *queued) other->abandoned = true;
+      return ToGrpcStatus(result.status());
+    }
+    *response->add_responses() = *std::move(result);
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(const v1::EditImageRequest& request,
+                                                                          int64_t row, absl::Time deadline) const {
+  const ImageEditConfig& config = controller_->config();
+  if (static_cast<int64_t>(request.image().size()) > options_.max_image_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image has ", request.image().size(),
+                                                   " bytes; at most ", options_.max_image_bytes, " are accepted"));
+  }
+  auto edit = std::make_shared<QueuedEdit>();
+  edit->image = request.image();
+  edit->instruction = request.instruction();
+  edit->seed = request.has_seed() ? request.seed() : config.seed;
+  edit->deadline = deadline;
+  DRAY_ASSIGN_OR_RETURN(DataProto row_batch, MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
+  DRAY_RETURN_IF_ERROR(DecodeEditRows(row_batch, row, 0).status());
+  edit->options = {
+      {"num_inference_steps",
+       int64_t{request.has_num_inference_steps() ? request.num_inference_steps() : config.num_inference_steps}},
+      {"true_cfg_scale", request.has_true_cfg_scale() ? request.true_cfg_scale() : config.true_cfg_scale},
+      {"negative_prompt", request.has_negative_prompt() ? request.negative_prompt() : config.negative_prompt},
+      {"width", int64_t{request.width()}},
+      {"height", int64_t{request.height()}}};
+  absl::StatusOr<qwen_image::EditOptions> valid = EditOptionsFor(config, edit->options);
+  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", valid.status().message()));
+  return edit;
+}
+
+absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(const std::vector<const v1::EditImageRequest*>& requests,
+                                                         const grpc::ServerContext& context) {
+  DRAY_RETURN_IF_ERROR(controller_->group().Health());
+  if (requests.empty()) return QueuedEdits();
+  QueuedEdits edits;
+  const absl::Time deadline = DeadlineOf(context);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<QueuedEdit> edit, Prepare(*requests[i], static_cast<int64_t>(i), deadline));
+    edits.push_back(std::move(edit));
+  }
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return absl::UnavailableError("the server is shutting down");
+  if (queue_.size() + edits.size() > static_cast<size_t>(options_.max_queue)) {
+    return absl::ResourceExhaustedError(absl::StrCat("the queue holds ", queue_.size(), " of at most ",
+                                                     options_.max_queue, " images; retry later"));
+  }
+  const absl::Time now = absl::Now();
+  for (const auto& edit : edits) {
+    edit->enqueued = now;
+    queue_.push_back(edit);
+  }
+  return edits;
+}
+
+absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(const std::shared_ptr<QueuedEdit>& edit,
+                                                                   const grpc::ServerContext& context) {
+  while (!edit->done.WaitForNotificationWithTimeout(kPollInterval)) {
+    if (absl::Now() >= edit->deadline) {
+      edit->abandoned = true;
+      return absl::DeadlineExceededError("the deadline passed before the image was edited");
+    }
+    if (context.IsCancelled()) {
+      edit->abandoned = true;
+      return absl::CancelledError("the client cancelled the request");
+    }
+  }
+  return edit->result;
+}
+
+std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || !queue_.empty(); };
+  mu_.Await(absl::Condition(&ready));
+  if (shutting_down_) return std::nullopt;
+  const MetaInfo options = queue_.front()->options;
+  auto full = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int64_t rows = 0;
+    for (const auto& edit : queue_) rows += edit->options == options;
+    return shutting_down_ || rows >= max_rows_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&full), queue_.front()->enqueued + options_.max_wait);
+  QueuedEdits batch;
+  for (auto it = queue_.begin(); it != queue_.end() && static_cast<int64_t>(batch.size()) < max_rows_;) {
+    if ((*it)->options != options) {
+      ++it;
+      continue;
+    }
+    if (!(*it)->abandoned) batch.push_back(*it);
+    it = queue_.erase(it);
+  }
+  return batch;
+}
+
+void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
+  std::vector<std::string> images, instructions;
+  std::vector<int64_t> seeds;
+  absl::Time deadline = absl::InfinitePast();
+  for (const auto& edit : batch) {
+    images.push_back(edit->image);
+    instructions.push_back(edit->instruction);
+    seeds.push_back(edit->seed);
+    deadline = std::max(deadline, edit->deadline);
+  }
+  absl::StatusOr<DataProto> edited = [&]() -> absl::StatusOr<DataProto> {
+    DRAY_ASSIGN_OR_RETURN(DataProto input, MakeEditBatch(images, instructions, seeds));
+    for (const auto& [key, value] : batch.front()->options) input.SetMeta(key, value);
+    std::optional<absl::Duration> timeout;
+    if (deadline != absl::InfiniteFuture()) timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    return controller_->Edit(input, timeout);
+  }();
+  const std::vector<Image>* rows = nullptr;
+  if (edited.ok()) {
+    absl::StatusOr<const std::vector<Image>*> column = edited->GetRows<Image>(kEditedColumn);
+    if (column.ok()) rows = *column;
+    else edited = column.status();
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    QueuedEdit& edit = *batch[i];
+    if (!edited.ok()) {
+      edit.result = edited.status();
+    } else {
+      v1::EditImageResponse response;
+      const Image& image = (*rows)[i];
+      response.set_image(std::string(image.bytes.view()));
+      response.set_width(image.width);
+      response.set_height(image.height);
+      response.set_seed(edit.seed);
+      response.set_batch_rows(static_cast<int32_t>(batch.size()));
+      edit.result = std::move(response);
+    }
+    edit.done.Notify();
+  }
+}
+
+void ImageEditServer::Impl::RunBatches() {
+  while (std::optional<QueuedEdits> batch = NextBatch()) {
+    if (!batch->empty()) RunBatch(*batch);
+  }
+}
+
+void ImageEditServer::Impl::WatchHealth() {
+  while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
+    if (controller_->group().Health().ok()) continue;
+    grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+    health->SetServingStatus(kImageEditServiceName, false);
+    health->SetServingStatus(false);
+    return;
+  }
+}
+
+absl::Status ImageEditServer::Impl::Start() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(2 * options_.max_image_bytes + (1 << 20), INT32_MAX)));
+  builder.RegisterService(this);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve on ", options_.address, " (in use, or not an address)"));
+  }
+  server_->GetHealthCheckService()->SetServingStatus(kImageEditServiceName, true);
+  batcher_ = std::thread([this] { RunBatches(); });
+  health_watcher_ = std::thread([this] { WatchHealth(); });
+  return absl::OkStatus();
+}
+
+void ImageEditServer::Impl::Shutdown() {
+  if (server_ == nullptr || stopped_.HasBeenNotified()) return;
+  std::deque<std::shared_ptr<QueuedEdit>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+    left.swap(queue_);
+  }
+  stopped_.Notify();
+  for (const auto& edit : left) {
+    edit->result = absl::UnavailableError("the server is shutting down");
+    edit->done.Notify();
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (batcher_.joinable()) batcher_.join();
+  if (health_watcher_.joinable()) health_watcher_.join();
+}
+
+ImageEditServer::ImageEditServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ImageEditServer::~ImageEditServer() { impl_->Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(ImageEditController* controller,
+                                                                        ServeOptions options) {
+  auto impl = std::make_unique<Impl>(controller, std::move(options));
+  DRAY_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<ImageEditServer>(new ImageEditServer(std::move(impl)));
+}
+
+int ImageEditServer::port() const { return impl_->port(); }
+
+void ImageEditServer::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace dray

@@ -1,0 +1,65 @@
+// ImageEditServer: the public ImageEditService (proto/dray/v1/image_edit.proto)
+// in front of an ImageEditController, with grpc.health.v1 and server
+// reflection on the same port.
+//
+// Requests are checked as they arrive (INVALID_ARGUMENT names what was
+// wrong), then wait in a bounded queue: when it is full a new request gets
+// RESOURCE_EXHAUSTED at once. One thread gathers waiting requests that share
+// their options into a batch, up to batch_size rows per worker or until the
+// oldest has waited max_wait, and sends it as one edit_images_batch call.
+// Client deadlines bound both the wait and the call. When a worker process
+// dies, health turns NOT_SERVING and requests fail with UNAVAILABLE at once.
+//
+//   ServeOptions options;
+//   options.address = "0.0.0.0:8000";
+//   DRAY_ASSIGN_OR_RETURN(auto server, ImageEditServer::Start(controller.get(), options));
+//   ...                // serve until a signal, then
+//   server->Shutdown();
+//
+// Thread-safety: thread-safe.
+#ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_SERVER_H_
+#define DRAY_WORKERS_EDIT_IMAGE_EDIT_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "workers/edit/image_edit_controller.h"
+
+namespace dray {
+
+// kImageEditServiceName: the service's full name, as health checks ask for it.
+inline constexpr char kImageEditServiceName[] = "dray.v1.ImageEditService";
+
+struct ServeOptions {
+  std::string address = "0.0.0.0:8000";  // host:port; port 0 picks a free one
+  int max_queue = 64;                    // rows waiting for a batch
+  absl::Duration max_wait = absl::Milliseconds(20);  // how long a batch waits to fill
+  int64_t max_image_bytes = int64_t{32} << 20;       // larger images: INVALID_ARGUMENT
+};
+
+class ImageEditServer {
+ public:
+  // Start serves until Shutdown; `controller` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ImageEditServer>> Start(ImageEditController* controller,
+                                                                ServeOptions options);
+  ~ImageEditServer();
+
+  // port: where the server listens (the one picked, for port 0).
+  int port() const;
+
+  // Shutdown stops accepting requests, fails those still queued with
+  // UNAVAILABLE and waits for the running batch. Idempotent.
+  void Shutdown();
+
+ private:
+  class Impl;
+  explicit ImageEditServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_IMAGE_EDIT_SERVER_H_
