@@ -1,9 +1,10 @@
 // dray: the command-line front end. Each subcommand is a thin layer over a
 // library: worker processes (runtime/worker_process.h), benchmarks
-// (runtime/bench/).
+// (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
-//   dray bench [--suite runtime|sharding] [--workers N] [--quick] [--json]
-//   dray edit --image IN --instruction TEXT --out OUT [--model DIR] [options]
+//   dray bench [--suite runtime|sharding|edit] [--workers N] [--quick] [--json]
+//   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
+//   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] --workers N --port P
 //   dray init-model --preset tiny|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
@@ -12,21 +13,18 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
-#include "dispatch/status_macros.h"
+#include "cli/edit_commands.h"
 #include "runtime/allocator.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/worker_process.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/edit/image_edit_worker.h"
-#include "workers/image/image_codec.h"
-#include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/parity.h"
 
@@ -98,57 +96,6 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
   return 0;
 }
 
-// EditFlags: `dray edit`'s options.
-struct EditFlags {
-  std::string image, instruction, out, model;
-  qwen_image::EditOptions options;
-  uint64_t seed = 0;
-};
-
-// LoadEditModel loads `dir`, or with none the embedded default: the tiny
-// model `dray init-model --preset tiny` writes, made in a scratch folder.
-absl::StatusOr<qwen_image::QwenImageModel> LoadEditModel(const std::string& dir) {
-  const at::TensorOptions float32 = at::TensorOptions().dtype(at::kFloat);
-  if (!dir.empty()) return qwen_image::LoadQwenImageModel(dir, float32);
-  std::string scratch = (std::filesystem::temp_directory_path() / "dray-tiny-XXXXXX").string();
-  if (mkdtemp(scratch.data()) == nullptr) return absl::UnavailableError("cannot create a scratch folder for the tiny model");
-  absl::StatusOr<qwen_image::QwenImageModel> model = [&]() -> absl::StatusOr<qwen_image::QwenImageModel> {
-    DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(scratch, qwen_image::PresetNamed("tiny").value(), 0));
-    return qwen_image::LoadQwenImageModel(scratch, float32);
-  }();
-  std::error_code ignored;
-  std::filesystem::remove_all(scratch, ignored);  // the weights are loaded into memory
-  return model;
-}
-
-int Edit(const EditFlags& flags) {
-  auto fail = [](const absl::Status& status) {
-    std::fprintf(stderr, "dray edit: %s\n", status.ToString().c_str());
-    return 1;
-  };
-  absl::StatusOr<at::Tensor> image = ReadImageFile(flags.image);
-  if (!image.ok()) return fail(image.status());
-  absl::StatusOr<qwen_image::QwenImageModel> model = LoadEditModel(flags.model);
-  if (!model.ok()) return fail(model.status());
-  const qwen_image::EditOptions& options = flags.options;
-  std::fprintf(stderr, "dray edit: model %s, %d steps, image_size %lld, true_cfg_scale %g%s, seed %llu\n",
-               flags.model.empty() ? "tiny (embedded default)" : flags.model.c_str(), options.num_inference_steps,
-               static_cast<long long>(options.image_size), options.true_cfg_scale,
-               options.negative_prompt ? "" : " (off: no negative prompt)", static_cast<unsigned long long>(flags.seed));
-  qwen_image::QwenImageEditPipeline pipeline(*std::move(model));
-  absl::StatusOr<std::vector<at::Tensor>> edited =
-      pipeline.Edit({{*image, flags.instruction, flags.seed}}, options, [](int step, int steps) {
-        std::fprintf(stderr, "\rdenoising: step %d/%d", step, steps);
-        if (step == steps) std::fprintf(stderr, "\n");
-      });
-  if (!edited.ok()) return fail(edited.status());
-  absl::Status written = WritePngFile(flags.out, edited->front());
-  if (!written.ok()) return fail(written);
-  std::printf("wrote %s (%lldx%lld)\n", flags.out.c_str(), static_cast<long long>(edited->front().size(1)),
-              static_cast<long long>(edited->front().size(0)));
-  return 0;
-}
-
 int Parity(const std::string& reference) {
   absl::StatusOr<std::vector<qwen_image::ParityCase>> cases = qwen_image::ListParityCases(reference);
   if (!cases.ok()) {
@@ -188,26 +135,7 @@ int Main(int argc, char** argv) {
   bench->add_flag("--quick", quick, "fewer repetitions");
   bench->add_flag("--json", json, "one JSON object per line: {\"name\", \"value\", \"unit\"}");
 
-  CLI::App* edit = app.add_subcommand("edit", "edit an image by an instruction with Qwen-Image-Edit");
-  EditFlags edit_flags;
-  std::optional<int> steps;
-  std::optional<int64_t> image_size;
-  std::string negative_prompt;
-  edit->add_option("--image", edit_flags.image, "input image (PNG or JPEG)")->required();
-  edit->add_option("--instruction", edit_flags.instruction, "what to change")->required();
-  edit->add_option("--out", edit_flags.out, "output PNG")->required();
-  edit->add_option("--model", edit_flags.model,
-                   "a diffusers Qwen-Image-Edit directory; default: the embedded tiny model (random weights)");
-  edit->add_option("--steps", steps, "denoising steps (default 50; 20 on the embedded default)")->check(CLI::PositiveNumber);
-  edit->add_option("--image-size", image_size,
-                   "work at about this many pixels squared (default 1024; 256 on the embedded default)")
-      ->check(CLI::Range(16, 4096));
-  edit->add_option("--true-cfg-scale", edit_flags.options.true_cfg_scale, "guidance scale (with --negative-prompt)")
-      ->capture_default_str();
-  edit->add_option("--negative-prompt", negative_prompt, "what to steer away from; turns guidance on");
-  edit->add_option("--seed", edit_flags.seed, "noise seed: the same seed gives the same image")->capture_default_str();
-  edit->add_option("--width", edit_flags.options.width, "output width (default: the input's aspect at image-size)");
-  edit->add_option("--height", edit_flags.options.height, "output height");
+  EditCommands edit_commands(app, SelfPath());
 
   CLI::App* init = app.add_subcommand("init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
   std::string preset = "tiny", out;
@@ -233,13 +161,7 @@ int Main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (*bench) return Bench(suite, workers, quick, json);
-  if (*edit) {
-    const bool embedded = edit_flags.model.empty();
-    edit_flags.options.num_inference_steps = steps.value_or(embedded ? 20 : 50);
-    edit_flags.options.image_size = image_size.value_or(embedded ? 256 : 1024);
-    if (edit->count("--negative-prompt") > 0) edit_flags.options.negative_prompt = negative_prompt;
-    return Edit(edit_flags);
-  }
+  if (std::optional<int> code = edit_commands.Run()) return *code;
   if (*init) return InitModel(preset, out, seed);
   if (*parity) return Parity(reference);
   if (*worker) {

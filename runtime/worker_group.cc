@@ -2,7 +2,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
@@ -199,6 +202,10 @@ absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
                {"MASTER_ADDR", options_.master_addr},
                {"MASTER_PORT", absl::StrCat(master_port)},
                {"CUDA_VISIBLE_DEVICES", absl::StrCat(local_rank)}};
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // as torchrun: share the cores, do not oversubscribe them
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
+  }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
   spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");
   DRAY_ASSIGN_OR_RETURN(processes_[rank],

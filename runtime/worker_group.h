@@ -21,6 +21,10 @@
 // the worker usable. Worker processes die with the controller, and Shutdown
 // (or the destructor) reaps every process the group started.
 //
+// Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
+// its share of the machine's cores (cores / workers per node), as torchrun
+// does, so that workers on one machine do not oversubscribe it.
+//
 // Thread-safety: thread-safe; calls from several threads may be in flight.
 #ifndef DRAY_RUNTIME_WORKER_GROUP_H_
 #define DRAY_RUNTIME_WORKER_GROUP_H_

@@ -62,7 +62,7 @@ TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
                                         " --steps 3 --image-size 64 --seed 5");
   const auto [code, output] = RunDray(args);
   ASSERT_EQ(code, 0) << output;
-  EXPECT_THAT(output, HasSubstr("tiny (embedded default), 3 steps"));
+  EXPECT_THAT(output, HasSubstr("model tiny (embedded default), 3 steps at 64^2, seed 5"));
   EXPECT_THAT(output, HasSubstr("step 3/3"));
   absl::StatusOr<at::Tensor> edited = ReadImageFile(out);
   ASSERT_TRUE(edited.ok()) << edited.status();
@@ -88,6 +88,16 @@ TEST(ModelCliTest, EditRejectsBadInputClearly) {
   EXPECT_EQ(bad_code, 1);
   EXPECT_THAT(bad_output, HasSubstr("neither PNG nor JPEG"));
   EXPECT_NE(RunDray("edit --instruction x --out y.png").first, 0);  // --image is required
+  const auto [key_code, key_output] =
+      RunDray(absl::StrCat("edit --image ", WriteTestImage("ok.png"), " --instruction x --out /tmp/never.png",
+                           " worker.image_edit.batchsize=2"));
+  EXPECT_EQ(key_code, 1);
+  EXPECT_THAT(key_output, HasSubstr("unknown key worker.image_edit.batchsize; valid keys: model_path"));
+  const auto [server_code, server_output] = RunDray(
+      absl::StrCat("edit --image ", WriteTestImage("ok.png"), " --instruction x --out /tmp/never.png",
+                   " --server 127.0.0.1:1 --model /models/x"));
+  EXPECT_EQ(server_code, 1);
+  EXPECT_THAT(server_output, HasSubstr("with --server the server's configuration applies"));
 }
 
 TEST(ModelCliTest, ParityPassesOnTheDiffusersReference) {

@@ -1,0 +1,237 @@
+#include "cli/edit_commands.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <grpcpp/client_context.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "dispatch/status_macros.h"
+#include "dray/v1/image_edit.grpc.pb.h"
+#include "runtime/grpc_util.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/edit/edit_config.h"
+#include "workers/edit/image_edit_controller.h"
+#include "workers/edit/image_edit_server.h"
+
+namespace dray {
+
+struct EditCommands::Flags {
+  std::string self;
+  CLI::App* edit = nullptr;
+  CLI::App* serve = nullptr;
+  // Both: the configuration.
+  std::string config_file;
+  std::vector<std::string> overrides;
+  int workers = 1;
+  // dray edit.
+  std::string image, instruction, out, server, model, negative_prompt;
+  std::optional<int64_t> steps, image_size, seed, width, height;
+  std::optional<double> true_cfg_scale;
+  double timeout_s = 600;
+  // dray serve.
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  int max_queue = 64;
+  int max_wait_ms = 20;
+};
+
+namespace {
+
+int Fail(const char* command, const absl::Status& status) {
+  std::fprintf(stderr, "dray %s: %s\n", command, status.ToString().c_str());
+  return 1;
+}
+
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read image ", path));
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+// Override spells one configuration key as a command-line override; the
+// value is JSON, which YAML reads back exactly (quotes, colons and all).
+std::string Override(const char* key, const nlohmann::json& value) {
+  return absl::StrCat("worker.image_edit.", key, "=", value.dump());
+}
+
+// ResolveEditConfig: the file, the overrides, then the shortcut flags.
+absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) {
+  std::vector<std::string> overrides = f.overrides;
+  if (!f.model.empty()) overrides.push_back(Override("model_path", f.model));
+  if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
+  if (f.image_size) overrides.push_back(Override("image_size", *f.image_size));
+  if (f.true_cfg_scale) overrides.push_back(Override("true_cfg_scale", *f.true_cfg_scale));
+  if (f.edit->count("--negative-prompt") > 0) overrides.push_back(Override("negative_prompt", f.negative_prompt));
+  if (f.seed) overrides.push_back(Override("seed", *f.seed));
+  return ImageEditConfig::Load(f.config_file, overrides);
+}
+
+ImageEditController::Options ControllerOptions(const EditCommands::Flags& f) {
+  ImageEditController::Options options;
+  options.workers = f.workers;
+  options.worker_command = {f.self, "worker"};
+  return options;
+}
+
+int EditLocally(const EditCommands::Flags& f) {
+  absl::StatusOr<ImageEditConfig> config = ResolveEditConfig(f);
+  if (!config.ok()) return Fail("edit", config.status());
+  absl::StatusOr<std::string> image = ReadFileBytes(f.image);
+  if (!image.ok()) return Fail("edit", image.status());
+  absl::StatusOr<DataProto> batch = MakeEditBatch({*image}, {f.instruction}, {config->seed});
+  absl::Status checked = batch.ok() ? CheckEditBatch(*batch) : batch.status();
+  if (!checked.ok()) return Fail("edit", checked);
+  batch->SetMeta("width", f.width.value_or(0));
+  batch->SetMeta("height", f.height.value_or(0));
+  batch->SetMeta("progress", true);
+  std::fprintf(stderr, "%s", config->ToYaml().c_str());
+  std::fprintf(stderr, "dray edit: model %s, %lld steps at %lld^2, seed %lld, %d worker%s\n",
+               config->model_path.empty() ? "tiny (embedded default)" : config->model_path.c_str(),
+               static_cast<long long>(config->num_inference_steps), static_cast<long long>(config->image_size),
+               static_cast<long long>(config->seed), f.workers, f.workers == 1 ? "" : "s");
+  absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
+      ImageEditController::Start(*config, ControllerOptions(f));
+  if (!controller.ok()) return Fail("edit", controller.status());
+  absl::StatusOr<DataProto> edited = (*controller)->Edit(*batch);
+  if (!edited.ok()) return Fail("edit", edited.status());
+  const Image& result = edited->GetRows<Image>(kEditedColumn).value()->front();
+  absl::Status written = WriteFileBytes(f.out, result.bytes.view());
+  if (!written.ok()) return Fail("edit", written);
+  std::printf("wrote %s (%dx%d)\n", f.out.c_str(), result.width, result.height);
+  return 0;
+}
+
+int EditOnServer(const EditCommands::Flags& f) {
+  if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || f.image_size ||
+      f.edit->count("--workers") > 0) {
+    return Fail("edit", absl::InvalidArgumentError(
+                            "with --server the server's configuration applies; per request only --steps, "
+                            "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
+  }
+  absl::StatusOr<std::string> image = ReadFileBytes(f.image);
+  if (!image.ok()) return Fail("edit", image.status());
+  v1::EditImageRequest request;
+  request.set_image(*std::move(image));
+  request.set_instruction(f.instruction);
+  if (f.steps) request.set_num_inference_steps(static_cast<int32_t>(*f.steps));
+  if (f.true_cfg_scale) request.set_true_cfg_scale(*f.true_cfg_scale);
+  if (f.edit->count("--negative-prompt") > 0) request.set_negative_prompt(f.negative_prompt);
+  if (f.seed) request.set_seed(*f.seed);
+  request.set_width(static_cast<int32_t>(f.width.value_or(0)));
+  request.set_height(static_cast<int32_t>(f.height.value_or(0)));
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(f.timeout_s));
+  std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(), f.timeout_s);
+  v1::EditImageResponse response;
+  const absl::Status status = ToAbslStatus(
+      v1::ImageEditService::NewStub(CreateDrayChannel(f.server))->Edit(&context, request, &response), f.server);
+  if (!status.ok()) return Fail("edit", status);
+  absl::Status written = WriteFileBytes(f.out, response.image());
+  if (!written.ok()) return Fail("edit", written);
+  std::printf("wrote %s (%dx%d, seed %lld, edited in a batch of %d)\n", f.out.c_str(), response.width(),
+              response.height(), static_cast<long long>(response.seed()), response.batch_rows());
+  return 0;
+}
+
+int Serve(const EditCommands::Flags& f) {
+  // Signals wait for sigwait below; every thread started from here on inherits the mask.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  absl::StatusOr<ImageEditConfig> config = ImageEditConfig::Load(f.config_file, f.overrides);
+  if (!config.ok()) return Fail("serve", config.status());
+  std::printf("%s", config->ToYaml().c_str());
+  std::fflush(stdout);
+  absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
+      ImageEditController::Start(*config, ControllerOptions(f));
+  if (!controller.ok()) return Fail("serve", controller.status());
+  ServeOptions options;
+  options.address = absl::StrCat(f.host, ":", f.port);
+  options.max_queue = f.max_queue;
+  options.max_wait = absl::Milliseconds(f.max_wait_ms);
+  absl::StatusOr<std::unique_ptr<ImageEditServer>> server = ImageEditServer::Start(controller->get(), options);
+  if (!server.ok()) return Fail("serve", server.status());
+  std::printf("dray serve: ImageEditService on %s:%d with %d worker%s, up to %lld images per call; "
+              "SIGINT or SIGTERM stops\n",
+              f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
+              static_cast<long long>(config->batch_size * f.workers));
+  std::fflush(stdout);
+  int signal = 0;
+  sigwait(&stop, &signal);
+  std::printf("dray serve: %s, stopping\n", strsignal(signal));
+  std::fflush(stdout);
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
+  Flags& f = *flags_;
+  f.self = std::move(self);
+  const char* overrides_help = "configuration overrides, worker.image_edit.KEY=VALUE (after --config)";
+
+  f.edit = app.add_subcommand("edit", "edit an image by an instruction with Qwen-Image-Edit");
+  f.edit->add_option("--image", f.image, "input image (PNG or JPEG)")->required();
+  f.edit->add_option("--instruction", f.instruction, "what to change")->required();
+  f.edit->add_option("--out", f.out, "output PNG")->required();
+  f.edit->add_option("--server", f.server, "a `dray serve` at HOST:PORT; default: start local workers");
+  f.edit->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
+  f.edit->add_option("overrides", f.overrides, overrides_help);
+  f.edit->add_option("--workers", f.workers, "local worker processes")->capture_default_str()->check(CLI::PositiveNumber);
+  f.edit->add_option("--model", f.model,
+                     "a diffusers Qwen-Image-Edit directory (model_path); default: the embedded tiny model");
+  f.edit->add_option("--steps", f.steps, "denoising steps (num_inference_steps)")->check(CLI::Range(1, 1000));
+  f.edit->add_option("--image-size", f.image_size, "work at about this many pixels squared (image_size)");
+  f.edit->add_option("--true-cfg-scale", f.true_cfg_scale, "guidance scale (true_cfg_scale)");
+  f.edit->add_option("--negative-prompt", f.negative_prompt, "what to steer away from; \"\" turns guidance off");
+  f.edit->add_option("--seed", f.seed, "noise seed: the same seed gives the same image");
+  f.edit->add_option("--width", f.width, "output width (default: the input's aspect ratio at image_size)");
+  f.edit->add_option("--height", f.height, "output height");
+  f.edit->add_option("--timeout", f.timeout_s, "seconds to wait for a server")->capture_default_str();
+
+  f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
+  f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
+  f.serve->add_option("overrides", f.overrides, overrides_help);
+  f.serve->add_option("--workers", f.workers, "worker processes (one per GPU)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  f.serve->add_option("--host", f.host, "address to listen on")->capture_default_str();
+  f.serve->add_option("--port", f.port, "port to listen on; 0 picks a free one")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  f.serve->add_option("--max-queue", f.max_queue, "images waiting at most; more get RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  f.serve->add_option("--max-wait-ms", f.max_wait_ms, "how long a batch waits to fill")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+}
+
+EditCommands::~EditCommands() = default;
+
+std::optional<int> EditCommands::Run() {
+  if (*flags_->edit) return flags_->server.empty() ? EditLocally(*flags_) : EditOnServer(*flags_);
+  if (*flags_->serve) return Serve(*flags_);
+  return std::nullopt;
+}
+
+}  // namespace dray

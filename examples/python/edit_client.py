@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Edit an image with a running `dray serve`, from Python with grpcio.
+
+    dray serve --workers 2 --port 8000 &
+    python3 examples/python/edit_client.py --server localhost:8000 \\
+        --image docs/example.png --instruction "make the sky purple" --out edited.png
+
+The stubs are generated from proto/dray/v1/image_edit.proto (Debian:
+protobuf-compiler, protobuf-compiler-grpc, python3-grpcio, python3-protobuf):
+
+    protoc -Iproto --python_out=py --grpc_python_out=py \\
+        --plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin dray/v1/image_edit.proto
+    PYTHONPATH=py python3 examples/python/edit_client.py ...
+
+(`bazel build //proto:image_edit_py` does the same into bazel-bin/proto.)
+"""
+import argparse
+import sys
+
+import grpc
+
+from dray.v1 import image_edit_pb2
+from dray.v1 import image_edit_pb2_grpc
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--server", default="localhost:8000", help="HOST:PORT of dray serve")
+    parser.add_argument("--image", required=True, help="input image (PNG or JPEG)")
+    parser.add_argument("--instruction", required=True, help="what to change")
+    parser.add_argument("--out", required=True, help="output PNG")
+    parser.add_argument("--seed", type=int, help="noise seed (default: the server's)")
+    parser.add_argument("--steps", type=int, help="denoising steps (default: the server's)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds to wait")
+    args = parser.parse_args()
+
+    with open(args.image, "rb") as f:
+        request = image_edit_pb2.EditImageRequest(image=f.read(), instruction=args.instruction)
+    if args.seed is not None:
+        request.seed = args.seed
+    if args.steps is not None:
+        request.num_inference_steps = args.steps
+
+    with grpc.insecure_channel(args.server) as channel:
+        stub = image_edit_pb2_grpc.ImageEditServiceStub(channel)
+        try:
+            response = stub.Edit(request, timeout=args.timeout)
+        except grpc.RpcError as error:
+            print(f"edit_client: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+    with open(args.out, "wb") as f:
+        f.write(response.image)
+    print(f"wrote {args.out} ({response.width}x{response.height}, seed {response.seed}, "
+          f"edited in a batch of {response.batch_rows})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# `dray serve` as a user runs it: the resolved configuration printed, the
+# Python client example and `dray edit --server` answered with the same image
+# for the same seed, bad input refused, and SIGTERM stopping everything.
+set -euo pipefail
+
+root="$TEST_SRCDIR/$TEST_WORKSPACE"
+dray="$root/cli/dray"
+image="$root/docs/example.png"
+out="$TEST_TMPDIR"
+fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
+
+"$dray" serve --workers 2 --port 0 worker.image_edit.num_inference_steps=2 worker.image_edit.image_size=64 \
+  >"$out/serve.log" 2>&1 &
+server=$!
+trap 'kill -KILL $server 2>/dev/null || true' EXIT
+
+for _ in $(seq 600); do
+  grep -q "ImageEditService on" "$out/serve.log" && break
+  kill -0 $server 2>/dev/null || fail "dray serve exited early"
+  sleep 0.1
+done
+port=$(sed -n 's/.*ImageEditService on [^ ]*:\([0-9][0-9]*\) .*/\1/p' "$out/serve.log")
+[[ -n "$port" ]] || fail "dray serve did not say where it listens"
+grep -q "num_inference_steps: 2" "$out/serve.log" || fail "the resolved configuration was not printed"
+
+PYTHONPATH="$root/proto" /usr/bin/python3 "$root/examples/python/edit_client.py" --server "127.0.0.1:$port" \
+  --image "$image" --instruction "make the sky purple" --seed 3 --out "$out/python.png" | tee "$out/python.txt"
+grep -q "seed 3" "$out/python.txt" || fail "the Python client did not report its seed"
+[[ "$(head -c 8 "$out/python.png" | od -An -tx1 | tr -d ' \n')" == "89504e470d0a1a0a" ]] || fail "not a PNG"
+
+"$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "make the sky purple" --seed 3 \
+  --out "$out/cli.png"
+cmp "$out/python.png" "$out/cli.png" || fail "the same request gave different images"
+
+echo "not an image" >"$out/bad.png"
+if PYTHONPATH="$root/proto" /usr/bin/python3 "$root/examples/python/edit_client.py" --server "127.0.0.1:$port" \
+  --image "$out/bad.png" --instruction "x" --out "$out/never.png" 2>"$out/bad.txt"; then
+  fail "a bad image was accepted"
+fi
+grep -q "INVALID_ARGUMENT: row 0: image data" "$out/bad.txt" || fail "unexpected error: $(cat "$out/bad.txt")"
+
+workers=$(pgrep -P $server -c || true)
+kill -TERM $server
+wait $server || fail "dray serve exited with $? on SIGTERM"
+grep -q "stopping" "$out/serve.log" || fail "no stop message"
+[[ "$workers" -ge 2 ]] || fail "expected 2 worker processes, saw $workers"
+for _ in $(seq 20); do pgrep -f "$dray worker" >/dev/null || break; sleep 0.1; done
+! pgrep -f "$dray worker" >/dev/null || fail "worker processes outlived dray serve"
+echo PASS
