@@ -23,6 +23,7 @@
 #include "runtime/allocator.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/worker_process.h"
+#include "workers/bench/edit_bench.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"
@@ -56,8 +57,8 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 }
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
-  if (suite != "runtime" && suite != "sharding") {
-    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding\n", suite.c_str());
+  if (suite != "runtime" && suite != "sharding" && suite != "edit") {
+    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit\n", suite.c_str());
     return 2;
   }
   if (!json) std::printf("%-32s %14s  %s\n", "figure", "value", "unit");
@@ -65,6 +66,8 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
   absl::StatusOr<std::vector<BenchMetric>> metrics;
   if (suite == "sharding") {
     metrics = RunShardingBench(quick, report);
+  } else if (suite == "edit") {
+    metrics = RunEditBench({{SelfPath(), "worker"}, quick, report});
   } else {
     ActorBenchOptions options;
     options.worker_command = {SelfPath(), "worker"};
@@ -127,7 +130,8 @@ int Main(int argc, char** argv) {
   std::string suite = "runtime";
   int workers = 4;
   bool quick = false, json = false;
-  bench->add_option("--suite", suite, "what to measure: runtime (actor calls) or sharding (memory, step time)")
+  bench->add_option("--suite", suite,
+                    "what to measure: runtime (actor calls), sharding (memory, step time) or edit (images/s, serving)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()

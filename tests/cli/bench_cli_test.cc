@@ -1,5 +1,5 @@
 // Runs `dray bench --quick --json` as a user would and checks that it prints
-// every figure the runtime benchmark promises, each a positive number with a
+// every figure each suite promises, each a positive number with a
 // unit. Values are not judged here: benchmarks measure, tests do not time.
 #include <cmath>
 #include <cstdio>
@@ -56,6 +56,16 @@ TEST(BenchCliTest, PrintsEveryShardingFigure) {
   // Memory falls with the world size (values are bytes, not timings).
   EXPECT_LT(figures.at("shard_param_bytes_w4"), figures.at("shard_param_bytes_w2"));
   EXPECT_LT(figures.at("shard_param_bytes_w2"), figures.at("shard_param_bytes_w1"));
+}
+
+TEST(BenchCliTest, PrintsEveryEditFigure) {
+  const std::map<std::string, double> figures = RunBench("--suite edit --quick --json");
+  for (const char* name : {"edit_images_per_s_w1", "edit_images_per_s_w2", "edit_speedup_w2", "edit_direct_p50_ms",
+                           "edit_served_p50_ms", "serve_overhead_ms"}) {
+    ASSERT_EQ(figures.count(name), 1u) << name;
+    EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
+  }
+  EXPECT_GT(figures.at("edit_images_per_s_w1"), 0);
 }
 
 TEST(BenchCliTest, RejectsAnUnknownSuite) {
