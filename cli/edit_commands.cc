@@ -1,6 +1,7 @@
 #include "cli/edit_commands.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -70,6 +71,15 @@ std::string Override(const char* key, const nlohmann::json& value) {
   return absl::StrCat("worker.image_edit.", key, "=", value.dump());
 }
 
+// ShowProgress shows denoising steps: on one line on a terminal, one line
+// per step in a log.
+void ShowProgress(int64_t step, int64_t steps) {
+  static const bool terminal = isatty(fileno(stderr));
+  std::fprintf(stderr, "%sdenoising: step %lld/%lld%s", terminal ? "\r" : "", static_cast<long long>(step),
+               static_cast<long long>(steps), !terminal || step == steps ? "\n" : "");
+  std::fflush(stderr);
+}
+
 // ResolveEditConfig: the file, the overrides, then the shortcut flags.
 absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) {
   std::vector<std::string> overrides = f.overrides;
@@ -99,7 +109,6 @@ int EditLocally(const EditCommands::Flags& f) {
   if (!checked.ok()) return Fail("edit", checked);
   batch->SetMeta("width", f.width.value_or(0));
   batch->SetMeta("height", f.height.value_or(0));
-  batch->SetMeta("progress", true);
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
   std::fprintf(stderr, "dray edit: model %s, %lld steps at %lld^2, seed %lld, %d worker%s\n",
                config->model_path.empty() ? "tiny (embedded default)" : config->model_path.c_str(),
@@ -108,6 +117,7 @@ int EditLocally(const EditCommands::Flags& f) {
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
+  (*controller)->set_progress_callback(ShowProgress);
   absl::StatusOr<DataProto> edited = (*controller)->Edit(*batch);
   if (!edited.ok()) return Fail("edit", edited.status());
   const Image& result = edited->GetRows<Image>(kEditedColumn).value()->front();
@@ -138,9 +148,15 @@ int EditOnServer(const EditCommands::Flags& f) {
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(f.timeout_s));
   std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(), f.timeout_s);
+  std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> events =
+      v1::ImageEditService::NewStub(CreateDrayChannel(f.server))->EditStream(&context, request);
+  v1::EditImageEvent event;
   v1::EditImageResponse response;
-  const absl::Status status = ToAbslStatus(
-      v1::ImageEditService::NewStub(CreateDrayChannel(f.server))->Edit(&context, request, &response), f.server);
+  while (events->Read(&event)) {
+    if (event.has_progress()) ShowProgress(event.progress().step(), event.progress().steps());
+    if (event.has_result()) response = event.result();
+  }
+  const absl::Status status = ToAbslStatus(events->Finish(), f.server);
   if (!status.ok()) return Fail("edit", status);
   absl::Status written = WriteFileBytes(f.out, response.image());
   if (!written.ok()) return Fail("edit", written);

@@ -22,7 +22,8 @@
 // that call: the worker keeps serving.
 //
 // Inside a method, rank(), world_size() and friends say where the worker
-// stands, and comm() gives the group's communicator for collectives.
+// stands, comm() gives the group's communicator for collectives, and
+// ReportProgress tells the controller how far a long method is.
 //
 // Thread-safety: the runtime calls a worker's methods one at a time.
 #ifndef DRAY_RUNTIME_WORKER_H_
@@ -74,6 +75,10 @@ struct MethodOptions {
 
 using MethodFn = std::function<absl::StatusOr<DataProto>(const DataProto& input)>;
 
+// ProgressSink: where ReportProgress sends reports; the worker process
+// forwards them to the controller (WorkerGroupOptions::on_progress).
+using ProgressSink = std::function<void(const std::string& what, int64_t done, int64_t total)>;
+
 // RegisteredMethod: one method of a worker class.
 struct RegisteredMethod {
   std::string name;
@@ -103,6 +108,14 @@ class Worker {
   // build without CUDA.
   absl::StatusOr<Communicator*> device_comm();
 
+  // ReportProgress tells the controller that the running method has done
+  // `done` of `total` units of `what` (e.g. denoising steps). A no-op when no
+  // controller listens; it never fails the method.
+  void ReportProgress(const std::string& what, int64_t done, int64_t total) const {
+    if (progress_sink_) progress_sink_(what, done, total);
+  }
+  void set_progress_sink(ProgressSink sink) { progress_sink_ = std::move(sink); }
+
   const std::vector<RegisteredMethod>& methods() const { return methods_; }
 
  protected:
@@ -127,6 +140,7 @@ class Worker {
 
   WorkerContext context_;
   std::vector<RegisteredMethod> methods_;
+  ProgressSink progress_sink_;
   std::shared_ptr<Rendezvous> rendezvous_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Communicator> device_comm_;

@@ -103,6 +103,10 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report, v1::ProgressAck*) override {
+    if (options_.on_progress) options_.on_progress(report->rank(), report->what(), report->done(), report->total());
+    return grpc::Status::OK;
+  }
 
   bool stopped() {
     absl::MutexLock lock(&mu_);

@@ -66,6 +66,10 @@ absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::stri
   }
 }
 
+void WorkerHost::SetProgressSink(const ProgressSink& sink) {
+  for (const auto& [role, worker] : workers_) worker->set_progress_sink(sink);
+}
+
 v1::MethodTable WorkerHost::Describe() const {
   v1::MethodTable table;
   table.set_rank(rank_);

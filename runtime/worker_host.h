@@ -42,6 +42,9 @@ class WorkerHost {
   // Describe returns the method table of every hosted role.
   v1::MethodTable Describe() const;
 
+  // SetProgressSink gives every hosted worker's ReportProgress its sink.
+  void SetProgressSink(const ProgressSink& sink);
+
  private:
   WorkerHost(std::vector<std::pair<std::string, std::unique_ptr<Worker>>> workers, int rank)
       : workers_(std::move(workers)), rank_(rank) {}

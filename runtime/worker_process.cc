@@ -34,6 +34,8 @@ constexpr absl::Duration kControllerSilenceLimit = absl::Seconds(5);
 // How long in-flight RPCs get at shutdown. A method still running then is
 // abandoned: the process exits without waiting for it.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
+// The longest a progress report may hold up the method that sends it.
+constexpr absl::Duration kProgressTimeout = absl::Seconds(1);
 
 void Log(int rank, const std::string& message) {
   std::fprintf(stderr, "dray worker rank %d (pid %d): %s\n", rank, getpid(), message.c_str());
@@ -153,7 +155,19 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   }
   StopOnSignals(&stop);
 
-  auto controller = v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
+  std::shared_ptr<v1::ControllerService::Stub> controller =
+      v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
+  host->SetProgressSink([controller, rank = context.rank](const std::string& what, int64_t done, int64_t total) {
+    grpc::ClientContext rpc;
+    SetDeadline(&rpc, kProgressTimeout);
+    v1::ProgressReport report;
+    report.set_rank(rank);
+    report.set_what(what);
+    report.set_done(done);
+    report.set_total(total);
+    v1::ProgressAck ack;
+    controller->ReportProgress(&rpc, report, &ack).ok();  // progress is best effort
+  });
   DRAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse registered,
                         Register(controller.get(), context, absl::StrCat(options.host, ":", port), *host));
   Heartbeat(controller.get(), context.rank,

@@ -2,7 +2,9 @@
 // worker` processes, called over gRPC as clients would call it.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -96,6 +98,32 @@ TEST_F(ImageEditServerTest, EditAnswersWhatTheWorkersCompute) {
   EXPECT_TRUE(at::equal(served, expected));
   EXPECT_EQ(response.width(), served.size(1));
   EXPECT_EQ(response.height(), served.size(0));
+}
+
+TEST_F(ImageEditServerTest, EditStreamReportsEveryStepThenTheResult) {
+  v1::EditImageRequest request = Request(1, /*seed=*/9);
+  request.set_num_inference_steps(8);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Minutes(2));
+  auto events = v1::ImageEditService::NewStub(serving_->channel)->EditStream(&context, request);
+  std::vector<int64_t> steps;
+  v1::EditImageEvent event;
+  std::optional<v1::EditImageResponse> result;
+  while (events->Read(&event)) {
+    if (event.has_progress()) {
+      EXPECT_FALSE(result.has_value()) << "progress after the result";
+      EXPECT_EQ(event.progress().steps(), 8);
+      steps.push_back(event.progress().step());
+    }
+    if (event.has_result()) result = event.result();
+  }
+  DRAY_ASSERT_OK(ToAbslStatus(events->Finish(), "EditStream"));
+  ASSERT_FALSE(steps.empty());
+  EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end()));
+  EXPECT_EQ(steps.back(), 8);
+  ASSERT_TRUE(result.has_value());
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse unary, Edit(*serving_, request));
+  EXPECT_EQ(result->image(), unary.image());
 }
 
 TEST_F(ImageEditServerTest, EditBatchAnswersInOrder) {

@@ -30,7 +30,8 @@ grep -q "seed 3" "$out/python.txt" || fail "the Python client did not report its
 [[ "$(head -c 8 "$out/python.png" | od -An -tx1 | tr -d ' \n')" == "89504e470d0a1a0a" ]] || fail "not a PNG"
 
 "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "make the sky purple" --seed 3 \
-  --out "$out/cli.png"
+  --out "$out/cli.png" 2>&1 | tee "$out/cli.txt"
+grep -q "denoising: step 2/2" "$out/cli.txt" || fail "dray edit --server showed no progress"
 cmp "$out/python.png" "$out/cli.png" || fail "the same request gave different images"
 
 echo "not an image" >"$out/bad.png"

@@ -43,6 +43,7 @@ class TestWorker : public Worker {
     Def("append", &TestWorker::Append, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("all_reduce", &TestWorker::AllReduce, {kOneToAll});
     Def("print", &TestWorker::Print, {kOneToAll});
+    Def("progress", &TestWorker::Progress, {kOneToAll});
   }
 
   absl::StatusOr<DataProto> Identity() {
@@ -89,6 +90,12 @@ class TestWorker : public Worker {
     at::Tensor value = at::full({3}, static_cast<double>(rank() + 1), at::kDouble);
     DRAY_RETURN_IF_ERROR(comm->AllReduce(value));
     return DataProto::Make({{"sum", value.unsqueeze(0)}});
+  }
+
+  // Progress reports steps 1..3 of "steps".
+  absl::StatusOr<DataProto> Progress() {
+    for (int step = 1; step <= 3; ++step) ReportProgress("steps", step, 3);
+    return DataProto();
   }
 
   absl::StatusOr<DataProto> Print() {

@@ -9,12 +9,14 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "dispatch/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -263,6 +265,22 @@ TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
   ASSERT_TRUE(failed.has_error());
   EXPECT_EQ(failed.error().code(), static_cast<int>(absl::StatusCode::kNotFound));
   EXPECT_THAT(failed.error().message(), AllOf(HasSubstr("rank 1"), HasSubstr("no_such_method")));
+}
+
+TEST(WorkerGroupProgressTest, ReportsReachTheControllerInOrder) {
+  absl::Mutex mu;
+  std::map<int, std::vector<std::string>> seen;  // by rank
+  WorkerGroupOptions options;
+  options.on_progress = [&](int rank, const std::string& what, int64_t done, int64_t total) {
+    absl::MutexLock lock(&mu);
+    seen[rank].push_back(absl::StrCat(what, " ", done, "/", total));
+  };
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 2}, {"test"}, options));
+  DRAY_ASSERT_OK(group->Call("progress", {}).status());
+  absl::MutexLock lock(&mu);  // reports are synchronous: all are in when the call returns
+  for (int rank : {0, 1}) {
+    EXPECT_THAT(seen[rank], ::testing::ElementsAre("steps 1/3", "steps 2/3", "steps 3/3")) << "rank " << rank;
+  }
 }
 
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {

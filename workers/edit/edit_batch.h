@@ -9,8 +9,7 @@
 //
 // Meta info may override the worker's configuration for one call:
 // num_inference_steps, true_cfg_scale, negative_prompt ("" turns guidance
-// off), width and height (0 follows the input's aspect ratio), and
-// progress (true prints each denoising step).
+// off), width and height (0 follows the input's aspect ratio).
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
 //   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller, before dispatch

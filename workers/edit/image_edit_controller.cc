@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "dispatch/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
@@ -40,14 +41,39 @@ class ScratchFolder {
 
 }  // namespace
 
+// ProgressRelay: hands rank 0's denoising reports to the current callback.
+struct ImageEditController::ProgressRelay {
+  absl::Mutex mu;
+  ProgressCallback callback ABSL_GUARDED_BY(mu);
+
+  void Report(int rank, const std::string& what, int64_t done, int64_t total) {
+    if (rank != 0 || what != kDenoisingProgress) return;
+    absl::MutexLock lock(&mu);
+    if (callback) callback(done, total);
+  }
+};
+
+ImageEditController::ImageEditController(ImageEditConfig config, std::shared_ptr<ProgressRelay> progress,
+                                         std::unique_ptr<WorkerGroup> group)
+    : config_(std::move(config)), progress_(std::move(progress)), group_(std::move(group)) {}
+
+void ImageEditController::set_progress_callback(ProgressCallback callback) {
+  absl::MutexLock lock(&progress_->mu);
+  progress_->callback = std::move(callback);
+}
+
 absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(const ImageEditConfig& config,
                                                                                 Options options) {
+  auto progress = std::make_shared<ProgressRelay>();
   WorkerGroupOptions group_options;
   group_options.command = std::move(options.worker_command);
   group_options.roles = {kImageEditRole};
   group_options.env = std::move(options.env);
+  group_options.on_progress = [progress](int rank, const std::string& what, int64_t done, int64_t total) {
+    progress->Report(rank, what, done, total);
+  };
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, WorkerGroup::Create({1, options.workers}, group_options));
-  std::unique_ptr<ImageEditController> controller(new ImageEditController(config, std::move(group)));
+  std::unique_ptr<ImageEditController> controller(new ImageEditController(config, progress, std::move(group)));
 
   ImageEditConfig worker_config = config;
   std::optional<ScratchFolder> embedded;  // the tiny model, while the workers load it

@@ -19,7 +19,10 @@
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
 #define DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,16 +52,24 @@ class ImageEditController {
   // group's call timeout.
   absl::StatusOr<DataProto> Edit(const DataProto& batch, std::optional<absl::Duration> timeout = std::nullopt);
 
+  // ProgressCallback receives the running call's denoising progress (rank
+  // 0's steps done, of all it will run), on an RPC thread.
+  using ProgressCallback = std::function<void(int64_t step, int64_t steps)>;
+  // set_progress_callback replaces the callback; thread-safe.
+  void set_progress_callback(ProgressCallback callback);
+
   const ImageEditConfig& config() const { return config_; }
   // init_results: what init_model returned, by rank (memory figures as meta).
   const std::vector<DataProto>& init_results() const { return init_results_; }
   WorkerGroup& group() { return *group_; }
 
  private:
-  ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group)
-      : config_(std::move(config)), group_(std::move(group)) {}
+  struct ProgressRelay;
+  ImageEditController(ImageEditConfig config, std::shared_ptr<ProgressRelay> progress,
+                      std::unique_ptr<WorkerGroup> group);
 
   const ImageEditConfig config_;
+  const std::shared_ptr<ProgressRelay> progress_;  // shared with the group's on_progress
   std::unique_ptr<WorkerGroup> group_;
   std::vector<DataProto> init_results_;
 };

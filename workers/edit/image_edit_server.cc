@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -36,6 +37,7 @@ struct QueuedEdit {
   absl::Time enqueued;
   absl::Time deadline;
   std::atomic<bool> abandoned{false};  // the client has gone
+  std::atomic<int64_t> step{0}, steps{0};  // denoising progress of its batch
   absl::Notification done;
   absl::StatusOr<v1::EditImageResponse> result;  // written before done.Notify()
 };
@@ -74,19 +76,44 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   grpc::Status EditBatch(grpc::ServerContext* context, const v1::EditImageBatchRequest* request,
                          v1::EditImageBatchResponse* response) override;
 
+  grpc::Status EditStream(grpc::ServerContext* context, const v1::EditImageRequest* request,
+                          grpc::ServerWriter<v1::EditImageEvent>* writer) override {
+    absl::StatusOr<QueuedEdits> queued = Admit({request}, *context);
+    if (!queued.ok()) return ToGrpcStatus(queued.status());
+    v1::EditImageEvent event;
+    absl::StatusOr<v1::EditImageResponse> result =
+        Await(queued->front(), *context, [&](int64_t step, int64_t steps) {
+          event.mutable_progress()->set_step(step);
+          event.mutable_progress()->set_steps(steps);
+          writer->Write(event);
+        });
+    if (!result.ok()) return ToGrpcStatus(result.status());
+    *event.mutable_result() = *std::move(result);
+    writer->Write(event);
+    return grpc::Status::OK;
+  }
+
  private:
   // Admit checks the requests and queues them all, or none.
   absl::StatusOr<QueuedEdits> Admit(const std::vector<const v1::EditImageRequest*>& requests,
                                     const grpc::ServerContext& context);
   absl::StatusOr<std::shared_ptr<QueuedEdit>> Prepare(const v1::EditImageRequest& request, int64_t row,
                                                       absl::Time deadline) const;
-  // Await waits for `edit`'s result while its client waits.
-  absl::StatusOr<v1::EditImageResponse> Await(const std::shared_ptr<QueuedEdit>& edit,
-                                              const grpc::ServerContext& context);
+  // Await waits for `edit`'s result while its client waits, passing new
+  // denoising progress to `on_progress` (when given).
+  absl::StatusOr<v1::EditImageResponse> Await(
+      const std::shared_ptr<QueuedEdit>& edit, const grpc::ServerContext& context,
+      const std::function<void(int64_t step, int64_t steps)>& on_progress = nullptr);
+  // OnProgress records the running batch's progress.
+  void OnProgress(int64_t step, int64_t steps);
   // NextBatch blocks for the next batch (empty when every request it took
   // was abandoned); nullopt when shutting down.
   std::optional<QueuedEdits> NextBatch();
   void RunBatch(const QueuedEdits& batch);
+  void SetRunning(QueuedEdits batch) {
+    absl::MutexLock lock(&mu_);
+    running_ = std::move(batch);
+  }
   void RunBatches();
   void WatchHealth();
 
@@ -100,6 +127,7 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
   absl::Mutex mu_;
   std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
+  QueuedEdits running_ ABSL_GUARDED_BY(mu_);  // the batch the workers edit now
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -170,9 +198,13 @@ absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(const std::vector<const
   return edits;
 }
 
-absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(const std::shared_ptr<QueuedEdit>& edit,
-                                                                   const grpc::ServerContext& context) {
+absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
+    const std::shared_ptr<QueuedEdit>& edit, const grpc::ServerContext& context,
+    const std::function<void(int64_t step, int64_t steps)>& on_progress) {
+  int64_t reported = 0;
   while (!edit->done.WaitForNotificationWithTimeout(kPollInterval)) {
+    const int64_t step = edit->step;
+    if (on_progress && step > reported) on_progress(reported = step, edit->steps);
     if (absl::Now() >= edit->deadline) {
       edit->abandoned = true;
       return absl::DeadlineExceededError("the deadline passed before the image was edited");
@@ -182,6 +214,8 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(const std::sh
       return absl::CancelledError("the client cancelled the request");
     }
   }
+  // Reports arrive before results (workers send them synchronously): the last step is in.
+  if (on_progress && edit->result.ok() && edit->step > reported) on_progress(edit->step, edit->steps);
   return edit->result;
 }
 
@@ -209,6 +243,14 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
   return batch;
 }
 
+void ImageEditServer::Impl::OnProgress(int64_t step, int64_t steps) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& edit : running_) {
+    edit->steps = steps;
+    edit->step = step;
+  }
+}
+
 void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
   std::vector<std::string> images, instructions;
   std::vector<int64_t> seeds;
@@ -224,7 +266,10 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     for (const auto& [key, value] : batch.front()->options) input.SetMeta(key, value);
     std::optional<absl::Duration> timeout;
     if (deadline != absl::InfiniteFuture()) timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    return controller_->Edit(input, timeout);
+    SetRunning(batch);
+    absl::StatusOr<DataProto> result = controller_->Edit(input, timeout);
+    SetRunning({});
+    return result;
   }();
   const std::vector<Image>* rows = nullptr;
   if (edited.ok()) {
@@ -278,6 +323,7 @@ absl::Status ImageEditServer::Impl::Start() {
     return absl::UnavailableError(absl::StrCat("cannot serve on ", options_.address, " (in use, or not an address)"));
   }
   server_->GetHealthCheckService()->SetServingStatus(kImageEditServiceName, true);
+  controller_->set_progress_callback([this](int64_t step, int64_t steps) { OnProgress(step, steps); });
   batcher_ = std::thread([this] { RunBatches(); });
   health_watcher_ = std::thread([this] { WatchHealth(); });
   return absl::OkStatus();
@@ -292,6 +338,7 @@ void ImageEditServer::Impl::Shutdown() {
     left.swap(queue_);
   }
   stopped_.Notify();
+  controller_->set_progress_callback(nullptr);
   for (const auto& edit : left) {
     edit->result = absl::UnavailableError("the server is shutting down");
     edit->done.Notify();

@@ -9,6 +9,7 @@
 // oldest has waited max_wait, and sends it as one edit_images_batch call.
 // Client deadlines bound both the wait and the call. When a worker process
 // dies, health turns NOT_SERVING and requests fail with UNAVAILABLE at once.
+// EditStream relays the running batch's denoising steps to its clients.
 //
 //   ServeOptions options;
 //   options.address = "0.0.0.0:8000";

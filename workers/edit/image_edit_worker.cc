@@ -170,22 +170,20 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows,
                         DecodeEditRows(batch, rank() * batch.size(), state_->config.seed));
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(state_->config, batch.meta_info()));
-  auto progress_meta = batch.meta_info().find("progress");
-  const bool progress = progress_meta != batch.meta_info().end() && progress_meta->second == MetaValue(true);
   if (state_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(state_->MoveParameters(state_->device));
   std::vector<Image> edited;
   const size_t micro_batch = static_cast<size_t>(state_->config.batch_size);
+  const int64_t steps = options.num_inference_steps;
+  const int64_t total_steps = steps * static_cast<int64_t>((rows.size() + micro_batch - 1) / micro_batch);
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
     std::vector<qwen_image::EditInput> inputs;
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
       inputs.push_back({rows[i].image.to(state_->device), rows[i].instruction, rows[i].seed});
     }
+    const int64_t done_before = steps * static_cast<int64_t>(start / micro_batch);
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
-                          state_->pipeline->Edit(inputs, options, [&](int step, int steps) {
-                            if (!progress) return;
-                            std::fprintf(stderr, "denoising rows %zu-%zu of %zu: step %d/%d\n", start + 1,
-                                         start + inputs.size(), rows.size(), step, steps);
-                            std::fflush(stderr);
+                          state_->pipeline->Edit(inputs, options, [&](int step, int) {
+                            ReportProgress(kDenoisingProgress, done_before + step, total_steps);
                           }));
     for (const at::Tensor& image : images) {
       DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));

@@ -15,6 +15,9 @@
 // the VAE is replicated); without it every rank reads the weights itself.
 // A barrier ends it, and each phase's memory is logged.
 //
+// edit_images_batch reports each denoising step (ReportProgress, as
+// "denoising": steps done of all its micro-batches' steps).
+//
 // With enable_cpu_offload the parameters (the shards, under FSDP) wait in
 // CPU memory between calls and move to the device for each call.
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
@@ -30,6 +33,8 @@ namespace dray {
 
 // kImageEditRole: the role QwenImageEditWorker is registered under.
 inline constexpr char kImageEditRole[] = "image_edit";
+// kDenoisingProgress: what edit_images_batch's progress reports count.
+inline constexpr char kDenoisingProgress[] = "denoising";
 
 class QwenImageEditWorker : public Worker {
  public:
