@@ -90,6 +90,8 @@ TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float8"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("torch_dtype")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=bfloat16"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16 needs device cuda")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.fsdp_sharding_strategy=HALF"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fsdp_sharding_strategy")));
   EXPECT_THAT(ImageEditConfig::Load("", {"batch_size=2"}),

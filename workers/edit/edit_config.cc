@@ -137,6 +137,11 @@ absl::Status Validate(const ImageEditConfig& c) {
   if (c.device != "cpu" && c.device != "cuda" && c.device.rfind("cuda:", 0) != 0) {
     return bad("device", absl::StrCat("'", c.device, "' is not cpu, cuda or cuda:N"));
   }
+  if (c.device == "cpu" && c.torch_dtype != "float32") {
+    // LibTorch 1.13's CPU kernels lack float16 matmuls, and its bfloat16 ones
+    // die with SIGILL on CPUs without AVX512-BF16 (seen on the CI machine).
+    return bad("torch_dtype", absl::StrCat(c.torch_dtype, " needs device cuda; on cpu use float32"));
+  }
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
   if (!strategy.ok()) return bad("fsdp_sharding_strategy", std::string(strategy.status().message()));
   return absl::OkStatus();
