@@ -104,7 +104,7 @@ int EditLocally(const EditCommands::Flags& f) {
   if (!config.ok()) return Fail("edit", config.status());
   absl::StatusOr<std::string> image = ReadFileBytes(f.image);
   if (!image.ok()) return Fail("edit", image.status());
-  absl::StatusOr<DataProto> batch = MakeEditBatch({*image}, {f.instruction}, {config->seed});
+  absl::StatusOr<DataProto> batch = MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
   absl::Status checked = batch.ok() ? CheckEditBatch(*batch) : batch.status();
   if (!checked.ok()) return Fail("edit", checked);
   batch->SetMeta("width", f.width.value_or(0));
@@ -118,9 +118,11 @@ int EditLocally(const EditCommands::Flags& f) {
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
   (*controller)->set_progress_callback(ShowProgress);
-  absl::StatusOr<DataProto> edited = (*controller)->Edit(*batch);
-  if (!edited.ok()) return Fail("edit", edited.status());
-  const Image& result = edited->GetRows<Image>(kEditedColumn).value()->front();
+  absl::StatusOr<DataProto> edited = (*controller)->EditCheckedRows(*batch);  // checked above, before any worker started
+  absl::StatusOr<const std::vector<Image>*> rows =
+      edited.ok() ? edited->GetRows<Image>(kEditedColumn) : absl::StatusOr<const std::vector<Image>*>(edited.status());
+  if (!rows.ok()) return Fail("edit", rows.status());
+  const Image& result = (*rows)->front();
   absl::Status written = WriteFileBytes(f.out, result.bytes.view());
   if (!written.ok()) return Fail("edit", written);
   std::printf("wrote %s (%dx%d)\n", f.out.c_str(), result.width, result.height);

@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(const I
 
 // TestBatch: `n` distinct PNG images of different sizes, and instructions.
 struct TestBatch {
-  std::vector<std::string> pngs;
+  std::vector<Bytes> pngs;
   std::vector<std::string> instructions;
   DataProto data;  // MakeEditBatch(pngs, instructions)
 };

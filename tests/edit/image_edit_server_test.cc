@@ -52,7 +52,7 @@ Serving Serve(const ImageEditConfig& config, ServeOptions options = {}) {
 v1::EditImageRequest Request(int index, int64_t seed) {
   const TestBatch batch = MakeTestBatch(index + 1);
   v1::EditImageRequest request;
-  request.set_image(batch.pngs[index]);
+  request.set_image(std::string(batch.pngs[index].view()));
   request.set_instruction(batch.instructions[index]);
   request.set_seed(seed);
   return request;

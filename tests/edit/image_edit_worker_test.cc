@@ -56,7 +56,8 @@ TEST_F(ImageEditWorkerTest, FiveImagesOverTwoWorkersKeepTheirOrder) {
 
 TEST_F(ImageEditWorkerTest, BadRowsAreNamedBeforeDispatch) {
   TestBatch batch = MakeTestBatch(4);
-  std::vector<std::string> pngs = batch.pngs, instructions = batch.instructions;
+  std::vector<Bytes> pngs = batch.pngs;
+  std::vector<std::string> instructions = batch.instructions;
   pngs[2] = "this is not an image";
   EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 2: image data (20 bytes) is neither PNG nor JPEG")));
@@ -72,8 +73,8 @@ TEST_F(ImageEditWorkerTest, BadRowsAreNamedBeforeDispatch) {
 
 TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
   TestBatch batch = MakeTestBatch(4);
-  std::vector<std::string> pngs = batch.pngs;
-  pngs[3] = pngs[3].substr(0, 40);  // truncated
+  std::vector<Bytes> pngs = batch.pngs;
+  pngs[3] = std::string(pngs[3].view().substr(0, 40));  // truncated
   // Straight to the workers, past the controller's checks: rank 1 holds rows 2 and 3.
   EXPECT_THAT(controller_->group().Call("edit_images_batch", {MakeEditBatch(pngs, batch.instructions).value()}),
               StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rank 1"), HasSubstr("row 3"))));

@@ -32,8 +32,8 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(const EditB
 }
 
 // TestImages: `n` 96x128 gradients, PNG-encoded.
-absl::StatusOr<std::vector<std::string>> TestImages(int n) {
-  std::vector<std::string> images;
+absl::StatusOr<std::vector<Bytes>> TestImages(int n) {
+  std::vector<Bytes> images;
   for (int i = 0; i < n; ++i) {
     const at::Tensor rgb = at::arange(96 * 128 * 3, at::kLong).mul(i + 1).remainder(256).to(at::kByte).view({96, 128, 3});
     DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
@@ -71,7 +71,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
     if (options.report) options.report(metrics.back());
   };
   const int repeats = options.quick ? 1 : 3;
-  DRAY_ASSIGN_OR_RETURN(std::vector<std::string> images, TestImages(kBatchRows));
+  DRAY_ASSIGN_OR_RETURN(std::vector<Bytes> images, TestImages(kBatchRows));
   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, std::vector<std::string>(kBatchRows, "make the sky purple")));
 
   // One group at a time: two would share the cores.
@@ -94,7 +94,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditServer> server, ImageEditServer::Start(one.get(), serve));
   auto stub = v1::ImageEditService::NewStub(CreateDrayChannel(absl::StrCat("127.0.0.1:", server->port())));
   v1::EditImageRequest request;
-  request.set_image(images[0]);
+  request.set_image(std::string(images[0].view()));
   request.set_instruction("make the sky purple");
   request.set_seed(42);
   const int latency_repeats = options.quick ? 11 : 41;

@@ -42,14 +42,12 @@ absl::StatusOr<T> MetaOr(const MetaInfo& meta, const char* key, T fallback) {
 
 }  // namespace
 
-absl::StatusOr<DataProto> MakeEditBatch(const std::vector<std::string>& images,
+absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds) {
   std::vector<Image> rows;
-  for (const std::string& bytes : images) {
-    const bool jpeg = bytes.size() >= 2 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-                      static_cast<unsigned char>(bytes[1]) == 0xD8;
-    rows.push_back({jpeg ? Image::Format::kJpeg : Image::Format::kPng, 0, 0, 0, Bytes(bytes)});
+  for (const Bytes& bytes : images) {
+    rows.push_back({IsJpeg(bytes.view()) ? Image::Format::kJpeg : Image::Format::kPng, 0, 0, 0, bytes});
   }
   NonTensorColumns columns = {{kImagesColumn, std::move(rows)}, {kInstructionsColumn, instructions}};
   if (!seeds.empty()) columns.emplace_back(kSeedsColumn, seeds);

@@ -47,8 +47,9 @@ struct EditRow {
 };
 
 // MakeEditBatch builds a batch from encoded images (PNG or JPEG, told apart
-// by their signature), instructions and, when not empty, per-row seeds.
-absl::StatusOr<DataProto> MakeEditBatch(const std::vector<std::string>& images,
+// by their signature; the rows share the buffers), instructions and, when
+// not empty, per-row seeds.
+absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds = {});
 

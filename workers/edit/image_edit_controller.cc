@@ -97,6 +97,11 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
 
 absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch, std::optional<absl::Duration> timeout) {
   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));
+  return EditCheckedRows(batch, timeout);
+}
+
+absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(const DataProto& batch,
+                                                               std::optional<absl::Duration> timeout) {
   CallOptions call;
   call.timeout = timeout;
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited, group_->Call("edit_images_batch", {batch}, call));

@@ -47,10 +47,15 @@ class ImageEditController {
 
   static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config, Options options);
 
-  // Edit checks `batch`'s rows, then runs edit_images_batch across the
-  // workers; returns final_edited_images in row order. `timeout` unset: the
-  // group's call timeout.
+  // Edit checks `batch`'s rows (CheckEditBatch), then EditCheckedRows.
   absl::StatusOr<DataProto> Edit(const DataProto& batch, std::optional<absl::Duration> timeout = std::nullopt);
+
+  // EditCheckedRows runs edit_images_batch across the workers on rows the
+  // caller has checked already (the server checks each request as it
+  // arrives); returns final_edited_images in row order. `timeout` unset:
+  // the group's call timeout.
+  absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch,
+                                            std::optional<absl::Duration> timeout = std::nullopt);
 
   // ProgressCallback receives the running call's denoising progress (rank
   // 0's steps done, of all it will run), on an RPC thread.

@@ -31,7 +31,7 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 // QueuedEdit: one image waiting for, or in, a batch.
 struct QueuedEdit {
   MetaInfo options;  // the worker call's meta info: requests batch together when equal
-  std::string image;
+  Bytes image;
   std::string instruction;
   int64_t seed = 0;
   absl::Time enqueued;
@@ -156,7 +156,7 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(const
                                                    " bytes; at most ", options_.max_image_bytes, " are accepted"));
   }
   auto edit = std::make_shared<QueuedEdit>();
-  edit->image = request.image();
+  edit->image = Bytes(request.image());
   edit->instruction = request.instruction();
   edit->seed = request.has_seed() ? request.seed() : config.seed;
   edit->deadline = deadline;
@@ -202,9 +202,11 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
     const std::shared_ptr<QueuedEdit>& edit, const grpc::ServerContext& context,
     const std::function<void(int64_t step, int64_t steps)>& on_progress) {
   int64_t reported = 0;
+  auto report = [&] {
+    if (on_progress && edit->step > reported) on_progress(reported = edit->step, edit->steps);
+  };
   while (!edit->done.WaitForNotificationWithTimeout(kPollInterval)) {
-    const int64_t step = edit->step;
-    if (on_progress && step > reported) on_progress(reported = step, edit->steps);
+    report();
     if (absl::Now() >= edit->deadline) {
       edit->abandoned = true;
       return absl::DeadlineExceededError("the deadline passed before the image was edited");
@@ -215,7 +217,7 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
     }
   }
   // Reports arrive before results (workers send them synchronously): the last step is in.
-  if (on_progress && edit->result.ok() && edit->step > reported) on_progress(edit->step, edit->steps);
+  if (edit->result.ok()) report();
   return edit->result;
 }
 
@@ -252,7 +254,8 @@ void ImageEditServer::Impl::OnProgress(int64_t step, int64_t steps) {
 }
 
 void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
-  std::vector<std::string> images, instructions;
+  std::vector<Bytes> images;
+  std::vector<std::string> instructions;
   std::vector<int64_t> seeds;
   absl::Time deadline = absl::InfinitePast();
   for (const auto& edit : batch) {
@@ -267,7 +270,7 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     std::optional<absl::Duration> timeout;
     if (deadline != absl::InfiniteFuture()) timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
     SetRunning(batch);
-    absl::StatusOr<DataProto> result = controller_->Edit(input, timeout);
+    absl::StatusOr<DataProto> result = controller_->EditCheckedRows(input, timeout);  // Prepare checked each row
     SetRunning({});
     return result;
   }();

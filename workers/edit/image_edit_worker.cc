@@ -48,6 +48,17 @@ int64_t ResidentBytes() {
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// WholeModels: transformer, text encoder and VAE, as plain modules.
+std::vector<std::shared_ptr<torch::nn::Module>> WholeModels(const qwen_image::QwenImageModel& model) {
+  return {model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
+}
+
+int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  int64_t bytes = 0;
+  for (const auto& module : modules) bytes += ModuleBytes(*module);
+  return bytes;
+}
+
 }  // namespace
 
 struct QwenImageEditWorker::State {
@@ -62,7 +73,7 @@ struct QwenImageEditWorker::State {
   // BlockModelBytes: the parameter memory this rank holds of the models
   // FSDP shards (transformer and text encoder); the VAE is always whole.
   int64_t BlockModelBytes() {
-    if (transformer_shards == nullptr) return ModuleBytes(*model().transformer) + ModuleBytes(*model().text_encoder);
+    if (transformer_shards == nullptr) return ModelsBytes({model().transformer.ptr(), model().text_encoder.ptr()});
     return transformer_shards->LocalBytes().parameters + text_encoder_shards->LocalBytes().parameters;
   }
   int64_t ParameterBytes() { return BlockModelBytes() + ModuleBytes(*model().vae); }
@@ -117,8 +128,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   DRAY_ASSIGN_OR_RETURN(qwen_image::QwenImageModel model,
                         qwen_image::LoadQwenImageModel(config.model_path, options,
                                                        receives ? Weights::kShapeOnly : Weights::kRead));
-  log(receives ? "built shape-only" : "weights read",
-      ModuleBytes(*model.transformer) + ModuleBytes(*model.text_encoder) + ModuleBytes(*model.vae));
+  log(receives ? "built shape-only" : "weights read", ModelsBytes(WholeModels(model)));
 
   Communicator* group = nullptr;
   if (sends || config.enable_fsdp) {
@@ -142,11 +152,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
     if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
     if (dtype != at::kFloat) model.vae->to(dtype);
   } else if (sends) {
-    for (torch::nn::Module* module : {static_cast<torch::nn::Module*>(model.transformer.get()),
-                                      static_cast<torch::nn::Module*>(model.text_encoder.get()),
-                                      static_cast<torch::nn::Module*>(model.vae.get())}) {
-      DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
-    }
+    for (const auto& module : WholeModels(model)) DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
   }
   state->config = std::move(config);
   state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));

@@ -96,14 +96,16 @@ absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixel
 
 }  // namespace
 
+bool IsJpeg(absl::string_view bytes) {
+  return bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
+         static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF;
+}
+
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels) {
   if (bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {
     return DecodePng(bytes, max_pixels);
   }
-  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-      static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF) {
-    return DecodeJpeg(bytes, max_pixels);
-  }
+  if (IsJpeg(bytes)) return DecodeJpeg(bytes, max_pixels);
   return absl::InvalidArgumentError(absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
 }
 

@@ -24,6 +24,9 @@ namespace dray {
 // kDefaultMaxPixels: 64 megapixels.
 inline constexpr int64_t kDefaultMaxPixels = int64_t{64} << 20;
 
+// IsJpeg is true when `bytes` start with JPEG's signature.
+bool IsJpeg(absl::string_view bytes);
+
 // DecodeImage reads PNG or JPEG bytes (recognized by their signature).
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels = kDefaultMaxPixels);
 
