@@ -28,25 +28,6 @@ absl::Status ReserveFor(v1::DataProto* message) {
 
 }  // namespace
 
-std::vector<std::string> DetachPayloads(const std::vector<v1::DataProto*>& messages) {
-  std::vector<std::string> payloads;
-  payloads.reserve(messages.size());
-  for (v1::DataProto* message : messages) {
-    message->set_payload_size(message->payload().size());
-    payloads.push_back(std::move(*message->mutable_payload()));
-    message->clear_payload();
-  }
-  return payloads;
-}
-
-std::vector<absl::string_view> PayloadChunks(absl::string_view payload, size_t chunk_bytes) {
-  std::vector<absl::string_view> chunks;
-  for (size_t offset = 0; offset < payload.size(); offset += chunk_bytes) {
-    chunks.push_back(payload.substr(offset, chunk_bytes));
-  }
-  return chunks;
-}
-
 PayloadAssembler::PayloadAssembler(std::vector<v1::DataProto*> messages)
     : messages_(std::move(messages)) {
   for (v1::DataProto* message : messages_) {

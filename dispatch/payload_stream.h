@@ -1,19 +1,15 @@
-// Chunked transfer of DataProto payloads, for batches larger than one gRPC
-// message (which must stay under 2 GiB, and moves fastest in 1-4 MiB pieces).
+// Reassembly of DataProto payloads that arrive in chunks, for batches larger
+// than one gRPC message (which must stay under 2 GiB, and moves fastest in
+// 1-4 MiB pieces).
 //
 // A message that holds DataProtos (a CallRequest, say) travels as one header
-// frame with every payload detached, then the payloads' bytes as chunks, in
-// the order the DataProtos were listed:
+// frame with every payload detached (wire.h: ToDetachedWire), then the
+// payloads' bytes as chunks, in the order the DataProtos were listed. The
+// receiver refills them:
 //
-//   Sender:
-//     std::vector<std::string> payloads = DetachPayloads({request.mutable_args(0)->mutable_value()});
-//     Write(header_frame);
-//     for (const std::string& payload : payloads)
-//       for (absl::string_view chunk : PayloadChunks(payload)) Write(chunk_frame(chunk));
-//   Receiver:
-//     PayloadAssembler assembler({header.mutable_args(0)->mutable_value()});
-//     while (Read(&frame)) DRAY_RETURN_IF_ERROR(assembler.Add(frame.payload_chunk()));
-//     DRAY_RETURN_IF_ERROR(assembler.Finish());  // payloads attached; FromWire works
+//   PayloadAssembler assembler({header.mutable_input()});
+//   while (Read(&frame)) DRAY_RETURN_IF_ERROR(assembler.Add(frame.payload_chunk()));
+//   DRAY_RETURN_IF_ERROR(assembler.Finish());  // payloads attached; FromWire works
 //
 // Each payload is allocated once, when its first byte arrives; pages are
 // committed only as bytes are written, so a header that announces more than it
@@ -25,7 +21,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -36,14 +31,6 @@ namespace dray {
 
 // kDefaultChunkBytes: chunk size for streamed payloads (2 MiB).
 inline constexpr size_t kDefaultChunkBytes = size_t{2} << 20;
-
-// DetachPayloads moves each message's payload out (leaving payload_size set)
-// and returns the payloads in order.
-std::vector<std::string> DetachPayloads(const std::vector<v1::DataProto*>& messages);
-
-// PayloadChunks cuts `payload` into views of at most `chunk_bytes` bytes.
-std::vector<absl::string_view> PayloadChunks(absl::string_view payload,
-                                             size_t chunk_bytes = kDefaultChunkBytes);
 
 // PayloadAssembler refills the detached payloads of `messages` from chunks.
 class PayloadAssembler {

@@ -49,16 +49,78 @@ absl::StatusOr<at::ScalarType> ScalarTypeOf(int wire, absl::string_view where) {
   return absl::InvalidArgumentError(absl::StrCat(where, " has unknown dtype ", wire));
 }
 
-// AppendAligned copies `size` bytes to the end of `payload`, starting at a
-// kAlignment-aligned offset, and returns where they landed.
-v1::BufferRef AppendAligned(const void* data, size_t size, std::string* payload) {
-  payload->resize((payload->size() + kAlignment - 1) / kAlignment * kAlignment, '\0');
-  v1::BufferRef ref;
-  ref.set_offset(payload->size());
-  ref.set_size(size);
-  payload->append(static_cast<const char*>(data), size);
-  return ref;
-}
+constexpr char kZeros[kAlignment] = {};
+
+// PayloadBuilder lays buffers out in a payload at kAlignment-aligned offsets.
+// It copies bytes to the end of `*copied`; when referencing, it leaves large
+// rows (Bytes, immutable) where they are instead, as pieces of their own.
+class PayloadBuilder {
+ public:
+  PayloadBuilder(std::string* copied, bool reference_large_rows)
+      : copied_(copied), reference_large_rows_(reference_large_rows), size_(copied->size()) {}
+
+  // Copy places a copy of `bytes` and returns where it landed.
+  v1::BufferRef Copy(absl::string_view bytes) {
+    const v1::BufferRef ref = Align(bytes.size());
+    AppendCopied(bytes);
+    return ref;
+  }
+
+  // Add places `row`, referenced when large enough, copied otherwise.
+  v1::BufferRef Add(const Bytes& row) {
+    if (!reference_large_rows_ || row.size() < kReferencedRowBytes) return Copy(row.view());
+    const v1::BufferRef ref = Align(row.size());
+    pieces_.push_back({row, 0, 0});
+    size_ += row.size();
+    return ref;
+  }
+
+  uint64_t size() const { return size_; }
+
+  // Pieces returns the payload in order; copied bytes alias `copied`, which
+  // must hold what this builder copied.
+  std::vector<Bytes> Pieces(const std::shared_ptr<const std::string>& copied) const {
+    std::vector<Bytes> pieces;
+    for (const Piece& piece : pieces_) {
+      pieces.push_back(piece.referenced.empty()
+                           ? Bytes::Alias(copied, absl::string_view(*copied).substr(
+                                                      piece.begin, piece.end - piece.begin))
+                           : piece.referenced);
+    }
+    return pieces;
+  }
+
+ private:
+  // Piece: a referenced row, or the copied bytes [begin, end).
+  struct Piece {
+    Bytes referenced;
+    size_t begin, end;
+  };
+
+  // Align pads to the next aligned offset and returns the ref of `size` bytes there.
+  v1::BufferRef Align(size_t size) {
+    AppendCopied(absl::string_view(kZeros, (kAlignment - size_ % kAlignment) % kAlignment));
+    v1::BufferRef ref;
+    ref.set_offset(size_);
+    ref.set_size(size);
+    return ref;
+  }
+
+  void AppendCopied(absl::string_view bytes) {
+    if (bytes.empty()) return;
+    if (pieces_.empty() || !pieces_.back().referenced.empty()) {
+      pieces_.push_back({Bytes(), copied_->size(), copied_->size()});
+    }
+    copied_->append(bytes.data(), bytes.size());
+    pieces_.back().end = copied_->size();
+    size_ += bytes.size();
+  }
+
+  std::string* const copied_;
+  const bool reference_large_rows_;
+  uint64_t size_;
+  std::vector<Piece> pieces_;
+};
 
 // View returns the bytes `ref` names, or an error when they fall outside the payload.
 absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, const std::string& payload,
@@ -155,32 +217,37 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message,
   return image;
 }
 
-// PayloadBound returns an upper bound on the payload bytes ToWire writes for `data`.
-size_t PayloadBound(const DataProto& data) {
+// CopiedBound returns an upper bound on the payload bytes encoding `data`
+// copies, rows that will be referenced left out.
+size_t CopiedBound(const DataProto& data, bool reference_large_rows) {
+  auto row_bytes = [reference_large_rows](const Bytes& row) {
+    return reference_large_rows && row.size() >= kReferencedRowBytes ? kAlignment
+                                                                      : row.size() + kAlignment;
+  };
   size_t bytes = 0;
   for (const auto& column : data.tensors()) bytes += column.second.nbytes() + kAlignment;
   for (const auto& column : data.non_tensors()) {
     if (const auto* rows = std::get_if<std::vector<Bytes>>(&column.second)) {
-      for (const Bytes& row : *rows) bytes += row.size() + kAlignment;
+      for (const Bytes& row : *rows) bytes += row_bytes(row);
     } else if (const auto* images = std::get_if<std::vector<Image>>(&column.second)) {
-      for (const Image& image : *images) bytes += image.bytes.size() + kAlignment;
+      for (const Image& image : *images) bytes += row_bytes(image.bytes);
     }
   }
   return bytes;
 }
 
 void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message,
-                     std::string* payload) {
+                     PayloadBuilder* payload) {
   struct Encoder {
     v1::NonTensorColumn* message;
-    std::string* payload;
+    PayloadBuilder* payload;
     void operator()(const std::vector<std::string>& rows) const {
       message->mutable_strings()->mutable_values()->Add(rows.begin(), rows.end());
     }
     void operator()(const std::vector<Bytes>& rows) const {
       auto* values = message->mutable_bytes()->mutable_values();
       for (const Bytes& row : rows) {
-        *values->Add() = AppendAligned(row.data(), row.size(), payload);
+        *values->Add() = payload->Add(row);
       }
     }
     void operator()(const std::vector<Image>& rows) const {
@@ -191,7 +258,7 @@ void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message
         image->set_width(row.width);
         image->set_height(row.height);
         image->set_channels(row.channels);
-        *image->mutable_data() = AppendAligned(row.bytes.data(), row.bytes.size(), payload);
+        *image->mutable_data() = payload->Add(row.bytes);
       }
     }
     void operator()(const std::vector<int64_t>& rows) const {
@@ -281,16 +348,46 @@ absl::StatusOr<MetaValue> DecodeMeta(const std::string& key, const v1::MetaValue
   return absl::InvalidArgumentError(absl::StrCat("meta key '", key, "' has no value"));
 }
 
-}  // namespace
-
-absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
+absl::StatusOr<v1::Tensor> EncodeTensorInto(const at::Tensor& tensor, PayloadBuilder* payload) {
   v1::Tensor message;
   DRAY_ASSIGN_OR_RETURN(v1::DType dtype, WireDType(tensor.scalar_type(), "tensor"));
   message.set_dtype(dtype);
   message.mutable_shape()->Add(tensor.sizes().begin(), tensor.sizes().end());
   const at::Tensor dense = tensor.cpu().contiguous();
-  *message.mutable_data() = AppendAligned(dense.data_ptr(), dense.nbytes(), payload);
+  *message.mutable_data() = payload->Copy(
+      absl::string_view(static_cast<const char*>(dense.data_ptr()), dense.nbytes()));
   return message;
+}
+
+// Encode writes `data`'s columns and meta into `message`, their bytes into `payload`.
+absl::Status Encode(const DataProto& data, v1::DataProto* message, PayloadBuilder* payload) {
+  for (const auto& [name, tensor] : data.tensors()) {
+    v1::TensorColumn* column = message->add_tensors();
+    column->set_name(name);
+    auto encoded = EncodeTensorInto(tensor, payload);
+    if (!encoded.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor column '", name, "': ", encoded.status().message()));
+    }
+    *column->mutable_tensor() = std::move(encoded).value();
+  }
+  for (const auto& [name, column] : data.non_tensors()) {
+    v1::NonTensorColumn* out = message->add_non_tensors();
+    out->set_name(name);
+    EncodeNonTensor(column, out, payload);
+  }
+  for (const auto& [key, value] : data.meta_info()) {
+    (*message->mutable_meta_info())[key] = EncodeMeta(value);
+  }
+  message->set_payload_size(payload->size());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
+  PayloadBuilder builder(payload, /*reference_large_rows=*/false);
+  return EncodeTensorInto(tensor, &builder);
 }
 
 absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
@@ -321,27 +418,28 @@ absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
 absl::StatusOr<v1::DataProto> ToWire(const DataProto& data) {
   v1::DataProto message;
   std::string* payload = message.mutable_payload();
-  payload->reserve(PayloadBound(data));
-  for (const auto& [name, tensor] : data.tensors()) {
-    v1::TensorColumn* column = message.add_tensors();
-    column->set_name(name);
-    auto encoded = EncodeTensor(tensor, payload);
-    if (!encoded.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor column '", name, "': ", encoded.status().message()));
-    }
-    *column->mutable_tensor() = std::move(encoded).value();
-  }
-  for (const auto& [name, column] : data.non_tensors()) {
-    v1::NonTensorColumn* out = message.add_non_tensors();
-    out->set_name(name);
-    EncodeNonTensor(column, out, payload);
-  }
-  for (const auto& [key, value] : data.meta_info()) {
-    (*message.mutable_meta_info())[key] = EncodeMeta(value);
-  }
-  message.set_payload_size(payload->size());
+  payload->reserve(CopiedBound(data, /*reference_large_rows=*/false));
+  PayloadBuilder builder(payload, /*reference_large_rows=*/false);
+  DRAY_RETURN_IF_ERROR(Encode(data, &message, &builder));
   return message;
+}
+
+absl::StatusOr<DetachedWire> ToDetachedWire(const DataProto& data) {
+  auto copied = std::make_shared<std::string>();
+  copied->reserve(CopiedBound(data, /*reference_large_rows=*/true));
+  PayloadBuilder builder(copied.get(), /*reference_large_rows=*/true);
+  DetachedWire wire;
+  DRAY_RETURN_IF_ERROR(Encode(data, &wire.header, &builder));
+  wire.payload.pieces = builder.Pieces(copied);
+  wire.payload.size = builder.size();
+  return wire;
+}
+
+std::string ScatteredPayload::Flatten() const {
+  std::string flat;
+  flat.reserve(size);
+  for (const Bytes& piece : pieces) flat.append(piece.data(), piece.size());
+  return flat;
 }
 
 absl::StatusOr<DataProto> FromWire(v1::DataProto message) {

@@ -1,7 +1,11 @@
 // Conversion between DataProto and its wire form, dray.v1.DataProto.
 //
-// Encoding copies every tensor and byte row once, into one payload whose
-// buffers start at 64-byte aligned offsets. Decoding takes the message's
+// ToWire copies every tensor and byte row once, into one payload whose
+// buffers start at 64-byte aligned offsets. ToDetachedWire lays out the same
+// payload as pieces for a sender that writes scattered memory: large images
+// and byte rows (immutable) stay where they are, only the rest is copied;
+// tensors are always copied, since their owner may change them in place
+// before the bytes are sent. Decoding takes the message's
 // payload by move and builds tensors that alias it: nothing is copied unless
 // a buffer is misaligned for its element type (possible only from foreign
 // encoders); image and byte rows alias it too. The conversion is exact for
@@ -20,8 +24,11 @@
 #ifndef DRAY_DISPATCH_WIRE_H_
 #define DRAY_DISPATCH_WIRE_H_
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -35,6 +42,29 @@ namespace dray {
 // ToWire encodes `data` with its payload inline. Tensors on other devices are
 // copied to the CPU; dtypes outside dray.v1.DType (complex, ...) are an error.
 absl::StatusOr<v1::DataProto> ToWire(const DataProto& data);
+
+// Images and byte rows of at least this size are referenced by ToDetachedWire.
+inline constexpr size_t kReferencedRowBytes = size_t{16} << 10;
+
+// ScatteredPayload: a payload as the pieces it is made of, in order.
+struct ScatteredPayload {
+  std::vector<Bytes> pieces;
+  uint64_t size = 0;  // of all pieces together
+
+  // Flatten copies the pieces into one string.
+  std::string Flatten() const;
+};
+
+// DetachedWire: a DataProto in wire form whose payload is detached (the
+// header's payload is empty, its payload_size set) and scattered.
+struct DetachedWire {
+  v1::DataProto header;
+  ScatteredPayload payload;
+};
+
+// ToDetachedWire encodes `data` as ToWire does, copying only what must be
+// copied (see the file comment); the pieces keep what they reference alive.
+absl::StatusOr<DetachedWire> ToDetachedWire(const DataProto& data);
 
 // FromWire decodes `message`, whose payload must be inline (attach a streamed
 // payload first, see payload_stream.h).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dispatch/payload_stream.h"
+#include "dispatch/status_macros.h"
 #include "dispatch/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -235,31 +236,89 @@ TEST(WireTest, DecodingRejectsBadBoolsAndRawImages) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1-4 channels")));
 }
 
-// StreamAndReassemble sends `messages` through the chunked path.
-absl::Status StreamAndReassemble(std::vector<v1::DataProto>* messages, size_t chunk_bytes) {
-  std::vector<v1::DataProto*> pointers;
-  for (v1::DataProto& message : *messages) pointers.push_back(&message);
-  const std::vector<std::string> payloads = DetachPayloads(pointers);
+// StreamAndReassemble sends `batches` through the chunked path: detached
+// headers, then every payload in chunks of `chunk_bytes`, reassembled.
+absl::StatusOr<std::vector<v1::DataProto>> StreamAndReassemble(const std::vector<DataProto>& batches,
+                                                               size_t chunk_bytes) {
   std::vector<v1::DataProto> headers;
-  for (const v1::DataProto& message : *messages) {
-    EXPECT_TRUE(message.payload().empty());
+  std::vector<ScatteredPayload> payloads;
+  for (const DataProto& batch : batches) {
+    DRAY_ASSIGN_OR_RETURN(DetachedWire wire, ToDetachedWire(batch));
     v1::DataProto header;
-    header.ParseFromString(message.SerializeAsString());
+    header.ParseFromString(wire.header.SerializeAsString());
     headers.push_back(std::move(header));
+    payloads.push_back(std::move(wire.payload));
   }
   std::vector<v1::DataProto*> header_pointers;
   for (v1::DataProto& header : headers) header_pointers.push_back(&header);
   PayloadAssembler assembler(header_pointers);
-  for (const std::string& payload : payloads) {
-    for (absl::string_view chunk : PayloadChunks(payload, chunk_bytes)) {
-      EXPECT_LE(chunk.size(), chunk_bytes);
-      absl::Status status = assembler.Add(chunk);
-      if (!status.ok()) return status;
+  for (const ScatteredPayload& payload : payloads) {
+    for (const Bytes& piece : payload.pieces) {
+      for (size_t offset = 0; offset < piece.size(); offset += chunk_bytes) {
+        DRAY_RETURN_IF_ERROR(assembler.Add(piece.view().substr(offset, chunk_bytes)));
+      }
     }
   }
-  absl::Status finished = assembler.Finish();
-  *messages = std::move(headers);
-  return finished;
+  DRAY_RETURN_IF_ERROR(assembler.Finish());
+  return headers;
+}
+
+// MixedBatch: a tensor, small and large images, small and large byte rows, strings.
+DataProto MixedBatch() {
+  const std::string large(kReferencedRowBytes + 5, 'L');
+  return DataProto::Make({{"latents", at::arange(12, at::kFloat).reshape({3, 4})}},
+                         {{"images",
+                           std::vector<Image>{{Image::Format::kRaw, 2, 1, 3, Bytes("rgbrgb")},
+                                              {Image::Format::kPng, 0, 0, 0, Bytes(large)},
+                                              {Image::Format::kJpeg, 0, 0, 0, Bytes("jpg")}}},
+                          {"blobs", std::vector<Bytes>{Bytes(large + "b"), Bytes("x"), Bytes("")}},
+                          {"text", std::vector<std::string>{"a", "bc", "def"}}},
+                         {{"step", int64_t{7}}})
+      .value();
+}
+
+TEST(WireTest, DetachedWireIsToWireWithItsPayloadInPieces) {
+  const DataProto batch = MixedBatch();
+  const v1::DataProto contiguous = Encoded(batch);
+  DRAY_ASSERT_OK_AND_ASSIGN(DetachedWire detached, ToDetachedWire(batch));
+  EXPECT_TRUE(detached.header.payload().empty());
+  EXPECT_EQ(detached.header.payload_size(), contiguous.payload().size());
+  EXPECT_EQ(detached.payload.size, contiguous.payload().size());
+  EXPECT_EQ(detached.payload.Flatten(), contiguous.payload());
+  v1::DataProto header_only = contiguous;
+  header_only.clear_payload();
+  EXPECT_EQ(detached.header.SerializeAsString(), header_only.SerializeAsString());
+}
+
+TEST(WireTest, DetachedWireReferencesLargeRowsAndCopiesTheRest) {
+  const DataProto batch = MixedBatch();
+  DRAY_ASSERT_OK_AND_ASSIGN(DetachedWire detached, ToDetachedWire(batch));
+  const std::vector<Image>& images = *batch.GetRows<Image>("images").value();
+  const std::vector<Bytes>& blobs = *batch.GetRows<Bytes>("blobs").value();
+  const at::Tensor latents = batch.GetTensor("latents").value();
+  auto referenced = [&](const char* data) {
+    for (const Bytes& piece : detached.payload.pieces) {
+      if (piece.data() == data) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(referenced(images[1].bytes.data()));
+  EXPECT_TRUE(referenced(blobs[0].data()));
+  EXPECT_FALSE(referenced(images[0].bytes.data()));  // small: copied
+  EXPECT_FALSE(referenced(static_cast<const char*>(latents.data_ptr())));  // tensors: always copied
+  // Copied bytes between the large rows coalesce: copied, image, copied, blob, copied.
+  EXPECT_EQ(detached.payload.pieces.size(), 5u);
+}
+
+TEST(WireTest, DetachedPiecesOutliveTheBatch) {
+  DetachedWire detached;
+  std::string expected;
+  {
+    const DataProto batch = MixedBatch();
+    expected = Encoded(batch).payload();
+    detached = ToDetachedWire(batch).value();
+  }
+  EXPECT_EQ(detached.payload.Flatten(), expected);
 }
 
 TEST(PayloadStreamTest, ChunkedTransferReassemblesEveryMessage) {
@@ -267,16 +326,15 @@ TEST(PayloadStreamTest, ChunkedTransferReassemblesEveryMessage) {
                                         {{"images", std::vector<Image>(64, Image{Image::Format::kRaw, 32, 32, 3, std::string(32 * 32 * 3, 'q')})}})
                             .value();
   const DataProto small = OneColumn(at::arange(3, at::kInt));
-  std::vector<v1::DataProto> messages = {Encoded(big), Encoded(DataProto()), Encoded(small)};
-  DRAY_ASSERT_OK(StreamAndReassemble(&messages, 1 << 20));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<v1::DataProto> messages,
+                            StreamAndReassemble({big, DataProto(), small}, 1 << 20));
   EXPECT_TRUE(SameDataProto(FromWire(std::move(messages[0])).value(), big));
   EXPECT_TRUE(SameDataProto(FromWire(std::move(messages[1])).value(), DataProto()));
   EXPECT_TRUE(SameDataProto(FromWire(std::move(messages[2])).value(), small));
 }
 
 TEST(PayloadStreamTest, DetachedPayloadMustBeAttachedBeforeDecoding) {
-  v1::DataProto message = Encoded(OneColumn(at::arange(3, at::kInt)));
-  DetachPayloads({&message});
+  const v1::DataProto message = ToDetachedWire(OneColumn(at::arange(3, at::kInt))).value().header;
   EXPECT_THAT(FromWire(message), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("must be attached before decoding")));
 }
@@ -299,9 +357,9 @@ TEST(PayloadStreamTest, AssemblerRejectsExtraAndMissingBytes) {
 TEST(PayloadStreamTest, StreamsBatchesLargerThanTwoGiB) {
   const int64_t rows = 33, row_elements = int64_t{1} << 23;  // 33 x 64 MiB of int64 = 2.06 GiB
   const at::Tensor big = at::arange(rows * row_elements, at::kLong).reshape({rows, row_elements});
-  std::vector<v1::DataProto> messages = {Encoded(OneColumn(big))};
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<v1::DataProto> messages,
+                            StreamAndReassemble({OneColumn(big)}, kDefaultChunkBytes));
   ASSERT_GT(messages[0].payload_size(), uint64_t{2} << 30);
-  DRAY_ASSERT_OK(StreamAndReassemble(&messages, kDefaultChunkBytes));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto decoded, FromWire(std::move(messages[0])));
   EXPECT_TRUE(SameTensor(decoded.GetTensor("x").value(), big));
 }

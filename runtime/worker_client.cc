@@ -1,13 +1,14 @@
 #include "runtime/worker_client.h"
 
+#include <grpcpp/impl/rpc_method.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "dispatch/payload_stream.h"
 #include "dispatch/wire.h"
 #include "runtime/grpc_util.h"
-#include "runtime/session_frames.h"
+#include "runtime/session_stream.h"
 
 namespace dray {
 namespace {
@@ -58,12 +59,9 @@ void CallResult::OnReady(std::function<void()> callback) {
 }
 
 absl::StatusOr<std::shared_ptr<const EncodedInput>> EncodeInput(const DataProto& input) {
-  absl::StatusOr<v1::DataProto> wire = ToWire(input);
+  absl::StatusOr<DetachedWire> wire = ToDetachedWire(input);
   if (!wire.ok()) return wire.status();
-  auto encoded = std::make_shared<EncodedInput>();
-  encoded->payload = std::move(DetachPayloads({&wire.value()})[0]);
-  encoded->header = std::move(wire).value();
-  return encoded;
+  return std::make_shared<const EncodedInput>(std::move(wire).value());
 }
 
 WorkerClient::WorkerClient(int rank, std::string address,
@@ -73,13 +71,17 @@ WorkerClient::WorkerClient(int rank, std::string address,
 WorkerClient::~WorkerClient() { Close(); }
 
 absl::Status WorkerClient::Open() {
-  auto channel = CreateDrayChannel(address_);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + kConnectTimeout))) {
+  channel_ = CreateDrayChannel(address_);
+  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kConnectTimeout))) {
     return absl::UnavailableError(
         absl::StrCat("cannot connect to worker rank ", rank_, " at ", address_));
   }
-  stub_ = v1::WorkerService::NewStub(channel);
-  stream_ = stub_->Session(&context_);
+  // The session carries raw byte buffers (session_stream.h); gRPC's sync API
+  // opens such a stream the way its generated stubs open typed ones.
+  const grpc::internal::RpcMethod session(SessionMethodName(),
+                                          grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+      channel_.get(), session, &context_));
   writer_ = std::thread(&WorkerClient::WriteLoop, this);
   reader_ = std::thread(&WorkerClient::ReadLoop, this);
   watchdog_ = std::thread(&WorkerClient::WatchDeadlines, this);
@@ -88,20 +90,35 @@ absl::Status WorkerClient::Open() {
 
 CallFuture WorkerClient::Submit(std::string role, std::string method,
                                 std::shared_ptr<const EncodedInput> input, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  if (failed_.has_value()) return Ready(*failed_);
-  if (closing_ || stream_ == nullptr) {
-    return Ready(absl::FailedPreconditionError(
-        absl::StrCat("worker rank ", rank_, " is not connected")));
+  Outgoing call;
+  CallFuture future;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_.has_value()) return Ready(*failed_);
+    if (closing_ || stream_ == nullptr) {
+      return Ready(absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", rank_, " is not connected")));
+    }
+    call = {next_call_id_++, std::move(role), std::move(method), std::move(input), deadline};
+    Pending& pending = pending_[call.call_id];
+    pending.result = std::make_shared<CallResult>();
+    pending.method = call.method;
+    pending.deadline = deadline;
+    future = pending.result;
+    ++submitted_;
+    // A small call to an idle worker is written on this thread, which saves
+    // the hand-off to the writer: an idle worker is reading, so the write
+    // cannot wait on flow control. Anything else queues for the writer.
+    const bool idle = pending_.size() == 1 && outgoing_.empty() && !writing_;
+    if (!idle || call.input->payload.size > kInlinePayloadBytes) {
+      outgoing_.push_back(std::move(call));
+      return future;
+    }
+    writing_ = true;
   }
-  const uint64_t call_id = next_call_id_++;
-  Pending& pending = pending_[call_id];
-  pending.result = std::make_shared<CallResult>();
-  pending.method = method;
-  pending.deadline = deadline;
-  CallFuture future = pending.result;
-  outgoing_.push_back({call_id, std::move(role), std::move(method), std::move(input), deadline});
-  ++submitted_;
+  WriteCall(call);  // if the stream broke, the reader reports why
+  absl::MutexLock lock(&mu_);
+  writing_ = false;
   return future;
 }
 
@@ -130,6 +147,16 @@ void WorkerClient::Fail(absl::Status status) {
   context_.TryCancel();
 }
 
+bool WorkerClient::WriteCall(const Outgoing& call) {
+  v1::CallRequest request;
+  request.set_role(call.role);
+  request.set_method(call.method);
+  request.set_call_id(call.call_id);
+  request.set_deadline_unix_ms(absl::ToUnixMillis(call.deadline));
+  *request.mutable_input() = call.input->header;
+  return WriteCallRequest(stream_.get(), std::move(request), call.input->payload);
+}
+
 void WorkerClient::WriteLoop() {
   while (true) {
     Outgoing call;
@@ -137,41 +164,35 @@ void WorkerClient::WriteLoop() {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](WorkerClient* self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
-            return !self->outgoing_.empty() || self->closing_ || self->failed_.has_value();
+            return (!self->outgoing_.empty() && !self->writing_) || self->closing_ ||
+                   self->failed_.has_value();
           },
           this));
-      if (outgoing_.empty()) break;  // closing or failed
+      if (closing_ || failed_.has_value()) break;
       call = std::move(outgoing_.front());
       outgoing_.pop_front();
       if (pending_.count(call.call_id) == 0) continue;  // its deadline passed while queued
+      writing_ = true;
     }
-    v1::CallRequestFrame frame;
-    v1::CallRequest* request = frame.mutable_header();
-    request->set_role(call.role);
-    request->set_method(call.method);
-    request->set_call_id(call.call_id);
-    request->set_deadline_unix_ms(absl::ToUnixMillis(call.deadline));
-    *request->mutable_input() = call.input->header;
-    if (!WriteFramed(stream_.get(), frame, call.input->payload)) break;  // the reader reports why
+    const bool written = WriteCall(call);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!written) break;  // the reader reports why
   }
 }
 
 void WorkerClient::ReadLoop() {
-  v1::CallResponseFrame frame;
   absl::Status ended = absl::OkStatus();
-  while (stream_->Read(&frame)) {
-    if (frame.frame_case() != v1::CallResponseFrame::kHeader) {
-      ended = absl::InternalError("session: a payload chunk arrived without a header");
-      break;
-    }
-    v1::CallResponse response = std::move(*frame.mutable_header());
+  while (true) {
+    absl::StatusOr<std::optional<v1::CallResponse>> next = ReadCallResponse(stream_.get());
+    if (!next.ok()) ended = next.status();
+    if (!next.ok() || !next->has_value()) break;
+    v1::CallResponse& response = **next;
     if (response.has_error()) {
       Resolve(response.call_id(), absl::Status(static_cast<absl::StatusCode>(response.error().code()),
                                                response.error().message()));
       continue;
     }
-    ended = ReadPayload<v1::CallResponseFrame>(stream_.get(), response.mutable_result());
-    if (!ended.ok()) break;
     absl::StatusOr<DataProto> result = FromWire(std::move(*response.mutable_result()));
     if (!result.ok()) {
       result = absl::InternalError(absl::StrCat("worker rank ", rank_, " sent an undecodable result: ",
@@ -236,6 +257,11 @@ void WorkerClient::Close() {
   context_.TryCancel();
   for (std::thread* thread : {&writer_, &reader_, &watchdog_}) {
     if (thread->joinable()) thread->join();
+  }
+  {
+    absl::MutexLock lock(&mu_);  // a caller may still be writing its call
+    mu_.Await(absl::Condition(
+        +[](bool* writing) { return !*writing; }, &writing_));
   }
   // Only now, with no reader or writer left, may the stream be finished.
   if (stream_ != nullptr) stream_->Finish();

@@ -3,7 +3,8 @@
 // Calls travel in order over one WorkerService.Session stream, so the worker
 // runs them in the order they were submitted (actor semantics); each call's
 // input and result stream in chunks, whatever their size. Submit never
-// blocks: a writer thread sends, a reader thread resolves futures, and a
+// waits on the worker: a writer thread sends (a small call to an idle worker
+// is sent by the caller itself), a reader thread resolves futures, and a
 // watchdog fails calls whose deadline passes. When the worker dies, Fail()
 // resolves every pending call with the reason, and later calls fail at once.
 //
@@ -27,7 +28,10 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -35,7 +39,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
-#include "dray/v1/worker.grpc.pb.h"
+#include "dispatch/wire.h"
+#include "dray/v1/data.pb.h"
 
 namespace dray {
 
@@ -66,10 +71,7 @@ using CallFuture = std::shared_ptr<CallResult>;
 
 // EncodedInput: a call's input in wire form, payload detached, shareable by
 // the calls of every rank that receives the same input.
-struct EncodedInput {
-  v1::DataProto header;
-  std::string payload;
-};
+using EncodedInput = DetachedWire;
 
 absl::StatusOr<std::shared_ptr<const EncodedInput>> EncodeInput(const DataProto& input);
 
@@ -113,6 +115,8 @@ class WorkerClient {
     absl::Time deadline;
   };
 
+  // WriteCall writes `call` on the stream; false when the stream broke.
+  bool WriteCall(const Outgoing& call);
   void WriteLoop();
   void ReadLoop();
   void WatchDeadlines();
@@ -122,9 +126,9 @@ class WorkerClient {
   const int rank_;
   const std::string address_;
   const std::function<void(absl::Status)> on_session_lost_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::shared_ptr<grpc::Channel> channel_;
   grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::CallRequestFrame, v1::CallResponseFrame>> stream_;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
   std::thread writer_, reader_, watchdog_;
 
   absl::Mutex mu_;
@@ -134,6 +138,7 @@ class WorkerClient {
   std::deque<Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // one thread at a time writes the stream
 };
 
 }  // namespace dray

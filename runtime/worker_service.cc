@@ -1,11 +1,12 @@
 #include "runtime/worker_service.h"
 
+#include <grpcpp/support/method_handler.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "dispatch/payload_stream.h"
 #include "dispatch/wire.h"
 #include "runtime/grpc_util.h"
-#include "runtime/session_frames.h"
+#include "runtime/session_stream.h"
 
 namespace dray {
 namespace {
@@ -15,9 +16,28 @@ void SetError(const absl::Status& status, v1::CallResponse* response) {
   response->mutable_error()->set_message(std::string(status.message()));
 }
 
+using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+// Index of Session among WorkerService's rpcs, in worker.proto's order.
+constexpr int kSessionMethodIndex = 1;
+
 }  // namespace
 
-v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, std::string* payload) {
+WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank,
+                                     std::function<void(std::string reason)> on_shutdown)
+    : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {
+  // Session reads and writes raw byte buffers (session_stream.h): its handler
+  // is swapped for one on ByteBuffers, as generated code builds handlers.
+  MarkMethodStreamed(
+      kSessionMethodIndex,
+      new grpc::internal::BidiStreamingHandler<WorkerServiceImpl, grpc::ByteBuffer, grpc::ByteBuffer>(
+          [](WorkerServiceImpl* self, grpc::ServerContext*, RawStream* stream) {
+            return self->RunSession(stream);
+          },
+          this));
+}
+
+v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload) {
   v1::CallResponse response;
   response.set_call_id(request.call_id());
   const std::string what = absl::StrCat("rank ", rank_, ", ", request.method());
@@ -34,46 +54,37 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, std::string* p
     return response;
   }
   absl::StatusOr<DataProto> result = host_->Execute(request.role(), request.method(), *input);
-  absl::StatusOr<v1::DataProto> encoded =
-      result.ok() ? ToWire(*result) : absl::StatusOr<v1::DataProto>(result.status());
+  absl::StatusOr<DetachedWire> encoded =
+      result.ok() ? ToDetachedWire(*result) : absl::StatusOr<DetachedWire>(result.status());
   if (!encoded.ok()) {
     SetError(encoded.status(), &response);
     return response;
   }
-  *payload = std::move(DetachPayloads({&encoded.value()})[0]);
-  *response.mutable_result() = std::move(encoded).value();
+  *payload = std::move(encoded->payload);
+  *response.mutable_result() = std::move(encoded->header);
   return response;
 }
 
 grpc::Status WorkerServiceImpl::Call(grpc::ServerContext*, const v1::CallRequest* request,
                                      v1::CallResponse* response) {
   v1::CallRequest call = *request;
-  std::string payload;
+  ScatteredPayload payload;
   *response = Run(call, &payload);
-  if (response->has_result()) *response->mutable_result()->mutable_payload() = std::move(payload);
+  if (response->has_result()) response->mutable_result()->set_payload(payload.Flatten());
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Session(
-    grpc::ServerContext*,
-    grpc::ServerReaderWriter<v1::CallResponseFrame, v1::CallRequestFrame>* stream) {
-  v1::CallRequestFrame frame;
-  while (stream->Read(&frame)) {
-    if (frame.frame_case() != v1::CallRequestFrame::kHeader) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "session: expected a call header, got a payload chunk");
-    }
-    v1::CallRequest request = std::move(*frame.mutable_header());
-    absl::Status read = ReadPayload<v1::CallRequestFrame>(stream, request.mutable_input());
-    if (!read.ok()) return ToGrpcStatus(read);
-    std::string payload;
-    v1::CallResponseFrame response;
-    *response.mutable_header() = Run(request, &payload);
-    if (!WriteFramed(stream, response, payload)) {
+grpc::Status WorkerServiceImpl::RunSession(RawStream* stream) {
+  while (true) {
+    absl::StatusOr<std::optional<v1::CallRequest>> request = ReadCallRequest(stream);
+    if (!request.ok()) return ToGrpcStatus(request.status());
+    if (!request->has_value()) return grpc::Status::OK;  // the controller closed the session
+    ScatteredPayload payload;
+    v1::CallResponse response = Run(**request, &payload);
+    if (!WriteCallResponse(stream, std::move(response), payload)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
     }
   }
-  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::DescribeMethods(grpc::ServerContext*,

@@ -1,7 +1,8 @@
 // WorkerServiceImpl: the gRPC glue of dray.v1.WorkerService in a worker
 // process. It decodes calls, hands them to a WorkerHost and encodes results;
 // the Session stream runs calls in arrival order and streams payloads of any
-// size. Kept apart from WorkerHost so heavy gRPC headers stay out of worker code.
+// size, on raw byte buffers (session_stream.h). Kept apart from WorkerHost so
+// heavy gRPC headers stay out of worker code.
 //
 // Thread-safety: thread-safe (gRPC calls it from its own threads).
 #ifndef DRAY_RUNTIME_WORKER_SERVICE_H_
@@ -10,6 +11,7 @@
 #include <functional>
 #include <string>
 
+#include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/worker_host.h"
 
@@ -18,14 +20,10 @@ namespace dray {
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
   // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive this.
-  WorkerServiceImpl(WorkerHost* host, int rank, std::function<void(std::string reason)> on_shutdown)
-      : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {}
+  WorkerServiceImpl(WorkerHost* host, int rank, std::function<void(std::string reason)> on_shutdown);
 
   grpc::Status Call(grpc::ServerContext* context, const v1::CallRequest* request,
                     v1::CallResponse* response) override;
-  grpc::Status Session(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::CallResponseFrame, v1::CallRequestFrame>* stream) override;
   grpc::Status DescribeMethods(grpc::ServerContext* context,
                                const v1::DescribeMethodsRequest* request,
                                v1::MethodTable* response) override;
@@ -33,9 +31,12 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                         v1::ShutdownResponse* response) override;
 
  private:
+  // RunSession runs the calls of one Session stream in arrival order.
+  grpc::Status RunSession(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+
   // Run executes `request` (whose input payload is attached) and returns the
   // response with the result's payload detached into `*payload`.
-  v1::CallResponse Run(v1::CallRequest& request, std::string* payload);
+  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload);
 
   WorkerHost* const host_;
   const int rank_;

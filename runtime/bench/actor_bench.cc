@@ -50,7 +50,7 @@ class EchoServiceImpl final : public v1::EchoService::Service {
 struct Repetitions {
   int latency;      // round trips per latency figure
   int async_calls;  // calls in the pipelined run
-  int batches;      // DP_COMPUTE_PROTO batches
+  int batches;      // DP_COMPUTE_PROTO batches, each paired with a loopback transfer
 };
 
 double Percentile(std::vector<double> samples, double fraction) {
@@ -58,25 +58,105 @@ double Percentile(std::vector<double> samples, double fraction) {
   return samples[std::min(samples.size() - 1, static_cast<size_t>(fraction * samples.size()))];
 }
 
-// TimeRoundTrips runs `call` `count` times (after a warm-up) and returns the
-// durations in microseconds.
-absl::StatusOr<std::vector<double>> TimeRoundTrips(int count, const std::function<absl::Status()>& call) {
-  for (int i = 0; i < std::max(10, count / 10); ++i) DRAY_RETURN_IF_ERROR(call());
-  std::vector<double> micros;
-  micros.reserve(count);
+absl::StatusOr<double> Microseconds(const std::function<absl::Status()>& call) {
+  const absl::Time start = absl::Now();
+  DRAY_RETURN_IF_ERROR(call());
+  return absl::ToDoubleMicroseconds(absl::Now() - start);
+}
+
+// TimeRoundTrips appends the durations of `count` runs of `call` to `micros`.
+absl::Status TimeRoundTrips(int count, const std::function<absl::Status()>& call,
+                            std::vector<double>* micros) {
   for (int i = 0; i < count; ++i) {
-    const absl::Time start = absl::Now();
-    DRAY_RETURN_IF_ERROR(call());
-    micros.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    DRAY_ASSIGN_OR_RETURN(double us, Microseconds(call));
+    micros->push_back(us);
   }
-  return micros;
+  return absl::OkStatus();
+}
+
+int WarmUpRounds(int count) { return std::max(10, count / 10); }
+
+// PairedSamples: durations in microseconds of two operations timed alternately.
+struct PairedSamples {
+  std::vector<double> first, second;
+};
+
+// TimePaired runs `first` and `second` `count` times each (after a warm-up),
+// alternating in blocks of kPairBlock round trips: each block runs in steady
+// state, and both operations see the same load on a shared machine.
+absl::StatusOr<PairedSamples> TimePaired(int count, const std::function<absl::Status()>& first,
+                                         const std::function<absl::Status()>& second) {
+  constexpr int kPairBlock = 25;
+  std::vector<double> discarded;
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(WarmUpRounds(count), first, &discarded));
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(WarmUpRounds(count), second, &discarded));
+  PairedSamples samples;
+  for (int done = 0; done < count; done += kPairBlock) {
+    const int n = std::min(kPairBlock, count - done);
+    DRAY_RETURN_IF_ERROR(TimeRoundTrips(n, first, &samples.first));
+    DRAY_RETURN_IF_ERROR(TimeRoundTrips(n, second, &samples.second));
+  }
+  return samples;
+}
+
+// LoopbackTransfer streams `bytes` through a 127.0.0.1 TCP connection
+// between two threads, in 1 MiB writes.
+absl::Status LoopbackTransfer(size_t bytes) {
+  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (listener >= 0) close(listener);
+    return absl::UnavailableError("loopback benchmark: cannot listen on 127.0.0.1");
+  }
+  std::thread sender([&] {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+      const std::string chunk(1 << 20, 'x');
+      for (size_t sent = 0; sent < bytes;) {
+        const ssize_t n = write(fd, chunk.data(), std::min(chunk.size(), bytes - sent));
+        if (n <= 0) break;
+        sent += n;
+      }
+    }
+    close(fd);
+  });
+  const int receiver = accept(listener, nullptr, nullptr);
+  std::string buffer(1 << 20, '\0');
+  size_t received = 0;
+  while (received < bytes) {
+    const ssize_t n = read(receiver, buffer.data(), buffer.size());
+    if (n <= 0) break;
+    received += n;
+  }
+  sender.join();
+  close(receiver);
+  close(listener);
+  if (received != bytes) return absl::UnavailableError("loopback benchmark: connection cut short");
+  return absl::OkStatus();
+}
+
+// RandomImages makes `count` RGB images of `side` x `side` random pixels.
+absl::StatusOr<DataProto> RandomImages(int count, int side) {
+  std::mt19937 rng(0);
+  std::vector<Image> images;
+  for (int i = 0; i < count; ++i) {
+    std::string pixels(size_t{3} * side * side, '\0');
+    for (char& c : pixels) c = static_cast<char>(rng());
+    images.push_back({Image::Format::kRaw, side, side, 3, std::move(pixels)});
+  }
+  return DataProto::Make({}, {{"images", std::move(images)}});
 }
 
 class Bench {
  public:
   Bench(const ActorBenchOptions& options)
       : options_(options),
-        reps_(options.quick ? Repetitions{300, 2000, 3} : Repetitions{3000, 20000, 10}) {}
+        reps_(options.quick ? Repetitions{300, 2000, 4} : Repetitions{3000, 20000, 12}) {}
 
   absl::StatusOr<std::vector<BenchMetric>> Run();
 
@@ -93,19 +173,19 @@ class Bench {
     group.call_timeout = kCallTimeout;
     return WorkerGroup::Create({1, workers}, group);
   }
-  absl::Status GrpcEcho();
   absl::Status SingleWorker(const DataProto& tiny);
+  absl::Status CallSyncAgainstEcho(WorkerGroup* group, const DataProto& tiny);
   absl::Status OneToAll(WorkerGroup* group, const DataProto& tiny);
-  absl::Status DpComputeProto(WorkerGroup* group);
-  absl::Status LoopbackTcp();
+  absl::Status DpComputeProtoAgainstLoopback(WorkerGroup* group);
 
   const ActorBenchOptions& options_;
   const Repetitions reps_;
   std::vector<BenchMetric> metrics_;
-  double grpc_echo_p50_ = 0;
 };
 
-absl::Status Bench::GrpcEcho() {
+// CallSyncAgainstEcho times blocking actor calls and raw gRPC echoes of a
+// server process alternately.
+absl::Status Bench::CallSyncAgainstEcho(WorkerGroup* group, const DataProto& tiny) {
   DRAY_ASSIGN_OR_RETURN(int port, PickFreePort());
   SubprocessOptions server;
   server.argv = options_.echo_server_command;
@@ -116,29 +196,27 @@ absl::Status Bench::GrpcEcho() {
   v1::EchoMessage request;
   request.set_data(std::string(16, 'x'));
   bool first = true;
-  DRAY_ASSIGN_OR_RETURN(std::vector<double> micros, TimeRoundTrips(reps_.latency, [&] {
+  auto echo = [&] {
     grpc::ClientContext context;
     SetDeadline(&context, first ? absl::Seconds(30) : absl::Seconds(5));
     context.set_wait_for_ready(first);  // the server may still be starting
     first = false;
     v1::EchoMessage response;
     return ToAbslStatus(stub->Echo(&context, request, &response), "echo");
-  }));
-  grpc_echo_p50_ = Percentile(micros, 0.5);
-  Report("grpc_echo_p50_us", grpc_echo_p50_, "us");
+  };
+  auto call = [&] { return group->Call("echo", {tiny}).status(); };
+  DRAY_ASSIGN_OR_RETURN(PairedSamples micros, TimePaired(reps_.latency, echo, call));
+  const double echo_p50 = Percentile(micros.first, 0.5), call_p50 = Percentile(micros.second, 0.5);
+  Report("grpc_echo_p50_us", echo_p50, "us");
+  Report("call_sync_p50_us", call_p50, "us");
+  Report("call_sync_p99_us", Percentile(micros.second, 0.99), "us");
+  Report("call_sync_p50_vs_grpc_echo", call_p50 / echo_p50, "x");
   return absl::OkStatus();
 }
 
 absl::Status Bench::SingleWorker(const DataProto& tiny) {
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(1));
-  DRAY_ASSIGN_OR_RETURN(std::vector<double> micros, TimeRoundTrips(reps_.latency, [&] {
-    return group->Call("echo", {tiny}).status();
-  }));
-  const double p50 = Percentile(micros, 0.5);
-  Report("call_sync_p50_us", p50, "us");
-  Report("call_sync_p99_us", Percentile(micros, 0.99), "us");
-  Report("call_sync_p50_vs_grpc_echo", p50 / grpc_echo_p50_, "x");
-
+  DRAY_RETURN_IF_ERROR(CallSyncAgainstEcho(group.get(), tiny));
   std::vector<GroupFuture> futures;
   futures.reserve(reps_.async_calls);
   const absl::Time start = absl::Now();
@@ -149,99 +227,56 @@ absl::Status Bench::SingleWorker(const DataProto& tiny) {
 }
 
 absl::Status Bench::OneToAll(WorkerGroup* group, const DataProto& tiny) {
-  DRAY_ASSIGN_OR_RETURN(std::vector<double> micros, TimeRoundTrips(reps_.latency, [&] {
-    return group->Call("echo", {tiny}).status();
-  }));
+  auto call = [&] { return group->Call("echo", {tiny}).status(); };
+  std::vector<double> micros;
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(WarmUpRounds(reps_.latency), call, &micros));
+  micros.clear();
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(reps_.latency, call, &micros));
   Report(absl::StrCat("one_to_all_p50_us_w", group->world_size()), Percentile(micros, 0.5), "us");
   return absl::OkStatus();
 }
 
-absl::Status Bench::DpComputeProto(WorkerGroup* group) {
-  constexpr int kImages = 64, kSide = 512, kChannels = 3;
-  std::mt19937 rng(0);
-  std::vector<Image> images;
-  for (int i = 0; i < kImages; ++i) {
-    std::string pixels(kSide * kSide * kChannels, '\0');
-    for (char& c : pixels) c = static_cast<char>(rng());
-    images.push_back({Image::Format::kRaw, kSide, kSide, kChannels, std::move(pixels)});
+// DpComputeProtoAgainstLoopback alternates DP_COMPUTE_PROTO echoes of 64 RGB
+// 512x512 images with loopback TCP transfers of as many bytes.
+absl::Status Bench::DpComputeProtoAgainstLoopback(WorkerGroup* group) {
+  constexpr int kImages = 64, kSide = 512;
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, RandomImages(kImages, kSide));
+  const size_t bytes = size_t{2} * kImages * kSide * kSide * 3;  // sent plus returned
+  auto loopback = [&] { return LoopbackTransfer(bytes); };
+  auto dp_call = [&] { return group->Call("echo_batch", {batch}).status(); };
+  DRAY_RETURN_IF_ERROR(loopback());  // warm-up
+  DRAY_RETURN_IF_ERROR(dp_call());
+  double loopback_us = 0, dp_us = 0;
+  for (int i = 0; i < reps_.batches; ++i) {
+    DRAY_ASSIGN_OR_RETURN(double us, Microseconds(loopback));
+    loopback_us += us;
+    DRAY_ASSIGN_OR_RETURN(us, Microseconds(dp_call));
+    dp_us += us;
   }
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, DataProto::Make({}, {{"images", std::move(images)}}));
-  DRAY_RETURN_IF_ERROR(group->Call("echo_batch", {batch}).status());  // warm-up
-  const absl::Time start = absl::Now();
-  for (int i = 0; i < reps_.batches; ++i) DRAY_RETURN_IF_ERROR(group->Call("echo_batch", {batch}).status());
-  const double bytes = 2.0 * kImages * kSide * kSide * kChannels * reps_.batches;
-  const double gbps = bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
-  Report("dp_compute_proto_gbps", gbps, "GB/s");
-  for (const BenchMetric& metric : metrics_) {
-    if (metric.name == "loopback_tcp_gbps") {
-      Report("dp_compute_proto_vs_loopback", gbps / metric.value, "x");
-    }
-  }
-  return absl::OkStatus();
-}
-
-// LoopbackTcp streams bytes through a 127.0.0.1 TCP connection between two threads.
-absl::Status Bench::LoopbackTcp() {
-  const size_t total = (options_.quick ? size_t{256} : size_t{1024}) << 20;
-  const int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    if (listener >= 0) close(listener);
-    return absl::UnavailableError("loopback benchmark: cannot listen on 127.0.0.1");
-  }
-  std::thread sender([&] {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-      const std::string chunk(1 << 20, 'x');
-      for (size_t sent = 0; sent < total;) {
-        const ssize_t n = write(fd, chunk.data(), std::min(chunk.size(), total - sent));
-        if (n <= 0) break;
-        sent += n;
-      }
-    }
-    close(fd);
-  });
-  const int receiver = accept(listener, nullptr, nullptr);
-  std::string buffer(1 << 20, '\0');
-  size_t received = 0;
-  const absl::Time start = absl::Now();
-  while (received < total) {
-    const ssize_t n = read(receiver, buffer.data(), buffer.size());
-    if (n <= 0) break;
-    received += n;
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  sender.join();
-  close(receiver);
-  close(listener);
-  if (received != total) return absl::UnavailableError("loopback benchmark: connection cut short");
-  Report("loopback_tcp_gbps", received / seconds / 1e9, "GB/s");
+  const double loopback_gbps = bytes * reps_.batches / loopback_us / 1e3;
+  const double dp_gbps = bytes * reps_.batches / dp_us / 1e3;
+  Report("loopback_tcp_gbps", loopback_gbps, "GB/s");
+  Report("dp_compute_proto_gbps", dp_gbps, "GB/s");
+  Report("dp_compute_proto_vs_loopback", dp_gbps / loopback_gbps, "x");
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<BenchMetric>> Bench::Run() {
   if (options_.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   DRAY_ASSIGN_OR_RETURN(DataProto tiny, DataProto::Make({{"x", at::zeros({1}, at::kLong)}}));
-  DRAY_RETURN_IF_ERROR(GrpcEcho());
   DRAY_RETURN_IF_ERROR(SingleWorker(tiny));
-  DRAY_RETURN_IF_ERROR(LoopbackTcp());
   bool dp_measured = false;
   for (int workers : {2, 4, 8}) {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(workers));
     DRAY_RETURN_IF_ERROR(OneToAll(group.get(), tiny));
     if (workers == options_.workers) {
-      DRAY_RETURN_IF_ERROR(DpComputeProto(group.get()));
+      DRAY_RETURN_IF_ERROR(DpComputeProtoAgainstLoopback(group.get()));
       dp_measured = true;
     }
   }
   if (!dp_measured) {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(options_.workers));
-    DRAY_RETURN_IF_ERROR(DpComputeProto(group.get()));
+    DRAY_RETURN_IF_ERROR(DpComputeProtoAgainstLoopback(group.get()));
   }
   return metrics_;
 }

@@ -1,8 +1,9 @@
 // The actor runtime's benchmark, run by `dray bench --suite runtime`.
 //
 // Every figure is measured in the same run as the baseline it is judged
-// against: actor calls against a raw gRPC echo between two processes, and
-// DP_COMPUTE_PROTO bandwidth against raw loopback TCP. Figures:
+// against, the two timed alternately so that both see the same load on a
+// shared machine: actor calls against a raw gRPC echo between two processes,
+// and DP_COMPUTE_PROTO bandwidth against raw loopback TCP. Figures:
 //   grpc_echo_p50_us                 raw gRPC unary echo round trip (the floor)
 //   call_sync_p50_us, _p99_us        blocking actor call, tiny argument, 1 worker
 //   call_sync_p50_vs_grpc_echo       ratio of the two p50s
