@@ -139,8 +139,8 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
                         WorkerHost::Create(classes, options.roles, context.rank));
 
   absl::Notification stop;
-  WorkerServiceImpl service(host.get(), context.rank, [&](std::string reason) {
-    Log(context.rank, absl::StrCat("shutdown requested: ", reason));
+  // An asked-for shutdown is the normal end: the worker exits quietly.
+  WorkerServiceImpl service(host.get(), context.rank, [&](std::string) {
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   grpc::EnableDefaultHealthCheckService(true);
