@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "dispatch/status_macros.h"
 #include "runtime/worker.h"
 #include "runtime/worker_process.h"
@@ -40,6 +41,7 @@ class TestWorker : public Worker {
     Def("fail_on_rank_one", &TestWorker::FailOnRankOne, {kOneToAll});
     Def("throw", &TestWorker::Throw, {kOneToAll});
     Def("sleep", &TestWorker::Sleep, {kOneToAll});
+    Def("wait_for_file", &TestWorker::WaitForFile, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("append", &TestWorker::Append, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("all_reduce", &TestWorker::AllReduce, {kOneToAll});
     Def("print", &TestWorker::Print, {kOneToAll});
@@ -75,6 +77,16 @@ class TestWorker : public Worker {
     DRAY_ASSIGN_OR_RETURN(int64_t ms, input.GetMeta<int64_t>("ms"));
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return DataProto::Make({}, {}, {{"pid", int64_t{getpid()}}});
+  }
+
+  // WaitForFile returns once the file at meta "path" exists (at most 30 s).
+  absl::StatusOr<DataProto> WaitForFile(const DataProto& input) {
+    DRAY_ASSIGN_OR_RETURN(std::string path, input.GetMeta<std::string>("path"));
+    for (int i = 0; i < 3000; ++i) {
+      if (access(path.c_str(), F_OK) == 0) return DataProto();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(path, " never appeared"));
   }
 
   // Append records meta "seq" and returns every value recorded so far.

@@ -182,6 +182,25 @@ TEST_F(WorkerGroupTest, AsynchronousCallsRunAndReturnInOrder) {
   }
 }
 
+TEST_F(WorkerGroupTest, SubmittingNeverWaitsOnABusyWorker) {
+  // While every worker is busy (it is not reading its session), 64 MiB of
+  // calls are submitted: far more than the transport buffers. Had submitting
+  // waited for the workers, the file they wait for would never be created.
+  const std::string path = absl::StrCat(::testing::TempDir(), "release_workers");
+  std::remove(path.c_str());
+  GroupFuture busy = group_->Invoke("wait_for_file", {DataProto::Make({}, {}, {{"path", path}}).value()});
+  const at::Tensor rows = at::arange(8 << 20, at::kFloat).reshape({64, 1 << 17});  // 32 MiB
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto large, DataProto::Make({{"rows", rows}}));
+  std::vector<GroupFuture> queued;
+  for (int i = 0; i < 2; ++i) queued.push_back(group_->Invoke("echo_async", {large}));
+  std::ofstream(path).put('!');
+  DRAY_ASSERT_OK(busy.Get().status());
+  for (GroupFuture& future : queued) {
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, future.Get());
+    EXPECT_TRUE(SameTensor(out[0].GetTensor("rows").value(), rows));
+  }
+}
+
 TEST_F(WorkerGroupTest, NonBlockingMethodsReturnFutures) {
   GroupFuture future = group_->Invoke("echo_async", {Batch(8)});
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, future.Get());
