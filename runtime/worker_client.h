@@ -40,7 +40,6 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
-#include "dray/v1/data.pb.h"
 
 namespace dray {
 
