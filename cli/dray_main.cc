@@ -20,9 +20,9 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/edit_commands.h"
-#include "runtime/allocator.h"
+#include "runtime/process/allocator.h"
 #include "runtime/bench/actor_bench.h"
-#include "runtime/worker_process.h"
+#include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/edit/image_edit_worker.h"

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -13,9 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "base/stop_signals.h"
 #include "dray/v1/image_edit.grpc.pb.h"
-#include "runtime/grpc_util.h"
+#include "runtime/rpc/grpc_util.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
@@ -48,21 +49,6 @@ namespace {
 int Fail(const char* command, const absl::Status& status) {
   std::fprintf(stderr, "dray %s: %s\n", command, status.ToString().c_str());
   return 1;
-}
-
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read image ", path));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
 }
 
 // Override spells one configuration key as a command-line override; the
@@ -102,7 +88,7 @@ ImageEditController::Options ControllerOptions(const EditCommands::Flags& f) {
 int EditLocally(const EditCommands::Flags& f) {
   absl::StatusOr<ImageEditConfig> config = ResolveEditConfig(f);
   if (!config.ok()) return Fail("edit", config.status());
-  absl::StatusOr<std::string> image = ReadFileBytes(f.image);
+  absl::StatusOr<std::string> image = ReadFile(f.image);
   if (!image.ok()) return Fail("edit", image.status());
   absl::StatusOr<DataProto> batch = MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
   absl::Status checked = batch.ok() ? CheckEditBatch(*batch) : batch.status();
@@ -123,7 +109,7 @@ int EditLocally(const EditCommands::Flags& f) {
       edited.ok() ? edited->GetRows<Image>(kEditedColumn) : absl::StatusOr<const std::vector<Image>*>(edited.status());
   if (!rows.ok()) return Fail("edit", rows.status());
   const Image& result = (*rows)->front();
-  absl::Status written = WriteFileBytes(f.out, result.bytes.view());
+  absl::Status written = WriteFile(f.out, result.bytes.view());
   if (!written.ok()) return Fail("edit", written);
   std::printf("wrote %s (%dx%d)\n", f.out.c_str(), result.width, result.height);
   return 0;
@@ -136,7 +122,7 @@ int EditOnServer(const EditCommands::Flags& f) {
                             "with --server the server's configuration applies; per request only --steps, "
                             "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
   }
-  absl::StatusOr<std::string> image = ReadFileBytes(f.image);
+  absl::StatusOr<std::string> image = ReadFile(f.image);
   if (!image.ok()) return Fail("edit", image.status());
   v1::EditImageRequest request;
   request.set_image(*std::move(image));
@@ -160,7 +146,7 @@ int EditOnServer(const EditCommands::Flags& f) {
   }
   const absl::Status status = ToAbslStatus(events->Finish(), f.server);
   if (!status.ok()) return Fail("edit", status);
-  absl::Status written = WriteFileBytes(f.out, response.image());
+  absl::Status written = WriteFile(f.out, response.image());
   if (!written.ok()) return Fail("edit", written);
   std::printf("wrote %s (%dx%d, seed %lld, edited in a batch of %d)\n", f.out.c_str(), response.width(),
               response.height(), static_cast<long long>(response.seed()), response.batch_rows());
@@ -168,12 +154,8 @@ int EditOnServer(const EditCommands::Flags& f) {
 }
 
 int Serve(const EditCommands::Flags& f) {
-  // Signals wait for sigwait below; every thread started from here on inherits the mask.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Signals wait for WaitForStopSignal below; every thread started from here on inherits the mask.
+  BlockStopSignals();
   absl::StatusOr<ImageEditConfig> config = ImageEditConfig::Load(f.config_file, f.overrides);
   if (!config.ok()) return Fail("serve", config.status());
   std::printf("%s", config->ToYaml().c_str());
@@ -192,8 +174,7 @@ int Serve(const EditCommands::Flags& f) {
               f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
               static_cast<long long>(config->batch_size * f.workers));
   std::fflush(stdout);
-  int signal = 0;
-  sigwait(&stop, &signal);
+  const int signal = WaitForStopSignal();
   std::printf("dray serve: %s, stopping\n", strsignal(signal));
   std::fflush(stdout);
   (*server)->Shutdown();

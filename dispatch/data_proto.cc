@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/shape_string.h"
-#include "dispatch/status_macros.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {

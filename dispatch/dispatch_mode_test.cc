@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

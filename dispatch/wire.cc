@@ -10,7 +10,7 @@
 #include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {

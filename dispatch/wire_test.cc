@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "dispatch/payload_stream.h"
-#include "dispatch/status_macros.h"
-#include "dispatch/testing/status_matchers.h"
+#include "base/status_macros.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -11,9 +11,9 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/worker.h"
-#include "runtime/worker_group.h"
-#include "runtime/worker_process.h"
+#include "runtime/worker/worker.h"
+#include "runtime/controller/worker_group.h"
+#include "runtime/worker/worker_process.h"
 
 // 1. A worker class: methods registered with their dispatch modes.
 class SquareWorker : public dray::Worker {

@@ -17,11 +17,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "dray/v1/bench.grpc.pb.h"
-#include "runtime/grpc_util.h"
-#include "runtime/subprocess.h"
-#include "runtime/worker_group.h"
+#include "runtime/rpc/grpc_util.h"
+#include "runtime/process/subprocess.h"
+#include "runtime/controller/worker_group.h"
 
 namespace dray {
 namespace {

@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/bench/bench_metric.h"
-#include "runtime/worker.h"
+#include "runtime/worker/worker.h"
 
 namespace dray {
 

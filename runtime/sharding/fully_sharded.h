@@ -28,6 +28,7 @@
 #define DRAY_RUNTIME_SHARDING_FULLY_SHARDED_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,8 +39,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "runtime/communicator.h"
-#include "runtime/safetensors.h"
+#include "runtime/collectives/communicator.h"
+#include "runtime/io/safetensors.h"
 #include "runtime/sharding/strategy.h"
 #include "runtime/sharding/unit_hooks.h"
 
@@ -173,6 +174,22 @@ class FullyShardedModule : public UnitHooks {
  private:
   struct Unit;
   FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm, ShardingOptions options);
+
+  // The steps of Shard, in order. SplitHybridGroups makes the shard and
+  // replica groups of a hybrid strategy.
+  absl::Status SplitHybridGroups();
+  // Flatten lays the parameters of `members` out as one unit (no memory yet).
+  std::unique_ptr<Unit> Flatten(const std::vector<std::shared_ptr<torch::nn::Module>>& members,
+                                const std::map<const torch::nn::Module*, std::string>& prefixes);
+  // ShardUnit fills the unit's flat parameter (rank 0's, when synced), keeps
+  // this rank's float32 master shard, and frees the rest.
+  absl::Status ShardUnit(Unit& unit);
+  // RebindParameters makes the unit's parameters views of its flat buffer and
+  // hooks their gradient accumulation.
+  void RebindParameters(Unit& unit);
+  // ReplicateTheRest keeps parameters outside every unit whole on each rank,
+  // with float32 masters under mixed precision, and syncs the buffers.
+  absl::Status ReplicateTheRest();
 
   // ShardRange returns [begin, end) of this rank's shard within a unit's flat parameter.
   std::pair<int64_t, int64_t> ShardRange(const Unit& unit) const;

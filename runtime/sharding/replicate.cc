@@ -2,8 +2,8 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "dispatch/status_macros.h"
-#include "runtime/tensor_storage.h"
+#include "base/status_macros.h"
+#include "runtime/sharding/tensor_storage.h"
 
 namespace dray {
 namespace {

@@ -11,7 +11,7 @@
 #include <torch/nn/module.h>
 
 #include "absl/status/status.h"
-#include "runtime/communicator.h"
+#include "runtime/collectives/communicator.h"
 
 namespace dray {
 

@@ -12,10 +12,10 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen2_vl/image_processor.h"
 #include "workers/models/qwen2_vl/text_encoder.h"

@@ -8,7 +8,7 @@
 
 #include <jpeglib.h>
 
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "workers/image/image_codec.h"

@@ -10,10 +10,12 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
+#include "tests/models/reference.h"
+#include "workers/models/component_weights.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -92,6 +94,37 @@ TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
   EXPECT_THAT(LoadQwenImageModel(dir, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key flux_capacitor; known keys:")));
   EXPECT_THAT(PresetNamed("huge"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("presets: tiny, small, real")));
+}
+
+// The reference checkpoints diffusers wrote open through their folders, with
+// every tensor's dtype and shape as stored.
+TEST(ModelDirTest, OpensTheWeightsOfDiffusersComponentFolders) {
+  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint tiny, OpenComponentWeights(ReferencePath("transformer_tiny")));
+  int64_t parameters = 0;
+  for (const std::string& name : tiny.names()) {
+    const TensorInfo info = tiny.Info(name).value();
+    EXPECT_EQ(info.dtype, at::kFloat) << name;
+    parameters += tiny.Get(name).value().numel();
+  }
+  EXPECT_EQ(tiny.names().size(), 77u);
+  EXPECT_EQ(parameters, 190720);
+
+  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint small, OpenComponentWeights(ReferencePath("transformer_small")));
+  parameters = 0;
+  for (const std::string& name : small.names()) parameters += small.Get(name).value().numel();
+  EXPECT_EQ(parameters, 1886704);
+  DRAY_ASSERT_OK_AND_ASSIGN(TensorInfo info, small.Info("proj_out.weight"));
+  EXPECT_EQ(info.dtype, at::kBFloat16);
+  EXPECT_EQ(info.shape, (std::vector<int64_t>{64, 128}));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor widened, small.Load("proj_out.weight", {64, 128}, at::kFloat));
+  EXPECT_EQ(widened.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(widened.to(at::kBFloat16), small.Get("proj_out.weight").value()));  // exact
+}
+
+TEST(ModelDirTest, ComponentFoldersWithoutWeightsAreNotFound) {
+  const std::string dir = TempDir("empty_component");
+  fs::create_directories(dir);
+  EXPECT_THAT(OpenComponentWeights(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr("diffusion_pytorch_model")));
 }
 
 }  // namespace

@@ -1,34 +1,33 @@
-// Where the diffusers reference vectors (../shared/reference, see its README)
-// are in a test's runfiles. A checkout without them builds; the tests that
-// need them skip, saying why:
+// Where the reference vectors (tests/data/reference/, copied from the
+// reference implementations' own outputs; see each folder's README) are in a
+// test's runfiles. They are part of the repository: a test that cannot find
+// them fails, naming the path, rather than passing on nothing.
 //
 //   TEST(X, Y) {
-//     DRAY_SKIP_WITHOUT_REFERENCE();
 //     ... ReferencePath("vae_tiny/config.json") ...
 #ifndef DRAY_TESTS_MODELS_REFERENCE_H_
 #define DRAY_TESTS_MODELS_REFERENCE_H_
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace dray {
 
-// ReferencePath returns the path of `file` below reference/qwen_image/.
-inline std::string ReferencePath(const std::string& file) {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/shared_reference/qwen_image/", file);
+// ReferenceDir returns the runfiles path of tests/data/reference/`folder`.
+inline std::string ReferenceDir(const std::string& folder) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr || workspace == nullptr) return absl::StrCat("tests/data/reference/", folder);
+  return absl::StrCat(srcdir, "/", workspace, "/tests/data/reference/", folder);
 }
 
-// HaveReference is true when the reference vectors are present.
-inline bool HaveReference() { return std::filesystem::exists(ReferencePath("README.md")); }
+// ReferencePath returns the path of `file` below reference/qwen_image/.
+inline std::string ReferencePath(const std::string& file) {
+  return absl::StrCat(ReferenceDir("qwen_image"), "/", file);
+}
 
 }  // namespace dray
-
-#define DRAY_SKIP_WITHOUT_REFERENCE()                                                       \
-  do {                                                                                      \
-    if (!::dray::HaveReference()) GTEST_SKIP() << "no reference vectors in ../shared/reference"; \
-  } while (false)
 
 #endif  // DRAY_TESTS_MODELS_REFERENCE_H_

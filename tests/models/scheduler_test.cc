@@ -2,7 +2,7 @@
 // parity_test covers): configuration errors and misuse.
 #include <string>
 
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "tests/models/reference.h"
 #include <ATen/ATen.h>
@@ -20,7 +20,6 @@ FlowMatchEulerConfig ReferenceConfig() {
 }
 
 TEST(SchedulerTest, ConfigReadsDiffusersKeys) {
-  DRAY_SKIP_WITHOUT_REFERENCE();
   const FlowMatchEulerConfig config = ReferenceConfig();
   EXPECT_TRUE(config.use_dynamic_shifting);
   EXPECT_EQ(config.max_image_seq_len, 8192);

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/worker_group.h"
+#include "runtime/controller/worker_group.h"
 
 int main(int argc, char** argv) {
   if (argc != 3) {

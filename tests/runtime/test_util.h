@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/worker_group.h"
+#include "runtime/controller/worker_group.h"
 
 namespace dray {
 

@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
-#include "runtime/worker.h"
-#include "runtime/worker_process.h"
+#include "base/status_macros.h"
+#include "runtime/worker/worker.h"
+#include "runtime/worker/worker_process.h"
 
 namespace dray {
 namespace {
@@ -72,9 +72,11 @@ class TestWorker : public Worker {
 
   absl::StatusOr<DataProto> Throw() { throw std::runtime_error("something broke"); }
 
-  // Sleep waits meta "ms" milliseconds, then returns its pid.
+  // Sleep reports progress "sleep" 0 of 1 (so a test knows it has begun),
+  // waits meta "ms" milliseconds, then returns its pid.
   absl::StatusOr<DataProto> Sleep(const DataProto& input) {
     DRAY_ASSIGN_OR_RETURN(int64_t ms, input.GetMeta<int64_t>("ms"));
+    ReportProgress("sleep", 0, 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     return DataProto::Make({}, {}, {{"pid", int64_t{getpid()}}});
   }

@@ -17,11 +17,11 @@
 #include <torch/optim/adamw.h>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/testing/status_matchers.h"
+#include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/local_group.h"
-#include "runtime/sharding/checkpoint.h"
+#include "runtime/collectives/local_group.h"
+#include "runtime/sharding/activation_checkpoint.h"
 #include "workers/models/layers.h"
 
 namespace dray {

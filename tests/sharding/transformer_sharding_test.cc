@@ -9,7 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/sharding/fully_sharded.h"
-#include "runtime/local_group.h"
+#include "runtime/collectives/local_group.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/model.h"
 

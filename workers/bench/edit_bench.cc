@@ -6,9 +6,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
-#include "runtime/grpc_util.h"
+#include "runtime/rpc/grpc_util.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "dispatch/status_macros.h"
-#include "runtime/local_group.h"
+#include "base/status_macros.h"
+#include "runtime/collectives/local_group.h"
 #include "runtime/sharding/fully_sharded.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/model.h"

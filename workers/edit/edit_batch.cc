@@ -3,7 +3,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "workers/image/image_codec.h"
 
 namespace dray {

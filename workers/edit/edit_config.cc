@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/sharding/strategy.h"
 
 namespace dray {

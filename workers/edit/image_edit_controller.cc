@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"

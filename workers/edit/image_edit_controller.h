@@ -29,7 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
-#include "runtime/worker_group.h"
+#include "runtime/controller/worker_group.h"
 #include "workers/edit/edit_config.h"
 
 namespace dray {

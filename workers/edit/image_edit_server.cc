@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
-#include "runtime/grpc_util.h"
+#include "runtime/rpc/grpc_util.h"
 #include "workers/edit/edit_batch.h"
 
 namespace dray {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "runtime/sharding/fully_sharded.h"
 #include "runtime/sharding/replicate.h"
 #include "workers/edit/edit_batch.h"

@@ -27,7 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
-#include "runtime/worker.h"
+#include "runtime/worker/worker.h"
 
 namespace dray {
 

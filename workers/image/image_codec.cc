@@ -5,15 +5,14 @@
 #include <csetjmp>
 #include <cstdlib>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <jpeglib.h>
 #include <png.h>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/shape_string.h"
-#include "dispatch/status_macros.h"
+#include "base/files.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {
@@ -133,21 +132,15 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
 }
 
 absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read image ", path));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  absl::StatusOr<at::Tensor> image = DecodeImage(bytes.str());
+  DRAY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  absl::StatusOr<at::Tensor> image = DecodeImage(bytes);
   if (!image.ok()) return absl::Status(image.status().code(), absl::StrCat(path, ": ", image.status().message()));
   return image;
 }
 
 absl::Status WritePngFile(const std::string& path, const at::Tensor& rgb) {
   DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
-  std::ofstream out(path, std::ios::binary);
-  out << png;
-  if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteFile(path, png);
 }
 
 }  // namespace dray

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -18,7 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
+#include "base/files.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {
@@ -437,14 +437,6 @@ absl::StatusOr<AddedToken> ReadAddedToken(const json& token, const std::string& 
   return AddedToken{token["id"].get<int64_t>(), token["content"].get<std::string>(), token.value("special", false)};
 }
 
-absl::StatusOr<std::string> ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 absl::StatusOr<json> ParseJson(absl::string_view text, const std::string& name) {
   json parsed = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object()) {
@@ -481,7 +473,7 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
   const fs::path root(dir);
   if (fs::exists(root / "tokenizer.json")) {
     const std::string path = (root / "tokenizer.json").string();
-    DRAY_ASSIGN_OR_RETURN(std::string text, ReadText(path));
+    DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     return FromJson(text, path);
   }
   if (!fs::exists(root / "vocab.json") || !fs::exists(root / "merges.txt")) {
@@ -491,9 +483,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
                {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({
                    {{"type", "Split"}, {"pattern", {{"Regex", kQwen2PreTokenizerPattern}}}, {"behavior", "Isolated"}},
                    {{"type", "ByteLevel"}, {"use_regex", false}}})}}}};
-  DRAY_ASSIGN_OR_RETURN(std::string vocab_text, ReadText((root / "vocab.json").string()));
+  DRAY_ASSIGN_OR_RETURN(std::string vocab_text, ReadFile((root / "vocab.json").string()));
   DRAY_ASSIGN_OR_RETURN(file["model"]["vocab"], ParseJson(vocab_text, (root / "vocab.json").string()));
-  DRAY_ASSIGN_OR_RETURN(std::string merges_text, ReadText((root / "merges.txt").string()));
+  DRAY_ASSIGN_OR_RETURN(std::string merges_text, ReadFile((root / "merges.txt").string()));
   file["model"]["merges"] = json::array();
   std::istringstream lines(merges_text);
   for (std::string line; std::getline(lines, line);) {
@@ -503,7 +495,7 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
   }
   const fs::path config_path = root / "tokenizer_config.json";
   if (fs::exists(config_path)) {
-    DRAY_ASSIGN_OR_RETURN(std::string config_text, ReadText(config_path.string()));
+    DRAY_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path.string()));
     DRAY_ASSIGN_OR_RETURN(json config, ParseJson(config_text, config_path.string()));
     const json decoder = config.value("added_tokens_decoder", json::object());
     for (const auto& [id, token] : decoder.items()) {

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/shape_string.h"
+#include "base/shape_string.h"
 
 namespace dray {
 namespace {

@@ -1,12 +1,13 @@
 #include "workers/models/json_config.h"
 
-#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/files.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {
@@ -31,11 +32,8 @@ absl::StatusOr<JsonConfig> JsonConfig::Parse(absl::string_view text, std::string
 }
 
 absl::StatusOr<JsonConfig> JsonConfig::ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return Parse(text.str(), path);
+  DRAY_ASSIGN_OR_RETURN(std::string text, ::dray::ReadFile(path));
+  return Parse(text, path);
 }
 
 const nlohmann::json& JsonConfig::Field(const char* key) {

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
-#include "runtime/tensor_storage.h"
+#include "base/status_macros.h"
+#include "runtime/sharding/tensor_storage.h"
 
 namespace dray {
 namespace {

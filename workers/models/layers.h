@@ -20,7 +20,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/status.h"
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 
 namespace dray {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/shape_string.h"
-#include "dispatch/status_macros.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
 #include "workers/models/image_resize.h"
 
 namespace dray::qwen2_vl {

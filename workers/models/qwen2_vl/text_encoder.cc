@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/shape_string.h"
-#include "dispatch/status_macros.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
+#include "workers/models/component_weights.h"
 
 namespace dray::qwen2_vl {
 namespace {
@@ -502,7 +503,7 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
 absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options,
                                                     Weights weights) {
   DRAY_ASSIGN_OR_RETURN(TextEncoderConfig config, TextEncoderConfig::FromFile(dir + "/config.json"));
-  DRAY_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
+  DRAY_ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenComponentWeights(dir));
   const WeightLayout layout = checkpoint.contains("model.language_model.embed_tokens.weight")
                                   ? WeightLayout::kLanguageModel
                                   : WeightLayout::kLegacy;

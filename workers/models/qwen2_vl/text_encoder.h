@@ -29,7 +29,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/statusor.h"
-#include "runtime/safetensors.h"
+#include "runtime/io/safetensors.h"
 #include "runtime/sharding/unit_hooks.h"
 #include "workers/models/json_config.h"
 #include "workers/models/layers.h"

@@ -8,7 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "workers/models/image_resize.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/prompt_template.h"

@@ -11,8 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/status_macros.h"
-#include "runtime/safetensors.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "runtime/io/safetensors.h"
+#include "workers/models/component_weights.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/prompt_template.h"
 
@@ -58,10 +60,7 @@ absl::Status CheckModelIndex(const std::string& dir) {
 }
 
 absl::Status WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text << "\n";
-  if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", path.string()));
-  return absl::OkStatus();
+  return WriteFile(path.string(), absl::StrCat(text, "\n"));
 }
 
 absl::Status WriteWeights(const fs::path& file, torch::nn::Module& module) {
@@ -145,9 +144,9 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
     model.vae = AutoencoderKLQwenImage(vae, options);
   }
   if (weights == Weights::kRead) {
-    DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights, Checkpoint::Open((root / "transformer").string()));
+    DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights, OpenComponentWeights((root / "transformer").string()));
     DRAY_RETURN_IF_ERROR(LoadStateDict(*model.transformer, transformer_weights));
-    DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, Checkpoint::Open((root / "vae").string()));
+    DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, OpenComponentWeights((root / "vae").string()));
     DRAY_RETURN_IF_ERROR(LoadStateDict(*model.vae, vae_weights));
   }
   DRAY_ASSIGN_OR_RETURN(model.text_encoder,

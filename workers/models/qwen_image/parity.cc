@@ -11,8 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
-#include "runtime/safetensors.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "runtime/io/safetensors.h"
+#include "workers/models/component_weights.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/scheduler.h"
@@ -31,9 +33,8 @@ constexpr double kTimestepTolerance = 1e-4;
 constexpr double kStepTolerance = 1e-6;
 
 absl::StatusOr<json> ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
-  json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(path.string()));
+  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON"));
   return parsed;
 }
@@ -177,7 +178,7 @@ absl::StatusOr<std::vector<ParityResult>> RunTransformer(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(JsonConfig json_config, JsonConfig::Parse(config.dump(), c.folder + "/config.json"));
   DRAY_ASSIGN_OR_RETURN(TransformerConfig parsed, TransformerConfig::FromJson(std::move(json_config)));
   QwenImageTransformer model(parsed, at::TensorOptions().dtype(at::kFloat));
-  DRAY_ASSIGN_OR_RETURN(Checkpoint weights, Checkpoint::Open(c.folder));
+  DRAY_ASSIGN_OR_RETURN(Checkpoint weights, OpenComponentWeights(c.folder));
   DRAY_RETURN_IF_ERROR(LoadStateDict(*model, weights));
   DRAY_ASSIGN_OR_RETURN(std::string shapes_text, Meta(*file, "img_shapes"));
   DRAY_ASSIGN_OR_RETURN(std::vector<SampleImages> shapes, ImageShapes(shapes_text));
@@ -204,7 +205,7 @@ absl::StatusOr<std::vector<ParityResult>> RunVae(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open((fs::path(c.folder) / (c.name + ".safetensors")).string()));
   DRAY_ASSIGN_OR_RETURN(VaeConfig config, VaeConfig::FromFile((fs::path(c.folder) / "config.json").string()));
   AutoencoderKLQwenImage vae(config, at::TensorOptions().dtype(at::kFloat));
-  DRAY_ASSIGN_OR_RETURN(Checkpoint weights, Checkpoint::Open(c.folder));
+  DRAY_ASSIGN_OR_RETURN(Checkpoint weights, OpenComponentWeights(c.folder));
   DRAY_RETURN_IF_ERROR(LoadStateDict(*vae, weights));
   std::vector<std::pair<std::string, at::Tensor>> outputs;
   if (file->contains("z")) {

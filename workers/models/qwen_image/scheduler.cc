@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/status_macros.h"
+#include "base/status_macros.h"
 #include "workers/models/json_config.h"
 
 namespace dray::qwen_image {

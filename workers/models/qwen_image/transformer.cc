@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dispatch/shape_string.h"
-#include "dispatch/status_macros.h"
-#include "runtime/sharding/checkpoint.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
+#include "runtime/sharding/activation_checkpoint.h"
 
 namespace dray::qwen_image {
 namespace {

@@ -1,0 +1,52 @@
+#include "base/files.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace dray {
+namespace {
+
+absl::Status ErrnoError(absl::string_view what, const std::string& path, int error) {
+  const std::string message = absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(error));
+  switch (error) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::UnavailableError(message);
+  }
+}
+
+struct CloseFile {
+  void operator()(std::FILE* file) const { std::fclose(file); }
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::unique_ptr<std::FILE, CloseFile> file(std::fopen(path.c_str(), "rb"));
+  if (file == nullptr) return ErrnoError("read", path, errno);
+  std::string bytes;
+  char buffer[1 << 16];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), file.get())) > 0) bytes.append(buffer, got);
+  if (std::ferror(file.get())) return ErrnoError("read", path, errno);
+  return bytes;
+}
+
+absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
+  std::unique_ptr<std::FILE, CloseFile> file(std::fopen(path.c_str(), "wb"));
+  if (file == nullptr) return ErrnoError("write", path, errno);
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file.get()) != bytes.size() || std::fflush(file.get()) != 0) {
+    return ErrnoError("write", path, errno);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dray

@@ -1,0 +1,456 @@
+#include "runtime/controller/worker_group.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <thread>
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
+#include "dray/v1/controller.grpc.pb.h"
+#include "dray/v1/worker.grpc.pb.h"
+#include "runtime/rpc/grpc_util.h"
+#include "runtime/process/subprocess.h"
+
+namespace dray {
+namespace {
+
+// How long a broken session waits for the process's exit status, which
+// makes a better error than the broken stream.
+constexpr absl::Duration kExitStatusWait = absl::Milliseconds(500);
+constexpr absl::Duration kShutdownRpcTimeout = absl::Seconds(1);
+// How long workers asked to shut down get to exit before SIGTERM.
+constexpr absl::Duration kWorkerExitGrace = absl::Seconds(5);
+constexpr absl::Duration kTermGrace = absl::Seconds(2);
+
+}  // namespace
+
+struct GroupFuture::State {
+  std::vector<CallFuture> per_rank;  // of the ranks called, in rank order
+  DispatchPlan plan;
+  const DispatchMode* mode = nullptr;
+  absl::Mutex mu;
+  size_t remaining ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::Status> first_error ABSL_GUARDED_BY(mu);
+  std::optional<absl::StatusOr<std::vector<DataProto>>> result ABSL_GUARDED_BY(mu);
+
+  // Track counts `call` down when it completes; the first error ends the wait.
+  static void Track(const std::shared_ptr<State>& state, const CallFuture& call) {
+    std::weak_ptr<State> weak = state;  // no cycle: calls do not keep the state alive
+    call->OnReady([weak, call] {
+      std::shared_ptr<State> self = weak.lock();
+      if (self == nullptr) return;
+      absl::MutexLock lock(&self->mu);
+      --self->remaining;
+      if (!call->Wait().ok() && !self->first_error.has_value()) {
+        self->first_error = call->Wait().status();
+      }
+    });
+  }
+};
+
+absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
+  absl::MutexLock lock(&state_->mu);
+  if (state_->result.has_value()) return *state_->result;
+  auto settled = [state = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->remaining == 0 || state->first_error.has_value();
+  };
+  state_->mu.Await(absl::Condition(&settled));
+  if (state_->first_error.has_value()) {
+    state_->result = *state_->first_error;
+  } else {
+    std::vector<DataProto> outputs;
+    for (const CallFuture& call : state_->per_rank) outputs.push_back(*call->Wait());
+    state_->result = state_->mode->collect(std::move(outputs), state_->plan);
+  }
+  state_->plan.per_rank.clear();  // the inputs are no longer needed
+  return *state_->result;
+}
+
+bool GroupFuture::Ready() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->result.has_value() || state_->remaining == 0 || state_->first_error.has_value();
+}
+
+// Impl: the controller's service (registration, heartbeats), the worker
+// processes and the sessions to them.
+class WorkerGroup::Impl final : public v1::ControllerService::Service {
+ public:
+  Impl(const ResourceSpec& resources, WorkerGroupOptions options)
+      : resources_(resources),
+        options_(std::move(options)),
+        registrations_(resources.world_size()),
+        exits_(resources.world_size()) {}
+
+  ~Impl() override { Stop(); }
+
+  // Start brings the group up: controller server, processes, registration,
+  // sessions.
+  absl::Status Start();
+
+  // Stop shuts everything down and reaps every process.
+  void Stop();
+
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report, v1::ProgressAck*) override {
+    if (options_.on_progress) options_.on_progress(report->rank(), report->what(), report->done(), report->total());
+    return grpc::Status::OK;
+  }
+
+  bool stopped() {
+    absl::MutexLock lock(&mu_);
+    return shutting_down_;
+  }
+  WorkerClient* client(int rank) { return clients_[rank].get(); }
+  absl::Duration call_timeout() const { return options_.call_timeout; }
+  const v1::MethodTable& table(int rank) {
+    absl::MutexLock lock(&mu_);
+    return registrations_[rank]->methods();
+  }
+  std::vector<std::string> worker_addresses() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> addresses;
+    for (const auto& registration : registrations_) addresses.push_back(registration->address());
+    return addresses;
+  }
+  const std::string& controller_address() const { return controller_address_; }
+  absl::Status Health() {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
+    for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
+      if (exits_[rank].has_value()) {
+        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ", processes_[rank]->pid(), ") ",
+                                                   exits_[rank]->ToString()));
+      }
+    }
+    return absl::OkStatus();
+  }
+  std::vector<pid_t> pids() const {
+    std::vector<pid_t> pids;
+    for (const auto& process : processes_) pids.push_back(process ? process->pid() : -1);
+    return pids;
+  }
+
+ private:
+  absl::Status StartServer();
+  absl::Status Spawn(int rank, int master_port);
+  absl::Status WaitForRegistration();
+  absl::Status Connect();
+  void OnWorkerExit(int rank, const ExitStatus& status);
+
+  const ResourceSpec resources_;
+  const WorkerGroupOptions options_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string controller_address_;
+  std::vector<std::unique_ptr<Subprocess>> processes_;  // by rank
+  std::vector<std::unique_ptr<WorkerClient>> clients_;  // by rank
+
+  absl::Mutex mu_;
+  std::vector<std::optional<v1::RegisterWorkerRequest>> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::optional<ExitStatus>> exits_ ABSL_GUARDED_BY(mu_);
+  bool connected_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::Status WorkerGroup::Impl::Start() {
+  if (resources_.nodes < 1 || resources_.workers_per_node < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("a worker group needs at least one node and one worker per node, got ",
+                                                   resources_.nodes, " x ", resources_.workers_per_node));
+  }
+  if (options_.command.empty()) return absl::InvalidArgumentError("WorkerGroupOptions.command is empty");
+  if (options_.roles.empty()) return absl::InvalidArgumentError("WorkerGroupOptions.roles is empty");
+  DRAY_RETURN_IF_ERROR(StartServer());
+  DRAY_ASSIGN_OR_RETURN(int master_port, PickFreePort());
+  processes_.resize(resources_.world_size());
+  for (int rank = 0; rank < resources_.world_size(); ++rank) {
+    DRAY_RETURN_IF_ERROR(Spawn(rank, master_port));
+  }
+  DRAY_RETURN_IF_ERROR(WaitForRegistration());
+  return Connect();
+}
+
+absl::Status WorkerGroup::Impl::StartServer() {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureDrayServer(&builder);
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(this);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port == 0) return absl::UnavailableError("the controller cannot listen on 127.0.0.1");
+  controller_address_ = absl::StrCat("127.0.0.1:", port);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
+  const int local_rank = rank % resources_.workers_per_node;
+  SubprocessOptions spawn;
+  spawn.argv = options_.command;
+  spawn.argv.push_back(absl::StrCat("--controller=", controller_address_));
+  spawn.argv.push_back(absl::StrCat("--roles=", absl::StrJoin(options_.roles, ",")));
+  spawn.env = {{"RANK", absl::StrCat(rank)},
+               {"WORLD_SIZE", absl::StrCat(resources_.world_size())},
+               {"LOCAL_RANK", absl::StrCat(local_rank)},
+               {"LOCAL_WORLD_SIZE", absl::StrCat(resources_.workers_per_node)},
+               {"MASTER_ADDR", options_.master_addr},
+               {"MASTER_PORT", absl::StrCat(master_port)},
+               {"CUDA_VISIBLE_DEVICES", absl::StrCat(local_rank)}};
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // as torchrun: share the cores, do not oversubscribe them
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
+  }
+  spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
+  spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");
+  DRAY_ASSIGN_OR_RETURN(processes_[rank],
+                        Subprocess::Spawn(std::move(spawn), [this, rank](const ExitStatus& status) {
+                          OnWorkerExit(rank, status);
+                        }));
+  return absl::OkStatus();
+}
+
+absl::Status WorkerGroup::Impl::WaitForRegistration() {
+  const absl::Time deadline = absl::Now() + options_.register_timeout;
+  absl::MutexLock lock(&mu_);
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t rank = 0; rank < registrations_.size(); ++rank) {
+      if (exits_[rank].has_value()) return true;  // fail fast
+      if (!registrations_[rank].has_value()) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  std::vector<int> missing;
+  for (size_t rank = 0; rank < registrations_.size(); ++rank) {
+    if (exits_[rank].has_value() && !registrations_[rank].has_value()) {
+      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " ", exits_[rank]->ToString(),
+                                                 " before registering (its output is above)"));
+    }
+    if (!registrations_[rank].has_value()) missing.push_back(static_cast<int>(rank));
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("worker rank", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+                     " did not register within ", absl::FormatDuration(options_.register_timeout)));
+  }
+  const std::string rank0_table = registrations_[0]->methods().SerializeAsString();
+  for (size_t rank = 1; rank < registrations_.size(); ++rank) {
+    v1::MethodTable table = registrations_[rank]->methods();
+    table.set_rank(0);
+    if (table.SerializeAsString() != rank0_table) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker rank ", rank, " registered a method table that differs from rank 0's"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerGroup::Impl::Connect() {
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& registration : registrations_) addresses.push_back(registration->address());
+  }
+  for (int rank = 0; rank < resources_.world_size(); ++rank) {
+    // A broken session usually means a dead process: report its exit status,
+    // a better reason than the broken stream, if it arrives in time.
+    clients_.push_back(std::make_unique<WorkerClient>(rank, addresses[rank], [this, rank](absl::Status) {
+      if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
+    }));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    connected_ = true;
+  }
+  for (auto& client : clients_) DRAY_RETURN_IF_ERROR(client->Open());
+  // A worker that died before its client existed fails its client now.
+  for (int rank = 0; rank < resources_.world_size(); ++rank) {
+    if (auto status = processes_[rank]->WaitFor(absl::ZeroDuration())) OnWorkerExit(rank, *status);
+  }
+  return absl::OkStatus();
+}
+
+void WorkerGroup::Impl::OnWorkerExit(int rank, const ExitStatus& status) {
+  bool connected;
+  {
+    absl::MutexLock lock(&mu_);
+    exits_[rank] = status;
+    connected = connected_;
+  }
+  if (connected) {
+    clients_[rank]->Fail(absl::UnavailableError(absl::StrCat(
+        "worker rank ", rank, " (pid ", processes_[rank]->pid(), ") ", status.ToString())));
+  }
+}
+
+grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext*,
+                                               const v1::RegisterWorkerRequest* request,
+                                               v1::RegisterWorkerResponse* response) {
+  absl::MutexLock lock(&mu_);
+  const int rank = request->rank();
+  if (rank < 0 || rank >= static_cast<int>(registrations_.size())) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("rank ", rank, " is outside this group of ", registrations_.size()));
+  }
+  if (registrations_[rank].has_value()) {
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("rank ", rank, " registered twice"));
+  }
+  registrations_[rank] = *request;
+  response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerGroup::Impl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                                          v1::HeartbeatResponse* response) {
+  absl::MutexLock lock(&mu_);
+  response->set_keep_running(!shutting_down_);
+  return grpc::Status::OK;
+}
+
+void WorkerGroup::Impl::Stop() {
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return;
+    shutting_down_ = true;  // heartbeats now tell workers to exit
+    for (size_t rank = 0; rank < registrations_.size(); ++rank) {
+      if (registrations_[rank].has_value()) {
+        addresses.push_back(registrations_[rank]->address());
+      } else if (rank < processes_.size() && processes_[rank] != nullptr) {
+        processes_[rank]->Signal(SIGTERM);  // never registered: nothing to ask politely
+      }
+    }
+  }
+  for (auto& client : clients_) client->Close();
+  for (const std::string& address : addresses) {
+    grpc::ClientContext rpc;
+    SetDeadline(&rpc, kShutdownRpcTimeout);
+    v1::ShutdownRequest request;
+    request.set_reason("the worker group is shutting down");
+    v1::ShutdownResponse response;
+    v1::WorkerService::NewStub(CreateDrayChannel(address))->Shutdown(&rpc, request, &response);
+  }
+  const absl::Time deadline = absl::Now() + kWorkerExitGrace;
+  for (auto& process : processes_) {
+    if (process == nullptr || process->WaitFor(deadline - absl::Now()).has_value()) continue;
+    process->Signal(SIGTERM);
+    process->WaitFor(kTermGrace);
+  }
+  processes_.clear();  // kills what is left, reaps, joins
+  clients_.clear();
+  if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+}
+
+WorkerGroup::WorkerGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+WorkerGroup::~WorkerGroup() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceSpec& resources,
+                                                                 WorkerGroupOptions options) {
+  auto impl = std::make_unique<Impl>(resources, std::move(options));
+  DRAY_RETURN_IF_ERROR(impl->Start());  // on error, ~Impl reaps what started
+  std::unique_ptr<WorkerGroup> group(new WorkerGroup(std::move(impl)));
+  group->world_size_ = resources.world_size();
+  const v1::MethodTable& table = group->impl_->table(0);
+  group->methods_.assign(table.methods().begin(), table.methods().end());
+  return group;
+}
+
+void WorkerGroup::Shutdown() { impl_->Stop(); }
+
+std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
+
+absl::Status WorkerGroup::Health() const { return impl_->Health(); }
+
+std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
+
+std::string WorkerGroup::controller_address() const { return impl_->controller_address(); }
+
+absl::StatusOr<const v1::MethodInfo*> WorkerGroup::FindMethod(absl::string_view method) const {
+  std::vector<const v1::MethodInfo*> matches;
+  std::vector<std::string> known;
+  for (const v1::MethodInfo& info : methods_) {
+    const std::string qualified = absl::StrCat(info.role(), ".", info.name());
+    if (info.name() == method || qualified == method) matches.push_back(&info);
+    known.push_back(qualified);
+  }
+  if (matches.size() == 1) return matches[0];
+  if (matches.empty()) {
+    return absl::NotFoundError(absl::StrCat("the worker group has no method '", method,
+                                            "'; it has: ", absl::StrJoin(known, ", ")));
+  }
+  std::vector<std::string> roles;
+  for (const v1::MethodInfo* info : matches) roles.push_back(info->role());
+  return absl::InvalidArgumentError(absl::StrCat("method '", method, "' exists in roles ",
+                                                 absl::StrJoin(roles, ", "), ": call it as ",
+                                                 roles[0], ".", method));
+}
+
+GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto> inputs,
+                                const CallOptions& options) {
+  GroupFuture future;
+  future.state_ = std::make_shared<GroupFuture::State>();
+  GroupFuture::State& state = *future.state_;
+  auto fail = [&](absl::Status status) {
+    absl::MutexLock lock(&state.mu);
+    state.result = std::move(status);
+    return future;
+  };
+  if (impl_->stopped()) return fail(absl::FailedPreconditionError("the worker group has shut down"));
+  absl::StatusOr<const v1::MethodInfo*> info = FindMethod(method);
+  if (!info.ok()) return fail(info.status());
+  absl::StatusOr<const DispatchMode*> mode = DispatchRegistry::Global().Find((*info)->dispatch_mode());
+  if (!mode.ok()) return fail(mode.status());
+  absl::StatusOr<DispatchPlan> plan = (*mode)->dispatch(std::move(inputs), world_size_);
+  if (!plan.ok()) return fail(plan.status());
+  if (static_cast<int>(plan->per_rank.size()) != world_size_) {
+    return fail(absl::InternalError(absl::StrCat("dispatch mode ", (*mode)->name, " planned ",
+                                                 plan->per_rank.size(), " ranks for a group of ",
+                                                 world_size_)));
+  }
+  if ((*info)->execute_mode() == v1::EXECUTE_MODE_RANK_ZERO) {
+    for (int rank = 1; rank < world_size_; ++rank) plan->per_rank[rank] = nullptr;
+  }
+  const absl::Time deadline = absl::Now() + options.timeout.value_or(impl_->call_timeout());
+  std::map<const DataProto*, std::shared_ptr<const EncodedInput>> encoded;  // once per distinct input
+  for (int rank = 0; rank < world_size_; ++rank) {
+    const std::shared_ptr<const DataProto>& input = plan->per_rank[rank];
+    if (input == nullptr) continue;
+    std::shared_ptr<const EncodedInput>& wire = encoded[input.get()];
+    if (wire == nullptr) {
+      absl::StatusOr<std::shared_ptr<const EncodedInput>> encoding = EncodeInput(*input);
+      if (!encoding.ok()) return fail(encoding.status());
+      wire = *encoding;
+    }
+    state.per_rank.push_back(
+        impl_->client(rank)->Submit((*info)->role(), (*info)->name(), wire, deadline));
+  }
+  state.plan = std::move(plan).value();
+  state.mode = *mode;
+  {
+    absl::MutexLock lock(&state.mu);
+    state.remaining = state.per_rank.size();
+  }
+  for (const CallFuture& call : state.per_rank) GroupFuture::State::Track(future.state_, call);
+  if ((*info)->blocking()) future.Get().IgnoreError();
+  return future;
+}
+
+absl::StatusOr<std::vector<DataProto>> WorkerGroup::Call(absl::string_view method,
+                                                         std::vector<DataProto> inputs,
+                                                         const CallOptions& options) {
+  return Invoke(method, std::move(inputs), options).Get();
+}
+
+}  // namespace dray

@@ -1,0 +1,165 @@
+// WorkerGroup: the controller's handle on a group of worker processes, dray's
+// counterpart of verl's RayWorkerGroup.
+//
+// Create spawns one worker process per rank (nodes x workers per node, here
+// all on this machine), waits for each to register its method table, and
+// opens a session to each. Calling a method on the group applies the
+// method's dispatch mode: split the input across ranks, call them, collect.
+//
+//   WorkerGroupOptions options;
+//   options.command = {"/usr/local/bin/dray", "worker"};
+//   options.roles = {"echo"};
+//   DRAY_ASSIGN_OR_RETURN(auto group, WorkerGroup::Create({1, 4}, options));
+//   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> out, group->Call("init_model", {config}));
+//   GroupFuture pending = group->Invoke("echo", {batch});  // non-blocking methods return at once
+//   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> echoed, pending.Get());
+//
+// Failures: a worker error fails the call with the worker's status (naming
+// rank and method); a worker process that dies fails every pending and later
+// call on it with UNAVAILABLE naming its rank and exit status, within a
+// second; a call past its deadline fails with DEADLINE_EXCEEDED and leaves
+// the worker usable. Worker processes die with the controller, and Shutdown
+// (or the destructor) reaps every process the group started.
+//
+// Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
+// its share of the machine's cores (cores / workers per node), as torchrun
+// does, so that workers on one machine do not oversubscribe it.
+//
+// Thread-safety: thread-safe; calls from several threads may be in flight.
+#ifndef DRAY_RUNTIME_CONTROLLER_WORKER_GROUP_H_
+#define DRAY_RUNTIME_CONTROLLER_WORKER_GROUP_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dispatch/data_proto.h"
+#include "dispatch/dispatch_mode.h"
+#include "dray/v1/worker.pb.h"
+#include "runtime/controller/worker_client.h"
+
+namespace dray {
+
+// ResourceSpec: how many worker processes, laid out as nodes x workers per
+// node (LOCAL_RANK counts within a node; CUDA_VISIBLE_DEVICES = LOCAL_RANK).
+struct ResourceSpec {
+  int nodes = 1;
+  int workers_per_node = 1;
+
+  int world_size() const { return nodes * workers_per_node; }
+};
+
+struct WorkerGroupOptions {
+  // The worker executable and its leading arguments, e.g. {"/bin/dray",
+  // "worker"}; the group appends --controller= and --roles=.
+  std::vector<std::string> command;
+  // Worker classes every process hosts (colocated roles).
+  std::vector<std::string> roles;
+  // How long workers may take to start and register.
+  absl::Duration register_timeout = absl::Seconds(60);
+  // Deadline of a call that sets none.
+  absl::Duration call_timeout = absl::Minutes(30);
+  // How often workers check that the controller is alive.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // Where rank 0 hosts the c10d store for collectives.
+  std::string master_addr = "127.0.0.1";
+  // Extra environment variables for every worker.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Receives Worker::ReportProgress from every rank, on the controller's
+  // RPC threads (keep it short; it may run concurrently with itself).
+  std::function<void(int rank, const std::string& what, int64_t done, int64_t total)> on_progress;
+};
+
+struct CallOptions {
+  // Deadline, from now; unset: WorkerGroupOptions::call_timeout.
+  std::optional<absl::Duration> timeout;
+};
+
+// GroupFuture: the pending result of a call on a group.
+class GroupFuture {
+ public:
+  // Get waits for every rank and returns the collected outputs (or the error
+  // of the lowest failing rank). It may be called more than once.
+  absl::StatusOr<std::vector<DataProto>> Get();
+
+  // Ready is true when Get would not wait.
+  bool Ready() const;
+
+ private:
+  friend class WorkerGroup;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+class WorkerGroup {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerGroup>> Create(const ResourceSpec& resources,
+                                                             WorkerGroupOptions options);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  int world_size() const { return world_size_; }
+
+  // methods returns the method table every rank published.
+  const std::vector<v1::MethodInfo>& methods() const { return methods_; }
+
+  // Invoke calls `method` ("name", or "role.name" when roles share a name)
+  // with the caller's inputs, dispatched by the method's mode. It returns
+  // once the result is in for blocking methods, at once for non-blocking ones.
+  GroupFuture Invoke(absl::string_view method, std::vector<DataProto> inputs,
+                     const CallOptions& options = {});
+
+  // Call invokes `method` and waits for its result, whatever the method's
+  // blocking flag.
+  absl::StatusOr<std::vector<DataProto>> Call(absl::string_view method,
+                                              std::vector<DataProto> inputs,
+                                              const CallOptions& options = {});
+
+  // Shutdown asks every worker to exit, waits a little, then kills and reaps
+  // what is left. Later calls fail with FAILED_PRECONDITION. Idempotent.
+  void Shutdown();
+
+  // Health is OK while every worker process runs; otherwise UNAVAILABLE
+  // naming the first rank that exited and its exit status or signal (or
+  // saying that the group has shut down).
+  absl::Status Health() const;
+
+  // pids returns the worker processes' ids, by rank.
+  std::vector<pid_t> pids() const;
+
+  // worker_addresses returns where each rank's WorkerService (and
+  // grpc.health.v1) listens, as host:port.
+  std::vector<std::string> worker_addresses() const;
+
+  // controller_address returns where the ControllerService (and
+  // grpc.health.v1) listens, as host:port.
+  std::string controller_address() const;
+
+ private:
+  class Impl;
+  explicit WorkerGroup(std::unique_ptr<Impl> impl);
+
+  // FindMethod resolves "name" or "role.name"; NOT_FOUND / INVALID_ARGUMENT
+  // name the known methods.
+  absl::StatusOr<const v1::MethodInfo*> FindMethod(absl::string_view method) const;
+
+  std::unique_ptr<Impl> impl_;
+  int world_size_ = 0;
+  std::vector<v1::MethodInfo> methods_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_CONTROLLER_WORKER_GROUP_H_

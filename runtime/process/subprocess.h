@@ -1,0 +1,102 @@
+// Subprocess: a child process that cannot outlive its parent.
+//
+// The child is killed (SIGKILL) if the parent dies, is reaped by a thread of
+// its own the moment it exits (on_exit then reports how it ended), and its
+// stdout and stderr reach the parent's, each line prefixed:
+//
+//   DRAY_ASSIGN_OR_RETURN(auto child, Subprocess::Spawn(
+//       {{"/usr/bin/worker", "--flag"}, {{"RANK", "2"}}, "[rank 2] "},
+//       [](const ExitStatus& status) { ... status.ToString() ... }));
+//   child->Signal(SIGTERM);
+//   std::optional<ExitStatus> status = child->WaitFor(absl::Seconds(5));
+//
+// The child leads its own process group: Signal reaches its descendants too.
+// Destroying a Subprocess kills the child and its group if they still run,
+// reaps the child and joins its threads: every process started is reaped.
+//
+// Thread-safety: thread-safe.
+#ifndef DRAY_RUNTIME_PROCESS_SUBPROCESS_H_
+#define DRAY_RUNTIME_PROCESS_SUBPROCESS_H_
+
+#include <sys/types.h>
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace dray {
+
+// ExitStatus: how a process ended.
+struct ExitStatus {
+  int exit_code = -1;  // set when it exited
+  int signal = 0;      // set when a signal killed it
+
+  bool success() const { return signal == 0 && exit_code == 0; }
+  // ToString: "exited with code 3" or "killed by signal 9 (Killed)".
+  std::string ToString() const;
+};
+
+struct SubprocessOptions {
+  std::vector<std::string> argv;  // argv[0] is the path of the executable
+  // Variables set in the child on top of this process's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string output_prefix;  // prepended to each line of the child's output
+};
+
+class Subprocess {
+ public:
+  // Spawn starts the child; an executable that cannot run is an error here,
+  // not a silent exit. `on_exit` runs on an internal thread once the child ended.
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(
+      SubprocessOptions options, std::function<void(const ExitStatus&)> on_exit = nullptr);
+
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+
+  // Signal sends `signal` to the child's process group unless the child has
+  // already been reaped.
+  void Signal(int signal);
+
+  // WaitFor waits up to `timeout` for the child to end.
+  std::optional<ExitStatus> WaitFor(absl::Duration timeout);
+
+ private:
+  // Pipes: {read end, write end} of the child's exec status, stdout, stderr.
+  struct Pipes {
+    std::array<int, 2> exec_status, out, err;
+  };
+
+  Subprocess() = default;
+  // Watch forks and execs (so the child's parent-death signal is tied to this
+  // long-lived thread), reports the outcome of exec, then reaps the child.
+  void Watch(SubprocessOptions options, Pipes pipes);
+  void ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix);
+
+  pid_t pid_ = -1;
+  std::function<void(const ExitStatus&)> on_exit_;
+  std::thread watcher_;
+  std::thread forwarder_;
+  absl::Mutex mu_;
+  std::optional<ExitStatus> exit_status_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> spawn_result_ ABSL_GUARDED_BY(mu_);
+};
+
+// PickFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+absl::StatusOr<int> PickFreePort();
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_PROCESS_SUBPROCESS_H_

@@ -1,0 +1,46 @@
+// The one place where gRPC meets the rest of dray: status conversion both
+// ways, the deadline every client call carries, and the channel and server
+// settings every dray endpoint shares (message limits, keepalive).
+//
+//   grpc::ClientContext context;
+//   SetDeadline(&context, absl::Seconds(5));
+//   return ToAbslStatus(stub->Heartbeat(&context, request, &response), "heartbeat");
+//
+// Thread-safety: stateless functions.
+#ifndef DRAY_RUNTIME_RPC_GRPC_UTIL_H_
+#define DRAY_RUNTIME_RPC_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace dray {
+
+// ToAbslStatus converts a gRPC status, prefixing its message with `what`.
+absl::Status ToAbslStatus(const grpc::Status& status, absl::string_view what);
+
+// ToGrpcStatus converts an absl::Status for a gRPC handler to return.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// SetDeadline gives `context` a deadline `timeout` from now.
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
+
+// CreateDrayChannel opens an insecure channel to `address` (host:port) with
+// dray's limits: messages up to 2 GiB - 1 (large payloads stream in chunks
+// anyway) and keepalive pings so a vanished peer is noticed within seconds.
+std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);
+
+// ConfigureDrayServer applies the same limits and keepalive to a server.
+void ConfigureDrayServer(grpc::ServerBuilder* builder);
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_RPC_GRPC_UTIL_H_

@@ -1,0 +1,235 @@
+#include "runtime/rpc/session_stream.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/slice.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "dispatch/payload_stream.h"
+#include "dray/v1/worker.grpc.pb.h"
+
+namespace dray {
+namespace {
+
+// Protobuf tag of a length-delimited `payload_chunk` (field 2) of either frame.
+constexpr uint8_t kChunkTag = (2 << 3) | 2;
+constexpr size_t kMaxVarintBytes = 10;
+
+// SharedSlice: a slice over `bytes`[offset, offset + size) that shares them
+// while gRPC holds it.
+grpc::Slice SharedSlice(const Bytes& bytes, size_t offset, size_t size) {
+  return grpc::Slice(
+      const_cast<char*>(bytes.data() + offset), size,
+      [](void* owner) { delete static_cast<Bytes*>(owner); }, new Bytes(bytes));
+}
+
+// ChunkFrames cuts `payload` into `payload_chunk` frames of at most
+// kDefaultChunkBytes, built around the pieces without copying them.
+std::vector<grpc::ByteBuffer> ChunkFrames(const ScatteredPayload& payload) {
+  std::vector<grpc::ByteBuffer> frames;
+  std::vector<grpc::Slice> slices;
+  size_t piece = 0, offset = 0;  // where the next chunk starts
+  for (uint64_t sent = 0; sent < payload.size;) {
+    const size_t size = std::min<uint64_t>(kDefaultChunkBytes, payload.size - sent);
+    uint8_t prefix[1 + kMaxVarintBytes] = {kChunkTag};
+    const uint8_t* end =
+        google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(size, prefix + 1);
+    slices.assign({grpc::Slice(prefix, end - prefix)});
+    for (size_t left = size; left > 0;) {
+      const Bytes& bytes = payload.pieces[piece];
+      const size_t n = std::min(left, bytes.size() - offset);
+      if (n > 0) slices.push_back(SharedSlice(bytes, offset, n));
+      left -= n;
+      offset += n;
+      if (offset == bytes.size()) ++piece, offset = 0;
+    }
+    frames.emplace_back(slices.data(), slices.size());
+    sent += size;
+  }
+  return frames;
+}
+
+// WriteMessage writes `frame`, whose DataProto `message` had its payload
+// detached into `payload`: inline when small, else as chunk frames after it.
+template <typename Frame>
+bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* message,
+                  const ScatteredPayload& payload) {
+  const bool inline_payload = payload.size <= kInlinePayloadBytes;
+  if (message != nullptr) {
+    message->set_payload_size(payload.size);
+    if (inline_payload) message->set_payload(payload.Flatten());
+  }
+  grpc::ByteBuffer header;
+  bool own_buffer = false;
+  if (!grpc::SerializationTraits<Frame>::Serialize(frame, &header, &own_buffer).ok()) return false;
+  if (!writer->Write(header)) return false;
+  if (message == nullptr || inline_payload) return true;
+  for (const grpc::ByteBuffer& chunk : ChunkFrames(payload)) {
+    if (!writer->Write(chunk)) return false;
+  }
+  return true;
+}
+
+// ChunkBytes: the bytes of a received frame, walked across the transport's slices.
+class ChunkBytes {
+ public:
+  explicit ChunkBytes(std::vector<grpc::Slice> slices) : slices_(std::move(slices)) {}
+
+  // ReadPrefix parses the frame's tag and length (at most 11 bytes).
+  absl::Status ReadPrefix(uint64_t* length) {
+    uint8_t prefix[1 + kMaxVarintBytes];
+    const size_t copied = Take(prefix, sizeof(prefix));
+    if (copied == 0 || prefix[0] != kChunkTag) {
+      return absl::InvalidArgumentError(
+          "session: expected a payload chunk frame, got another frame inside a payload");
+    }
+    google::protobuf::io::CodedInputStream input(prefix + 1, static_cast<int>(copied - 1));
+    if (!input.ReadVarint64(length)) {
+      return absl::InvalidArgumentError("session: a payload chunk frame has a malformed length");
+    }
+    Rewind(copied - 1 - input.CurrentPosition());  // give back what the varint did not use
+    return absl::OkStatus();
+  }
+
+  // AppendRest adds every byte after the prefix to `assembler`; the frame's
+  // announced `length` must be exactly what is left.
+  absl::Status AppendRest(uint64_t length, PayloadAssembler* assembler) {
+    if (Remaining() != length) {
+      return absl::InvalidArgumentError(absl::StrCat("session: a payload chunk frame announces ", length,
+                                                     " bytes and carries ", Remaining()));
+    }
+    for (; slice_ < slices_.size(); ++slice_, offset_ = 0) {
+      const grpc::Slice& slice = slices_[slice_];
+      absl::Status added = assembler->Add(absl::string_view(
+          reinterpret_cast<const char*>(slice.begin()) + offset_, slice.size() - offset_));
+      if (!added.ok()) return added;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Take copies up to `count` bytes out, advancing the cursor.
+  size_t Take(uint8_t* out, size_t count) {
+    size_t taken = 0;
+    for (; taken < count && slice_ < slices_.size();) {
+      const grpc::Slice& slice = slices_[slice_];
+      const size_t n = std::min(count - taken, slice.size() - offset_);
+      std::copy_n(slice.begin() + offset_, n, out + taken);
+      taken += n;
+      offset_ += n;
+      if (offset_ == slice.size()) ++slice_, offset_ = 0;
+    }
+    return taken;
+  }
+
+  // Rewind moves the cursor back `count` bytes.
+  void Rewind(size_t count) {
+    while (count > 0) {
+      if (offset_ == 0) offset_ = slices_[--slice_].size();
+      const size_t n = std::min(count, offset_);
+      offset_ -= n;
+      count -= n;
+    }
+  }
+
+  uint64_t Remaining() const {
+    uint64_t remaining = 0;
+    for (size_t i = slice_; i < slices_.size(); ++i) remaining += slices_[i].size();
+    return remaining - offset_;
+  }
+
+  std::vector<grpc::Slice> slices_;
+  size_t slice_ = 0;   // current slice
+  size_t offset_ = 0;  // within it
+};
+
+// ReadChunks fills `message`'s detached payload from the chunk frames that follow its header.
+absl::Status ReadChunks(SessionReader* reader, v1::DataProto* message) {
+  if (message->payload().size() == message->payload_size()) return absl::OkStatus();  // inline
+  if (!message->payload().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("session: a header carries ", message->payload().size(),
+                                                   " of its ", message->payload_size(),
+                                                   " payload bytes inline"));
+  }
+  PayloadAssembler assembler({message});
+  grpc::ByteBuffer frame;
+  while (assembler.received_bytes() < assembler.expected_bytes()) {
+    if (!reader->Read(&frame)) {
+      return absl::UnavailableError(absl::StrCat("session ended after ", assembler.received_bytes(), " of ",
+                                                 assembler.expected_bytes(), " payload bytes"));
+    }
+    std::vector<grpc::Slice> slices;
+    if (!frame.Dump(&slices).ok()) return absl::InternalError("session: cannot read a frame's bytes");
+    ChunkBytes chunk(std::move(slices));
+    uint64_t length = 0;
+    absl::Status status = chunk.ReadPrefix(&length);
+    if (status.ok()) status = chunk.AppendRest(length, &assembler);
+    if (!status.ok()) return status;
+  }
+  return assembler.Finish();
+}
+
+// ReadMessage reads one header frame and the payload of its DataProto
+// (`payload_of` picks it; null when the message has none).
+template <typename Frame, typename Header, typename PayloadOf>
+absl::StatusOr<std::optional<Header>> ReadMessage(SessionReader* reader, PayloadOf payload_of) {
+  grpc::ByteBuffer bytes;
+  if (!reader->Read(&bytes)) return std::optional<Header>();
+  Frame frame;
+  if (!grpc::SerializationTraits<Frame>::Deserialize(&bytes, &frame).ok()) {
+    return absl::InvalidArgumentError("session: a frame is not a valid protobuf message");
+  }
+  if (frame.frame_case() != Frame::kHeader) {
+    return absl::InvalidArgumentError("session: expected a header frame, got a payload chunk");
+  }
+  Header header = std::move(*frame.mutable_header());
+  if (v1::DataProto* message = payload_of(header); message != nullptr) {
+    absl::Status read = ReadChunks(reader, message);
+    if (!read.ok()) return read;
+  }
+  return std::optional<Header>(std::move(header));
+}
+
+}  // namespace
+
+const char* SessionMethodName() {
+  static const std::string* name =
+      new std::string(absl::StrCat("/", v1::WorkerService::service_full_name(), "/Session"));
+  return name->c_str();
+}
+
+bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
+                      const ScatteredPayload& payload) {
+  v1::CallRequestFrame frame;
+  *frame.mutable_header() = std::move(request);
+  return WriteMessage(writer, frame, frame.mutable_header()->mutable_input(), payload);
+}
+
+bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
+                       const ScatteredPayload& payload) {
+  v1::CallResponseFrame frame;
+  *frame.mutable_header() = std::move(response);
+  v1::CallResponse* header = frame.mutable_header();
+  return WriteMessage(writer, frame, header->has_result() ? header->mutable_result() : nullptr, payload);
+}
+
+absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader) {
+  return ReadMessage<v1::CallRequestFrame, v1::CallRequest>(
+      reader, [](v1::CallRequest& request) { return request.mutable_input(); });
+}
+
+absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(SessionReader* reader) {
+  return ReadMessage<v1::CallResponseFrame, v1::CallResponse>(
+      reader, [](v1::CallResponse& response) {
+        return response.has_result() ? response.mutable_result() : nullptr;
+      });
+}
+
+}  // namespace dray

@@ -1,0 +1,67 @@
+// The WorkerService.Session wire (see worker.proto), read and written as raw
+// gRPC byte buffers: a payload is never copied on its way out and is copied
+// once on its way in, straight into the buffer its tensors will alias.
+//
+// A message (a call, or its response) is one header frame, a serialized
+// CallRequestFrame or CallResponseFrame with `header` set. A payload of at
+// most kInlinePayloadBytes travels inside it, so a small call is one frame
+// each way; a larger one is detached (payload_size announces it) and follows
+// as `payload_chunk` frames of at most kDefaultChunkBytes, which dray builds
+// around the payload's pieces where they lie (wire.h: ToDetachedWire). The
+// frames are ordinary protobuf messages of worker.proto, so any gRPC client
+// can speak the protocol.
+//
+//   DRAY_ASSIGN_OR_RETURN(DetachedWire input, ToDetachedWire(batch));
+//   v1::CallRequest request = ...;
+//   *request.mutable_input() = input.header;
+//   if (!WriteCallRequest(stream, std::move(request), input.payload)) ...;  // broken
+//   absl::StatusOr<std::optional<v1::CallResponse>> response = ReadCallResponse(stream);
+//
+// Thread-safety: a stream may be read by one thread while another writes it;
+// two threads must not both read, or both write.
+#ifndef DRAY_RUNTIME_RPC_SESSION_STREAM_H_
+#define DRAY_RUNTIME_RPC_SESSION_STREAM_H_
+
+#include <cstddef>
+#include <optional>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include "absl/status/statusor.h"
+#include "dispatch/wire.h"
+#include "dray/v1/worker.pb.h"
+
+namespace dray {
+
+// Payloads up to this size travel inside their header frame.
+inline constexpr size_t kInlinePayloadBytes = size_t{64} << 10;
+
+// The full gRPC method name of WorkerService.Session.
+const char* SessionMethodName();
+
+using SessionReader = grpc::internal::ReaderInterface<grpc::ByteBuffer>;
+using SessionWriter = grpc::internal::WriterInterface<grpc::ByteBuffer>;
+
+// WriteCallRequest writes `request`, whose input's payload was detached into
+// `payload`; false when the stream broke. The transport may reference the
+// payload's pieces (sharing them) until they are sent.
+bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
+                      const ScatteredPayload& payload);
+
+// WriteCallResponse writes `response`, whose result's payload (if it has a
+// result) was detached into `payload`; false when the stream broke.
+bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
+                       const ScatteredPayload& payload);
+
+// ReadCallRequest reads the next call with its input's payload attached;
+// nullopt when the stream ended between messages, INVALID_ARGUMENT for a
+// malformed message, UNAVAILABLE for one cut short.
+absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader);
+
+// ReadCallResponse is ReadCallRequest for responses (payload of the result).
+absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(SessionReader* reader);
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_RPC_SESSION_STREAM_H_

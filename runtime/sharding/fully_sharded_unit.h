@@ -1,0 +1,50 @@
+// FullyShardedModule's internal pieces, shared by its translation units
+// (fully_sharded.cc: sharding, hooks, gradients; fully_sharded_state_dict.cc:
+// state dicts). Not part of the API.
+#ifndef DRAY_RUNTIME_SHARDING_FULLY_SHARDED_UNIT_H_
+#define DRAY_RUNTIME_SHARDING_FULLY_SHARDED_UNIT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/autograd/function.h>
+
+#include "runtime/sharding/fully_sharded.h"
+
+namespace dray {
+
+// Unit: one flat parameter. Its module parameters are views into `full`,
+// whose storage is allocated only while the unit is gathered, so that views
+// autograd saved for backward stay valid across a free and a re-gather.
+struct FullyShardedModule::Unit {
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  std::vector<int64_t> offsets;
+  int64_t padded = 0;        // flat size, a multiple of the shard group
+  at::Tensor shard;          // float32 master of this rank's part, for the optimizer
+  at::Tensor full;           // [padded], storage freed while resharded
+  bool gathered = false;
+  int pending_gradients = 0;  // parameters still to accumulate in this backward
+  bool gradients_reduced = true;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep post-hooks alive
+};
+
+namespace sharding_internal {
+
+inline bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
+
+inline bool Hybrid(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardZero2;
+}
+
+// ReshardsAfterForward: FULL_SHARD frees units after forward, ZERO2-like
+// strategies keep them until backward.
+inline bool ReshardsAfterForward(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;
+}
+
+}  // namespace sharding_internal
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_SHARDING_FULLY_SHARDED_UNIT_H_

@@ -1,0 +1,48 @@
+// WorkerServiceImpl: the gRPC glue of dray.v1.WorkerService in a worker
+// process. It decodes calls, hands them to a WorkerHost and encodes results;
+// the Session stream runs calls in arrival order and streams payloads of any
+// size, on raw byte buffers (session_stream.h). Kept apart from WorkerHost so
+// heavy gRPC headers stay out of worker code.
+//
+// Thread-safety: thread-safe (gRPC calls it from its own threads).
+#ifndef DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
+#define DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
+
+#include <functional>
+#include <string>
+
+#include "dispatch/wire.h"
+#include "dray/v1/worker.grpc.pb.h"
+#include "runtime/worker/worker_host.h"
+
+namespace dray {
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive this.
+  WorkerServiceImpl(WorkerHost* host, int rank, std::function<void(std::string reason)> on_shutdown);
+
+  grpc::Status Call(grpc::ServerContext* context, const v1::CallRequest* request,
+                    v1::CallResponse* response) override;
+  grpc::Status DescribeMethods(grpc::ServerContext* context,
+                               const v1::DescribeMethodsRequest* request,
+                               v1::MethodTable* response) override;
+  grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
+                        v1::ShutdownResponse* response) override;
+
+ private:
+  // RunSession runs the calls of one Session stream in arrival order.
+  grpc::Status RunSession(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+
+  // Run executes `request` (whose input payload is attached) and returns the
+  // response with the result's payload detached into `*payload`.
+  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload);
+
+  WorkerHost* const host_;
+  const int rank_;
+  const std::function<void(std::string)> on_shutdown_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
