@@ -43,7 +43,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
   std::unique_ptr<std::FILE, CloseFile> file(std::fopen(path.c_str(), "wb"));
   if (file == nullptr) return ErrnoError("write", path, errno);
-  if (std::fwrite(bytes.data(), 1, bytes.size(), file.get()) != bytes.size() || std::fflush(file.get()) != 0) {
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file.get()) != bytes.size() ||
+      std::fflush(file.get()) != 0) {
     return ErrnoError("write", path, errno);
   }
   return absl::OkStatus();

@@ -14,7 +14,9 @@ namespace {
 using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::string TempPath(const std::string& name) { return absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name); }
+std::string TempPath(const std::string& name) {
+  return absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+}
 
 TEST(FilesTest, WritesAndReadsBackAnyBytes) {
   const std::string path = TempPath("bytes");
@@ -28,8 +30,9 @@ TEST(FilesTest, WritesAndReadsBackAnyBytes) {
 }
 
 TEST(FilesTest, ErrorsNameThePathAndTheReason) {
-  EXPECT_THAT(ReadFile(TempPath("missing")),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot read " + TempPath("missing"))));
+  EXPECT_THAT(
+      ReadFile(TempPath("missing")),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot read " + TempPath("missing"))));
   EXPECT_THAT(WriteFile(TempPath("no/such/dir/file"), "x"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("No such file or directory")));
 }

@@ -11,7 +11,9 @@
 
 namespace dray {
 
-inline std::string ShapeString(c10::IntArrayRef shape) { return absl::StrCat("[", absl::StrJoin(shape, ", "), "]"); }
+inline std::string ShapeString(c10::IntArrayRef shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
 
 }  // namespace dray
 

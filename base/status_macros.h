@@ -16,10 +16,10 @@
 
 // DRAY_RETURN_IF_ERROR returns the status of `expr` from the calling function
 // when it is not OK.
-#define DRAY_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    const absl::Status dray_status_ = (expr);       \
-    if (!dray_status_.ok()) return dray_status_;    \
+#define DRAY_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    const absl::Status dray_status_ = (expr);    \
+    if (!dray_status_.ok()) return dray_status_; \
   } while (false)
 
 // DRAY_ASSIGN_OR_RETURN evaluates `rexpr` (an absl::StatusOr<T>); on error it
@@ -28,8 +28,8 @@
 #define DRAY_ASSIGN_OR_RETURN(lhs, rexpr) \
   DRAY_ASSIGN_OR_RETURN_IMPL_(DRAY_CONCAT_(dray_statusor_, __LINE__), lhs, rexpr)
 
-#define DRAY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                                \
+#define DRAY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr)  \
+  auto statusor = (rexpr);                                 \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

@@ -20,8 +20,8 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/edit_commands.h"
-#include "runtime/process/allocator.h"
 #include "runtime/bench/actor_bench.h"
+#include "runtime/process/allocator.h"
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/sharding_bench.h"
@@ -58,7 +58,8 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
   if (suite != "runtime" && suite != "sharding" && suite != "edit") {
-    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit\n", suite.c_str());
+    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit\n",
+                 suite.c_str());
     return 2;
   }
   if (!json) std::printf("%-32s %14s  %s\n", "figure", "value", "unit");
@@ -87,9 +88,11 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
 int InitModel(const std::string& preset_name, const std::string& out, uint64_t seed) {
   absl::StatusOr<qwen_image::ModelPreset> preset = qwen_image::PresetNamed(preset_name);
   if (preset.ok() && preset_name == "real") {
-    preset = absl::InvalidArgumentError("the real preset (20.4B parameters) is for meta-device checks, not for writing");
+    preset = absl::InvalidArgumentError(
+        "the real preset (20.4B parameters) is for meta-device checks, not for writing");
   }
-  absl::Status written = preset.ok() ? qwen_image::WriteRandomQwenImageModel(out, *preset, seed) : preset.status();
+  absl::Status written =
+      preset.ok() ? qwen_image::WriteRandomQwenImageModel(out, *preset, seed) : preset.status();
   if (!written.ok()) {
     std::fprintf(stderr, "dray init-model: %s\n", written.ToString().c_str());
     return 1;
@@ -100,19 +103,22 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
 }
 
 int Parity(const std::string& reference) {
-  absl::StatusOr<std::vector<qwen_image::ParityCase>> cases = qwen_image::ListParityCases(reference);
+  absl::StatusOr<std::vector<qwen_image::ParityCase>> cases =
+      qwen_image::ListParityCases(reference);
   if (!cases.ok()) {
     std::fprintf(stderr, "dray parity: %s\n", cases.status().ToString().c_str());
     return 1;
   }
-  std::printf("%-20s %-32s %-24s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs", "max_rel",
-              "atol/rtol", "result");
+  std::printf("%-20s %-32s %-24s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs",
+              "max_rel", "atol/rtol", "result");
   int passed = 0, failed = 0;
   for (const qwen_image::ParityCase& parity_case : *cases) {
     for (const qwen_image::ParityResult& r : qwen_image::RunParityCase(parity_case)) {
-      std::printf("%-20s %-32s %-24s %10.3g %10.3g %4.0e/%-4.0e  %s\n", r.component.c_str(), r.case_name.c_str(),
-                  r.output.c_str(), r.max_abs, r.max_rel, r.atol, r.rtol,
-                  r.passed ? "ok" : r.error.empty() ? "BEYOND TOLERANCE" : ("ERROR: " + r.error).c_str());
+      std::printf("%-20s %-32s %-24s %10.3g %10.3g %4.0e/%-4.0e  %s\n", r.component.c_str(),
+                  r.case_name.c_str(), r.output.c_str(), r.max_abs, r.max_rel, r.atol, r.rtol,
+                  r.passed          ? "ok"
+                  : r.error.empty() ? "BEYOND TOLERANCE"
+                                    : ("ERROR: " + r.error).c_str());
       std::fflush(stdout);
       (r.passed ? passed : failed) += 1;
     }
@@ -130,8 +136,10 @@ int Main(int argc, char** argv) {
   std::string suite = "runtime";
   int workers = 4;
   bool quick = false, json = false;
-  bench->add_option("--suite", suite,
-                    "what to measure: runtime (actor calls), sharding (memory, step time) or edit (images/s, serving)")
+  bench
+      ->add_option("--suite", suite,
+                   "what to measure: runtime (actor calls), sharding (memory, step time) or edit "
+                   "(images/s, serving)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()
@@ -141,19 +149,23 @@ int Main(int argc, char** argv) {
 
   EditCommands edit_commands(app, SelfPath());
 
-  CLI::App* init = app.add_subcommand("init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
+  CLI::App* init = app.add_subcommand(
+      "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
   std::string preset = "tiny", out;
   uint64_t seed = 0;
   init->add_option("--preset", preset, "tiny (runs anywhere) or small (real layout, reduced width)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tiny", "small"}));
   init->add_option("--out", out, "directory to write")->required();
-  init->add_option("--seed", seed, "random seed: the same seed writes the same weights")->capture_default_str();
+  init->add_option("--seed", seed, "random seed: the same seed writes the same weights")
+      ->capture_default_str();
 
   CLI::App* parity = app.add_subcommand("parity", "compare dray with diffusers on reference cases");
   std::string reference;
-  parity->add_option("--reference", reference,
-                     "a folder laid out like shared/reference/qwen_image (scheduler/, helpers/, model folders)")
+  parity
+      ->add_option("--reference", reference,
+                   "a folder laid out like shared/reference/qwen_image (scheduler/, helpers/, "
+                   "model folders)")
       ->required();
 
   CLI::App* worker = app.add_subcommand("worker", "run a worker process (started by a controller)");

@@ -7,8 +7,8 @@
 #include <sstream>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <grpcpp/client_context.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -61,8 +61,9 @@ std::string Override(const char* key, const nlohmann::json& value) {
 // per step in a log.
 void ShowProgress(int64_t step, int64_t steps) {
   static const bool terminal = isatty(fileno(stderr));
-  std::fprintf(stderr, "%sdenoising: step %lld/%lld%s", terminal ? "\r" : "", static_cast<long long>(step),
-               static_cast<long long>(steps), !terminal || step == steps ? "\n" : "");
+  std::fprintf(stderr, "%sdenoising: step %lld/%lld%s", terminal ? "\r" : "",
+               static_cast<long long>(step), static_cast<long long>(steps),
+               !terminal || step == steps ? "\n" : "");
   std::fflush(stderr);
 }
 
@@ -73,7 +74,8 @@ absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) 
   if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
   if (f.image_size) overrides.push_back(Override("image_size", *f.image_size));
   if (f.true_cfg_scale) overrides.push_back(Override("true_cfg_scale", *f.true_cfg_scale));
-  if (f.edit->count("--negative-prompt") > 0) overrides.push_back(Override("negative_prompt", f.negative_prompt));
+  if (f.edit->count("--negative-prompt") > 0)
+    overrides.push_back(Override("negative_prompt", f.negative_prompt));
   if (f.seed) overrides.push_back(Override("seed", *f.seed));
   return ImageEditConfig::Load(f.config_file, overrides);
 }
@@ -90,7 +92,8 @@ int EditLocally(const EditCommands::Flags& f) {
   if (!config.ok()) return Fail("edit", config.status());
   absl::StatusOr<std::string> image = ReadFile(f.image);
   if (!image.ok()) return Fail("edit", image.status());
-  absl::StatusOr<DataProto> batch = MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
+  absl::StatusOr<DataProto> batch =
+      MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
   absl::Status checked = batch.ok() ? CheckEditBatch(*batch) : batch.status();
   if (!checked.ok()) return Fail("edit", checked);
   batch->SetMeta("width", f.width.value_or(0));
@@ -98,15 +101,18 @@ int EditLocally(const EditCommands::Flags& f) {
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
   std::fprintf(stderr, "dray edit: model %s, %lld steps at %lld^2, seed %lld, %d worker%s\n",
                config->model_path.empty() ? "tiny (embedded default)" : config->model_path.c_str(),
-               static_cast<long long>(config->num_inference_steps), static_cast<long long>(config->image_size),
-               static_cast<long long>(config->seed), f.workers, f.workers == 1 ? "" : "s");
+               static_cast<long long>(config->num_inference_steps),
+               static_cast<long long>(config->image_size), static_cast<long long>(config->seed),
+               f.workers, f.workers == 1 ? "" : "s");
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
   (*controller)->set_progress_callback(ShowProgress);
-  absl::StatusOr<DataProto> edited = (*controller)->EditCheckedRows(*batch);  // checked above, before any worker started
+  absl::StatusOr<DataProto> edited =
+      (*controller)->EditCheckedRows(*batch);  // checked above, before any worker started
   absl::StatusOr<const std::vector<Image>*> rows =
-      edited.ok() ? edited->GetRows<Image>(kEditedColumn) : absl::StatusOr<const std::vector<Image>*>(edited.status());
+      edited.ok() ? edited->GetRows<Image>(kEditedColumn)
+                  : absl::StatusOr<const std::vector<Image>*>(edited.status());
   if (!rows.ok()) return Fail("edit", rows.status());
   const Image& result = (*rows)->front();
   absl::Status written = WriteFile(f.out, result.bytes.view());
@@ -118,9 +124,11 @@ int EditLocally(const EditCommands::Flags& f) {
 int EditOnServer(const EditCommands::Flags& f) {
   if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || f.image_size ||
       f.edit->count("--workers") > 0) {
-    return Fail("edit", absl::InvalidArgumentError(
-                            "with --server the server's configuration applies; per request only --steps, "
-                            "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
+    return Fail(
+        "edit",
+        absl::InvalidArgumentError(
+            "with --server the server's configuration applies; per request only --steps, "
+            "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
   }
   absl::StatusOr<std::string> image = ReadFile(f.image);
   if (!image.ok()) return Fail("edit", image.status());
@@ -135,7 +143,8 @@ int EditOnServer(const EditCommands::Flags& f) {
   request.set_height(static_cast<int32_t>(f.height.value_or(0)));
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(f.timeout_s));
-  std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(), f.timeout_s);
+  std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(),
+               f.timeout_s);
   std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> events =
       v1::ImageEditService::NewStub(CreateDrayChannel(f.server))->EditStream(&context, request);
   v1::EditImageEvent event;
@@ -148,8 +157,9 @@ int EditOnServer(const EditCommands::Flags& f) {
   if (!status.ok()) return Fail("edit", status);
   absl::Status written = WriteFile(f.out, response.image());
   if (!written.ok()) return Fail("edit", written);
-  std::printf("wrote %s (%dx%d, seed %lld, edited in a batch of %d)\n", f.out.c_str(), response.width(),
-              response.height(), static_cast<long long>(response.seed()), response.batch_rows());
+  std::printf("wrote %s (%dx%d, seed %lld, edited in a batch of %d)\n", f.out.c_str(),
+              response.width(), response.height(), static_cast<long long>(response.seed()),
+              response.batch_rows());
   return 0;
 }
 
@@ -167,12 +177,14 @@ int Serve(const EditCommands::Flags& f) {
   options.address = absl::StrCat(f.host, ":", f.port);
   options.max_queue = f.max_queue;
   options.max_wait = absl::Milliseconds(f.max_wait_ms);
-  absl::StatusOr<std::unique_ptr<ImageEditServer>> server = ImageEditServer::Start(controller->get(), options);
+  absl::StatusOr<std::unique_ptr<ImageEditServer>> server =
+      ImageEditServer::Start(controller->get(), options);
   if (!server.ok()) return Fail("serve", server.status());
-  std::printf("dray serve: ImageEditService on %s:%d with %d worker%s, up to %lld images per call; "
-              "SIGINT or SIGTERM stops\n",
-              f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
-              static_cast<long long>(config->batch_size * f.workers));
+  std::printf(
+      "dray serve: ImageEditService on %s:%d with %d worker%s, up to %lld images per call; "
+      "SIGINT or SIGTERM stops\n",
+      f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
+      static_cast<long long>(config->batch_size * f.workers));
   std::fflush(stdout);
   const int signal = WaitForStopSignal();
   std::printf("dray serve: %s, stopping\n", strsignal(signal));
@@ -186,26 +198,36 @@ int Serve(const EditCommands::Flags& f) {
 EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
   Flags& f = *flags_;
   f.self = std::move(self);
-  const char* overrides_help = "configuration overrides, worker.image_edit.KEY=VALUE (after --config)";
+  const char* overrides_help =
+      "configuration overrides, worker.image_edit.KEY=VALUE (after --config)";
 
   f.edit = app.add_subcommand("edit", "edit an image by an instruction with Qwen-Image-Edit");
   f.edit->add_option("--image", f.image, "input image (PNG or JPEG)")->required();
   f.edit->add_option("--instruction", f.instruction, "what to change")->required();
   f.edit->add_option("--out", f.out, "output PNG")->required();
-  f.edit->add_option("--server", f.server, "a `dray serve` at HOST:PORT; default: start local workers");
+  f.edit->add_option("--server", f.server,
+                     "a `dray serve` at HOST:PORT; default: start local workers");
   f.edit->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
   f.edit->add_option("overrides", f.overrides, overrides_help);
-  f.edit->add_option("--workers", f.workers, "local worker processes")->capture_default_str()->check(CLI::PositiveNumber);
-  f.edit->add_option("--model", f.model,
-                     "a diffusers Qwen-Image-Edit directory (model_path); default: the embedded tiny model");
-  f.edit->add_option("--steps", f.steps, "denoising steps (num_inference_steps)")->check(CLI::Range(1, 1000));
-  f.edit->add_option("--image-size", f.image_size, "work at about this many pixels squared (image_size)");
+  f.edit->add_option("--workers", f.workers, "local worker processes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  f.edit->add_option(
+      "--model", f.model,
+      "a diffusers Qwen-Image-Edit directory (model_path); default: the embedded tiny model");
+  f.edit->add_option("--steps", f.steps, "denoising steps (num_inference_steps)")
+      ->check(CLI::Range(1, 1000));
+  f.edit->add_option("--image-size", f.image_size,
+                     "work at about this many pixels squared (image_size)");
   f.edit->add_option("--true-cfg-scale", f.true_cfg_scale, "guidance scale (true_cfg_scale)");
-  f.edit->add_option("--negative-prompt", f.negative_prompt, "what to steer away from; \"\" turns guidance off");
+  f.edit->add_option("--negative-prompt", f.negative_prompt,
+                     "what to steer away from; \"\" turns guidance off");
   f.edit->add_option("--seed", f.seed, "noise seed: the same seed gives the same image");
-  f.edit->add_option("--width", f.width, "output width (default: the input's aspect ratio at image_size)");
+  f.edit->add_option("--width", f.width,
+                     "output width (default: the input's aspect ratio at image_size)");
   f.edit->add_option("--height", f.height, "output height");
-  f.edit->add_option("--timeout", f.timeout_s, "seconds to wait for a server")->capture_default_str();
+  f.edit->add_option("--timeout", f.timeout_s, "seconds to wait for a server")
+      ->capture_default_str();
 
   f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
   f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
@@ -217,7 +239,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve->add_option("--port", f.port, "port to listen on; 0 picks a free one")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
-  f.serve->add_option("--max-queue", f.max_queue, "images waiting at most; more get RESOURCE_EXHAUSTED")
+  f.serve
+      ->add_option("--max-queue", f.max_queue,
+                   "images waiting at most; more get RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   f.serve->add_option("--max-wait-ms", f.max_wait_ms, "how long a batch waits to fill")

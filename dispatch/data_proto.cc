@@ -110,9 +110,9 @@ absl::Status CheckLayoutMatches(const DataProto& first, const DataProto& piece, 
           absl::StrCat(where, " has no non-tensor column '", name, "'"));
     }
     if (other->index() != column.index()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": non-tensor column '", name, "' holds ",
-                       NonTensorColumnKind(*other), ", piece 0 holds ", NonTensorColumnKind(column)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": non-tensor column '", name, "' holds ", NonTensorColumnKind(*other),
+          ", piece 0 holds ", NonTensorColumnKind(column)));
     }
   }
   return absl::OkStatus();
@@ -193,18 +193,19 @@ absl::Status DataProto::AddTensor(std::string name, at::Tensor tensor) {
     return absl::InvalidArgumentError(absl::StrCat("tensor column '", name, "' is undefined"));
   }
   if (tensor.dim() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor column '", name, "' is 0-d; a column needs a batch dimension"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor column '", name, "' is 0-d; a column needs a batch dimension"));
   }
   if (tensor.layout() != at::kStrided) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor column '", name, "' is not a dense (strided) tensor"));
   }
-  if (HasColumn(name)) return absl::InvalidArgumentError(absl::StrCat("duplicate column '", name, "'"));
+  if (HasColumn(name))
+    return absl::InvalidArgumentError(absl::StrCat("duplicate column '", name, "'"));
   const bool first = tensors_.empty() && non_tensors_.empty();
   if (!first && tensor.size(0) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("inconsistent batch sizes: tensor column '", name,
-                                                   "' has ", tensor.size(0),
+    return absl::InvalidArgumentError(absl::StrCat("inconsistent batch sizes: tensor column '",
+                                                   name, "' has ", tensor.size(0),
                                                    " rows, the batch has ", size_));
   }
   size_ = tensor.size(0);
@@ -213,7 +214,8 @@ absl::Status DataProto::AddTensor(std::string name, at::Tensor tensor) {
 }
 
 absl::Status DataProto::AddNonTensor(std::string name, NonTensorColumn column) {
-  if (HasColumn(name)) return absl::InvalidArgumentError(absl::StrCat("duplicate column '", name, "'"));
+  if (HasColumn(name))
+    return absl::InvalidArgumentError(absl::StrCat("duplicate column '", name, "'"));
   const int64_t rows = NonTensorColumnRows(column);
   const bool first = tensors_.empty() && non_tensors_.empty();
   if (!first && rows != size_) {
@@ -365,8 +367,8 @@ absl::StatusOr<DataProto> DataProto::SelectRows(absl::Span<const int64_t> indice
 
 absl::StatusOr<DataProto> DataProto::SelectMask(const std::vector<bool>& mask) const {
   if (static_cast<int64_t>(mask.size()) != size_) {
-    return absl::InvalidArgumentError(absl::StrCat("row mask has ", mask.size(),
-                                                   " entries for a batch of ", size_, " rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("row mask has ", mask.size(), " entries for a batch of ", size_, " rows"));
   }
   std::vector<int64_t> indices;
   for (int64_t i = 0; i < size_; ++i) {
@@ -387,7 +389,8 @@ absl::StatusOr<DataProto> DataProto::Slice(int64_t start, int64_t end, int64_t s
 }
 
 absl::StatusOr<std::vector<DataProto>> DataProto::Chunk(int64_t n) const {
-  if (n <= 0) return absl::InvalidArgumentError(absl::StrCat("chunk count must be positive, got ", n));
+  if (n <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("chunk count must be positive, got ", n));
   if (size_ % n != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("a batch of ", size_, " rows does not divide into ", n,
@@ -419,8 +422,8 @@ absl::StatusOr<DataProto> DataProto::Concat(absl::Span<const DataProto> pieces) 
   out.size_ = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     DRAY_RETURN_IF_ERROR(CheckLayoutMatches(first, pieces[i], i));
-    DRAY_RETURN_IF_ERROR(
-        MergeMeta(pieces[i].meta_info_, absl::StrCat("piece ", i, " of the concat"), &out.meta_info_));
+    DRAY_RETURN_IF_ERROR(MergeMeta(pieces[i].meta_info_,
+                                   absl::StrCat("piece ", i, " of the concat"), &out.meta_info_));
     out.size_ += pieces[i].size_;
   }
   for (const auto& [name, tensor] : first.tensors_) {
@@ -461,8 +464,8 @@ absl::StatusOr<DataProto> DataProto::Reorder(absl::Span<const int64_t> permutati
   std::vector<bool> seen(size_, false);
   for (int64_t i : permutation) {
     if (i < 0 || i >= size_ || seen[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reorder: not a permutation of 0..", size_ - 1, " (entry ", i, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reorder: not a permutation of 0..", size_ - 1, " (entry ", i, ")"));
     }
     seen[i] = true;
   }

@@ -144,8 +144,7 @@ class DataProto {
 
   // Make builds a DataProto; every column must have the same number of rows,
   // every tensor at least one dimension, and every name must be unique.
-  static absl::StatusOr<DataProto> Make(TensorColumns tensors,
-                                        NonTensorColumns non_tensors = {},
+  static absl::StatusOr<DataProto> Make(TensorColumns tensors, NonTensorColumns non_tensors = {},
                                         MetaInfo meta_info = {});
 
   // Concat joins batches row-wise. All pieces must have the same columns (same
@@ -257,8 +256,8 @@ bool SameDataProto(const DataProto& a, const DataProto& b);
 
 namespace internal {
 absl::Status NotFound(absl::string_view what, absl::string_view name);
-absl::Status WrongKind(absl::string_view what, absl::string_view name,
-                       absl::string_view actual, absl::string_view expected);
+absl::Status WrongKind(absl::string_view what, absl::string_view name, absl::string_view actual,
+                       absl::string_view expected);
 }  // namespace internal
 
 template <typename T>
@@ -281,7 +280,8 @@ absl::StatusOr<T> DataProto::GetMeta(absl::string_view key) const {
   if (it == meta_info_.end()) return internal::NotFound("meta key", key);
   const T* value = std::get_if<T>(&it->second);
   if (value == nullptr) {
-    return internal::WrongKind("meta key", key, MetaValueKind(it->second), MetaValueKind(MetaValue(T{})));
+    return internal::WrongKind("meta key", key, MetaValueKind(it->second),
+                               MetaValueKind(MetaValue(T{})));
   }
   return *value;
 }

@@ -86,9 +86,9 @@ TEST(DataProtoTest, AccessorsNameWhatIsMissing) {
 
 TEST(DataProtoTest, SelectKeepsChosenColumns) {
   const DataProto data = Batch(4);
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto selected,
-                            data.Select({std::vector<std::string>{"ids"},
-                                         std::vector<std::string>{}, std::nullopt}));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto selected,
+      data.Select({std::vector<std::string>{"ids"}, std::vector<std::string>{}, std::nullopt}));
   EXPECT_EQ(selected.size(), 4);
   EXPECT_EQ(selected.tensors().size(), 1u);
   EXPECT_TRUE(selected.non_tensors().empty());
@@ -101,10 +101,9 @@ TEST(DataProtoTest, SelectKeepsChosenColumns) {
 
 TEST(DataProtoTest, PopColumnsMovesColumnsOut) {
   DataProto data = Batch(3);
-  DRAY_ASSERT_OK_AND_ASSIGN(
-      DataProto popped, data.PopColumns({std::vector<std::string>{"features"},
-                                         std::vector<std::string>{"text"},
-                                         std::vector<std::string>{"step"}}));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto popped, data.PopColumns({std::vector<std::string>{"features"},
+                                                               std::vector<std::string>{"text"},
+                                                               std::vector<std::string>{"step"}}));
   EXPECT_EQ(popped.size(), 3);
   EXPECT_TRUE(popped.HasColumn("features"));
   EXPECT_TRUE(popped.HasColumn("text"));
@@ -131,9 +130,9 @@ TEST(DataProtoTest, RenameLeavesInputAlone) {
 
 TEST(DataProtoTest, UnionJoinsColumnsAndRejectsConflicts) {
   const DataProto data = Batch(3);
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto extra,
-                            DataProto::Make({{"reward", at::zeros({3})}},
-                                            {{"ids", std::vector<int64_t>{9, 9, 9}}}));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto extra,
+      DataProto::Make({{"reward", at::zeros({3})}}, {{"ids", std::vector<int64_t>{9, 9, 9}}}));
   EXPECT_THAT(data.Union(extra),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duplicate column 'ids'")));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rewards, DataProto::Make({{"reward", at::zeros({3})}}));
@@ -141,7 +140,8 @@ TEST(DataProtoTest, UnionJoinsColumnsAndRejectsConflicts) {
   EXPECT_TRUE(joined.HasColumn("reward"));
   EXPECT_FALSE(data.HasColumn("reward"));
   DRAY_ASSERT_OK(joined.Union(data).status());  // same values under the same names: fine
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto other_ids, DataProto::Make({{"ids", at::zeros({3}, at::kLong)}}));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto other_ids,
+                            DataProto::Make({{"ids", at::zeros({3}, at::kLong)}}));
   EXPECT_THAT(data.Union(other_ids),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'ids' differs")));
   DataProto other_meta = Batch(3);
@@ -183,8 +183,8 @@ TEST(DataProtoTest, ChunkNeedsDivisibleBatch) {
   EXPECT_THAT(Ids(chunks[3]), ElementsAre(6, 7));
   ExpectRowsConsistent(chunks[3]);
   EXPECT_EQ(chunks[0].GetMeta<int64_t>("step").value(), 7);
-  EXPECT_THAT(Batch(10).Chunk(4), StatusIs(absl::StatusCode::kInvalidArgument,
-                                           HasSubstr("PadToDivisor(4)")));
+  EXPECT_THAT(Batch(10).Chunk(4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PadToDivisor(4)")));
   EXPECT_THAT(data.Chunk(0), StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
@@ -217,9 +217,9 @@ TEST(DataProtoTest, ConcatJoinsRowsAndMergesMeta) {
                                  half}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("piece 1 of the concat: tensor column 'ids' is Half")));
-  EXPECT_THAT(DataProto::Concat({data, Batch(2).Rename("text", "prompt").value()}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("no non-tensor column 'text'")));
+  EXPECT_THAT(
+      DataProto::Concat({data, Batch(2).Rename("text", "prompt").value()}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no non-tensor column 'text'")));
   EXPECT_EQ(DataProto::Concat({}).value().size(), 0);
 }
 

@@ -13,8 +13,7 @@ namespace {
 absl::StatusOr<std::shared_ptr<const DataProto>> SingleInput(absl::string_view mode,
                                                              std::vector<DataProto> inputs) {
   if (inputs.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(mode, " takes one input, got ", inputs.size()));
+    return absl::InvalidArgumentError(absl::StrCat(mode, " takes one input, got ", inputs.size()));
   }
   return std::make_shared<const DataProto>(inputs.empty() ? DataProto() : std::move(inputs[0]));
 }
@@ -36,8 +35,8 @@ absl::StatusOr<DispatchPlan> PerRank(absl::string_view mode, bool broadcast_one,
                                      std::vector<DataProto> inputs, int world_size) {
   if (broadcast_one && inputs.size() == 1) return OneToAll(std::move(inputs), world_size);
   if (static_cast<int>(inputs.size()) != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(mode, " needs one input per rank (",
-                                                   world_size, "), got ", inputs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(mode, " needs one input per rank (", world_size, "), got ", inputs.size()));
   }
   DispatchPlan plan;
   for (DataProto& input : inputs) {
@@ -85,8 +84,7 @@ std::vector<DispatchMode> BuiltInModes() {
       {std::string(kDpCompute), std::bind(PerRank, kDpCompute, false, _1, _2), KeepPerRank},
       {std::string(kDpComputeProto), std::bind(SplitBatch, kDpComputeProto, _1, _2),
        ConcatAndUnpad},
-      {std::string(kDpComputeMetric), std::bind(SplitBatch, kDpComputeMetric, _1, _2),
-       KeepPerRank},
+      {std::string(kDpComputeMetric), std::bind(SplitBatch, kDpComputeMetric, _1, _2), KeepPerRank},
   };
 }
 

@@ -29,8 +29,9 @@ const DispatchMode& Mode(absl::string_view name) {
 }
 
 // PlayMode plays a mode end to end with ranks that return their input unchanged.
-absl::StatusOr<std::vector<DataProto>> PlayMode(absl::string_view name, std::vector<DataProto> inputs,
-                                           int world_size, int* ranks_called = nullptr) {
+absl::StatusOr<std::vector<DataProto>> PlayMode(absl::string_view name,
+                                                std::vector<DataProto> inputs, int world_size,
+                                                int* ranks_called = nullptr) {
   const DispatchMode& mode = Mode(name);
   absl::StatusOr<DispatchPlan> plan = mode.dispatch(std::move(inputs), world_size);
   if (!plan.ok()) return plan.status();
@@ -51,13 +52,15 @@ TEST(DispatchModeTest, OneToAllSendsOneEncodingToEveryRank) {
   EXPECT_THAT(Values(out[3]), ElementsAre(0, 1, 2));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> no_input, PlayMode(kOneToAll, {}, 2));
   EXPECT_EQ(no_input.size(), 2u);
-  EXPECT_THAT(PlayMode(kOneToAll, {Rows(0, 1), Rows(0, 1)}, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ONE_TO_ALL takes one input, got 2")));
+  EXPECT_THAT(
+      PlayMode(kOneToAll, {Rows(0, 1), Rows(0, 1)}, 2),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ONE_TO_ALL takes one input, got 2")));
 }
 
 TEST(DispatchModeTest, RankZeroCallsOnlyRankZero) {
   int called = 0;
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, PlayMode(kRankZero, {Rows(0, 2)}, 4, &called));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
+                            PlayMode(kRankZero, {Rows(0, 2)}, 4, &called));
   EXPECT_EQ(called, 1);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_THAT(Values(out[0]), ElementsAre(0, 1));
@@ -70,7 +73,8 @@ TEST(DispatchModeTest, PerRankModesNeedOneInputPerRank) {
   EXPECT_THAT(PlayMode(kDpCompute, {Rows(0, 1)}, 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("DP_COMPUTE needs one input per rank (3), got 1")));
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> all, PlayMode(kAllToAll, {Rows(0, 1), Rows(5, 6)}, 2));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> all,
+                            PlayMode(kAllToAll, {Rows(0, 1), Rows(5, 6)}, 2));
   EXPECT_THAT(Values(all[1]), ElementsAre(5));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> broadcast, PlayMode(kAllToAll, {Rows(7, 8)}, 2));
   EXPECT_THAT(Values(broadcast[1]), ElementsAre(7));
@@ -80,13 +84,16 @@ TEST(DispatchModeTest, DpComputeProtoPadsSplitsAndUnpads) {
   DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kDpComputeProto).dispatch({Rows(0, 10)}, 4));
   EXPECT_EQ(plan.pad_size, 2);
   EXPECT_THAT(Values(*plan.per_rank[3]), ElementsAre(9, 0, 1));
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, PlayMode(kDpComputeProto, {Rows(0, 10)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
+                            PlayMode(kDpComputeProto, {Rows(0, 10)}, 4));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_THAT(Values(out[0]), ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
   // Fewer rows than ranks, and no rows at all.
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> small, PlayMode(kDpComputeProto, {Rows(0, 2)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> small,
+                            PlayMode(kDpComputeProto, {Rows(0, 2)}, 4));
   EXPECT_THAT(Values(small[0]), ElementsAre(0, 1));
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> empty, PlayMode(kDpComputeProto, {Rows(0, 0)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> empty,
+                            PlayMode(kDpComputeProto, {Rows(0, 0)}, 4));
   EXPECT_EQ(empty[0].size(), 0);
 }
 
@@ -97,7 +104,8 @@ TEST(DispatchModeTest, DpComputeProtoRejectsRanksThatDropRows) {
 }
 
 TEST(DispatchModeTest, DpComputeMetricKeepsEveryRanksOutput) {
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, PlayMode(kDpComputeMetric, {Rows(0, 3)}, 2));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
+                            PlayMode(kDpComputeMetric, {Rows(0, 3)}, 2));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_THAT(Values(out[1]), ElementsAre(2, 0));  // padding row kept: never trimmed
 }
@@ -111,17 +119,18 @@ TEST(DispatchModeTest, RegistryAddsModesAndNamesUnknownOnes) {
         plan.per_rank.back() = std::make_shared<const DataProto>(inputs.at(0));
         return plan;
       },
-      [](std::vector<DataProto> outputs, const DispatchPlan&) -> absl::StatusOr<std::vector<DataProto>> {
-        return outputs;
-      }}));
+      [](std::vector<DataProto> outputs,
+         const DispatchPlan&) -> absl::StatusOr<std::vector<DataProto>> { return outputs; }}));
   DRAY_ASSERT_OK_AND_ASSIGN(const DispatchMode* mode, registry.Find("LAST_RANK"));
   DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, mode->dispatch({Rows(0, 1)}, 3));
   EXPECT_EQ(plan.per_rank[0], nullptr);
   EXPECT_NE(plan.per_rank[2], nullptr);
-  EXPECT_THAT(registry.Register(DispatchMode{std::string(kOneToAll), mode->dispatch, mode->collect}),
-              StatusIs(absl::StatusCode::kAlreadyExists));
-  EXPECT_THAT(registry.Find("MEGATRON_PP"),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("known modes: ALL_TO_ALL, DP_COMPUTE,")));
+  EXPECT_THAT(
+      registry.Register(DispatchMode{std::string(kOneToAll), mode->dispatch, mode->collect}),
+      StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(
+      registry.Find("MEGATRON_PP"),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("known modes: ALL_TO_ALL, DP_COMPUTE,")));
   EXPECT_THAT(registry.Register(DispatchMode{"EMPTY", nullptr, nullptr}),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }

@@ -43,9 +43,8 @@ absl::Status PayloadAssembler::Add(absl::string_view chunk) {
       ++current_;
     }
     if (current_ == messages_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stream carried more payload bytes than the ", expected_bytes_,
-                       " its header announced"));
+      return absl::InvalidArgumentError(absl::StrCat("stream carried more payload bytes than the ",
+                                                     expected_bytes_, " its header announced"));
     }
     v1::DataProto* message = messages_[current_];
     if (message->payload().empty()) {

@@ -25,11 +25,11 @@ struct DTypeEntry {
 };
 
 constexpr DTypeEntry kDTypes[] = {
-    {v1::DTYPE_BOOL, at::kBool},         {v1::DTYPE_UINT8, at::kByte},
-    {v1::DTYPE_INT8, at::kChar},         {v1::DTYPE_INT16, at::kShort},
-    {v1::DTYPE_INT32, at::kInt},         {v1::DTYPE_INT64, at::kLong},
-    {v1::DTYPE_FLOAT16, at::kHalf},      {v1::DTYPE_BFLOAT16, at::kBFloat16},
-    {v1::DTYPE_FLOAT32, at::kFloat},     {v1::DTYPE_FLOAT64, at::kDouble},
+    {v1::DTYPE_BOOL, at::kBool},     {v1::DTYPE_UINT8, at::kByte},
+    {v1::DTYPE_INT8, at::kChar},     {v1::DTYPE_INT16, at::kShort},
+    {v1::DTYPE_INT32, at::kInt},     {v1::DTYPE_INT64, at::kLong},
+    {v1::DTYPE_FLOAT16, at::kHalf},  {v1::DTYPE_BFLOAT16, at::kBFloat16},
+    {v1::DTYPE_FLOAT32, at::kFloat}, {v1::DTYPE_FLOAT64, at::kDouble},
 };
 
 absl::StatusOr<v1::DType> WireDType(at::ScalarType scalar, absl::string_view where) {
@@ -126,9 +126,9 @@ class PayloadBuilder {
 absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, const std::string& payload,
                                        absl::string_view where) {
   if (ref.offset() > payload.size() || ref.size() > payload.size() - ref.offset()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, " needs payload bytes [", ref.offset(), ", +", ref.size(),
-                     ") but the payload has ", payload.size(), " bytes (truncated?)"));
+    return absl::InvalidArgumentError(absl::StrCat(where, " needs payload bytes [", ref.offset(),
+                                                   ", +", ref.size(), ") but the payload has ",
+                                                   payload.size(), " bytes (truncated?)"));
   }
   return absl::string_view(payload.data() + ref.offset(), ref.size());
 }
@@ -154,8 +154,8 @@ absl::StatusOr<uint64_t> NumBytes(const google::protobuf::RepeatedField<int64_t>
 absl::Status CheckBoolBytes(absl::string_view bytes, absl::string_view where) {
   for (size_t i = 0; i < bytes.size(); ++i) {
     if (static_cast<unsigned char>(bytes[i]) > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": bool element ", i, " is ", static_cast<int>(bytes[i]), ", not 0 or 1"));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": bool element ", i, " is ",
+                                                     static_cast<int>(bytes[i]), ", not 0 or 1"));
     }
   }
   return absl::OkStatus();
@@ -204,13 +204,13 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message,
                                                      image.height, "x", image.channels,
                                                      " needs positive sizes and 1-4 channels"));
     }
-    const uint64_t expected =
-        uint64_t{static_cast<uint32_t>(image.width)} * static_cast<uint32_t>(image.height) *
-        static_cast<uint32_t>(image.channels);
+    const uint64_t expected = uint64_t{static_cast<uint32_t>(image.width)} *
+                              static_cast<uint32_t>(image.height) *
+                              static_cast<uint32_t>(image.channels);
     if (bytes.size() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": raw image ", image.width, "x", image.height, "x", image.channels, " needs ",
-          expected, " bytes, got ", bytes.size()));
+      return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
+                                                     image.height, "x", image.channels, " needs ",
+                                                     expected, " bytes, got ", bytes.size()));
     }
   }
   image.bytes = Bytes::Alias(payload, bytes);
@@ -222,7 +222,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message,
 size_t CopiedBound(const DataProto& data, bool reference_large_rows) {
   auto row_bytes = [reference_large_rows](const Bytes& row) {
     return reference_large_rows && row.size() >= kReferencedRowBytes ? kAlignment
-                                                                      : row.size() + kAlignment;
+                                                                     : row.size() + kAlignment;
   };
   size_t bytes = 0;
   for (const auto& column : data.tensors()) bytes += column.second.nbytes() + kAlignment;
@@ -284,9 +284,8 @@ absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& messa
     case v1::NonTensorColumn::kBytes: {
       std::vector<Bytes> rows;
       for (int i = 0; i < message.bytes().values_size(); ++i) {
-        DRAY_ASSIGN_OR_RETURN(absl::string_view bytes,
-                              View(message.bytes().values(i), *payload,
-                                   absl::StrCat(where, " row ", i)));
+        DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.bytes().values(i), *payload,
+                                                            absl::StrCat(where, " row ", i)));
         rows.push_back(Bytes::Alias(payload, bytes));
       }
       return rows;
@@ -354,8 +353,8 @@ absl::StatusOr<v1::Tensor> EncodeTensorInto(const at::Tensor& tensor, PayloadBui
   message.set_dtype(dtype);
   message.mutable_shape()->Add(tensor.sizes().begin(), tensor.sizes().end());
   const at::Tensor dense = tensor.cpu().contiguous();
-  *message.mutable_data() = payload->Copy(
-      absl::string_view(static_cast<const char*>(dense.data_ptr()), dense.nbytes()));
+  *message.mutable_data() =
+      payload->Copy(absl::string_view(static_cast<const char*>(dense.data_ptr()), dense.nbytes()));
   return message;
 }
 
@@ -398,9 +397,9 @@ absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
   DRAY_ASSIGN_OR_RETURN(uint64_t expected, NumBytes(message.shape(), element_size, where));
   DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), *payload, where));
   if (bytes.size() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": shape [", absl::StrJoin(message.shape(), ", "), "] of ", c10::toString(scalar),
-        " needs ", expected, " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": shape [", absl::StrJoin(message.shape(), ", "), "] of ",
+                     c10::toString(scalar), " needs ", expected, " bytes, got ", bytes.size()));
   }
   if (scalar == at::kBool) DRAY_RETURN_IF_ERROR(CheckBoolBytes(bytes, where));
   const std::vector<int64_t> shape(message.shape().begin(), message.shape().end());
@@ -411,8 +410,8 @@ absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
     return copy;
   }
   std::shared_ptr<std::string> owner = payload;
-  return at::from_blob(const_cast<char*>(bytes.data()), shape,
-                       [owner](void*) mutable { owner.reset(); }, options);
+  return at::from_blob(
+      const_cast<char*>(bytes.data()), shape, [owner](void*) mutable { owner.reset(); }, options);
 }
 
 absl::StatusOr<v1::DataProto> ToWire(const DataProto& data) {
@@ -451,9 +450,9 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
   auto payload = std::make_shared<std::string>(std::move(*message.mutable_payload()));
   DataProto data;
   for (const v1::TensorColumn& column : message.tensors()) {
-    DRAY_ASSIGN_OR_RETURN(
-        at::Tensor tensor,
-        DecodeTensor(column.tensor(), payload, absl::StrCat("tensor column '", column.name(), "'")));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,
+                          DecodeTensor(column.tensor(), payload,
+                                       absl::StrCat("tensor column '", column.name(), "'")));
     DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
   }
   for (const v1::NonTensorColumn& column : message.non_tensors()) {

@@ -1,5 +1,6 @@
 // Cost of the DataProto wire codec: the fixed cost per call (tiny batches),
-// the per-byte cost (image batches), and what detached encoding saves. Run: bazel run -c opt //dispatch:wire_benchmark
+// the per-byte cost (image batches), and what detached encoding saves. Run: bazel run -c opt
+// //dispatch:wire_benchmark
 #include <ATen/ops/zeros.h>
 
 #include <string>
@@ -14,7 +15,8 @@ namespace {
 DataProto Tiny() { return DataProto::Make({{"x", at::zeros({1}, at::kLong)}}).value(); }
 
 DataProto Images(int count) {
-  std::vector<Image> images(count, Image{Image::Format::kRaw, 512, 512, 3, std::string(512 * 512 * 3, 'p')});
+  std::vector<Image> images(
+      count, Image{Image::Format::kRaw, 512, 512, 3, std::string(512 * 512 * 3, 'p')});
   return DataProto::Make({}, {{"images", images}}).value();
 }
 

@@ -36,16 +36,16 @@ void Decode(const std::string& bytes) {
 
 std::string ValidMessage() {
   const DataProto data =
-      DataProto::Make(
-          {{"latents", at::randn({3, 2, 4})}, {"ids", at::arange(3, at::kLong)},
-           {"mask", at::arange(3, at::kLong).remainder(2).to(at::kBool)}},
-          {{"instructions", std::vector<std::string>{"a", "bb", "ccc"}},
-           {"images", std::vector<Image>{{Image::Format::kRaw, 2, 2, 1, "abcd"},
-                                         {Image::Format::kPng, 0, 0, 0, "png"},
-                                         {Image::Format::kJpeg, 1, 1, 3, "jpg"}}},
-           {"blobs", std::vector<Bytes>{{"x"}, {"yz"}, {""}}},
-           {"scores", std::vector<double>{1, 2, 3}}},
-          {{"step", int64_t{3}}, {"name", std::string("fuzz")}})
+      DataProto::Make({{"latents", at::randn({3, 2, 4})},
+                       {"ids", at::arange(3, at::kLong)},
+                       {"mask", at::arange(3, at::kLong).remainder(2).to(at::kBool)}},
+                      {{"instructions", std::vector<std::string>{"a", "bb", "ccc"}},
+                       {"images", std::vector<Image>{{Image::Format::kRaw, 2, 2, 1, "abcd"},
+                                                     {Image::Format::kPng, 0, 0, 0, "png"},
+                                                     {Image::Format::kJpeg, 1, 1, 3, "jpg"}}},
+                       {"blobs", std::vector<Bytes>{{"x"}, {"yz"}, {""}}},
+                       {"scores", std::vector<double>{1, 2, 3}}},
+                      {{"step", int64_t{3}}, {"name", std::string("fuzz")}})
           .value();
   return ToWire(data).value().SerializeAsString();
 }
@@ -90,14 +90,30 @@ TEST(WireFuzzTest, FieldMutations) {
     v1::Tensor* tensor = message.mutable_tensors(rng() % message.tensors_size())->mutable_tensor();
     v1::Image* image = message.mutable_non_tensors(1)->mutable_images()->mutable_values(rng() % 3);
     switch (rng() % 8) {
-      case 0: tensor->set_dtype(static_cast<v1::DType>(pick() % 16)); break;
-      case 1: tensor->set_shape(rng() % tensor->shape_size(), pick()); break;
-      case 2: tensor->mutable_data()->set_offset(pick()); break;
-      case 3: tensor->mutable_data()->set_size(pick()); break;
-      case 4: image->set_width(static_cast<int32_t>(pick())); break;
-      case 5: image->set_format(static_cast<v1::Image::Format>(pick() % 6)); break;
-      case 6: image->mutable_data()->set_offset(pick()); break;
-      case 7: tensor->add_shape(pick()); break;
+      case 0:
+        tensor->set_dtype(static_cast<v1::DType>(pick() % 16));
+        break;
+      case 1:
+        tensor->set_shape(rng() % tensor->shape_size(), pick());
+        break;
+      case 2:
+        tensor->mutable_data()->set_offset(pick());
+        break;
+      case 3:
+        tensor->mutable_data()->set_size(pick());
+        break;
+      case 4:
+        image->set_width(static_cast<int32_t>(pick()));
+        break;
+      case 5:
+        image->set_format(static_cast<v1::Image::Format>(pick() % 6));
+        break;
+      case 6:
+        image->mutable_data()->set_offset(pick());
+        break;
+      case 7:
+        tensor->add_shape(pick());
+        break;
     }
     Decode(message.SerializeAsString());
   }

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/payload_stream.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
+#include "dispatch/payload_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -60,12 +60,10 @@ INSTANTIATE_TEST_SUITE_P(Wire, EveryDTypeTest,
                                            at::kDouble));
 
 TEST(WireTest, SpecialFloatValuesKeepTheirBits) {
-  const float values[] = {std::numeric_limits<float>::quiet_NaN(),
-                          -0.0f,
-                          std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::denorm_min(),
-                          std::numeric_limits<float>::max()};
+  const float values[] = {
+      std::numeric_limits<float>::quiet_NaN(),  -0.0f,
+      std::numeric_limits<float>::infinity(),   -std::numeric_limits<float>::infinity(),
+      std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::max()};
   const at::Tensor tensor = at::from_blob(const_cast<float*>(values), {6}, at::kFloat).clone();
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto decoded, RoundTrip(OneColumn(tensor)));
   EXPECT_TRUE(SameTensor(decoded.GetTensor("x").value(), tensor));
@@ -83,8 +81,10 @@ TEST(WireTest, NonContiguousTensorsArriveWithTheirValues) {
 
 TEST(WireTest, ZeroDimAndZeroSizeTensors) {
   std::string payload;
-  DRAY_ASSERT_OK_AND_ASSIGN(v1::Tensor scalar, EncodeTensor(at::full({}, 2.5, at::kDouble), &payload));
-  DRAY_ASSERT_OK_AND_ASSIGN(v1::Tensor empty, EncodeTensor(at::zeros({2, 0, 3}, at::kHalf), &payload));
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::Tensor scalar,
+                            EncodeTensor(at::full({}, 2.5, at::kDouble), &payload));
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::Tensor empty,
+                            EncodeTensor(at::zeros({2, 0, 3}, at::kHalf), &payload));
   auto shared = std::make_shared<std::string>(payload);
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor scalar_back, DecodeTensor(scalar, shared, "scalar"));
   EXPECT_EQ(scalar_back.dim(), 0);
@@ -113,12 +113,11 @@ TEST(WireTest, NonTensorColumnsAndMetaRoundTrip) {
       DataProto data,
       DataProto::Make(
           {{"reward", at::randn({3})}},
-          {{"instructions",
-            std::vector<std::string>{"make the sky purple", "把天空变成紫色", std::string("a\0b", 3)}},
-           {"images",
-            std::vector<Image>{{Image::Format::kRaw, 2, 1, 3, "abcdef"},
-                               {Image::Format::kPng, 640, 480, 3, "\x89PNG\r\n\x1a\n..."},
-                               {Image::Format::kJpeg, 0, 0, 0, "\xff\xd8\xff"}}},
+          {{"instructions", std::vector<std::string>{"make the sky purple", "把天空变成紫色",
+                                                     std::string("a\0b", 3)}},
+           {"images", std::vector<Image>{{Image::Format::kRaw, 2, 1, 3, "abcdef"},
+                                         {Image::Format::kPng, 640, 480, 3, "\x89PNG\r\n\x1a\n..."},
+                                         {Image::Format::kJpeg, 0, 0, 0, "\xff\xd8\xff"}}},
            {"blobs", std::vector<Bytes>{{binary}, {""}, {std::string(100000, 'x')}}},
            {"ids", std::vector<int64_t>{std::numeric_limits<int64_t>::min(), 0, 42}},
            {"scores", std::vector<double>{-0.0, 1e308, std::numeric_limits<double>::infinity()}},
@@ -157,7 +156,8 @@ TEST(WireTest, MisalignedForeignBuffersAreCopied) {
 TEST(WireTest, DecodedTensorsOutliveTheirMessage) {
   at::Tensor kept;
   {
-    DRAY_ASSERT_OK_AND_ASSIGN(DataProto decoded, RoundTrip(OneColumn(at::arange(1000, at::kFloat))));
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto decoded,
+                              RoundTrip(OneColumn(at::arange(1000, at::kFloat))));
     kept = decoded.GetTensor("x").value();
   }
   EXPECT_TRUE(SameTensor(kept, at::arange(1000, at::kFloat)));
@@ -177,29 +177,57 @@ TEST(WireTest, DecodingNamesWhatIsWrong) {
     const char* error;
   };
   const std::vector<Case> cases = {
-      {"unknown dtype", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_dtype(static_cast<v1::DType>(99)); },
+      {"unknown dtype",
+       [](v1::DataProto* m) {
+         m->mutable_tensors(0)->mutable_tensor()->set_dtype(static_cast<v1::DType>(99));
+       },
        "tensor column 'x' has unknown dtype 99"},
-      {"unspecified dtype", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+      {"unspecified dtype",
+       [](v1::DataProto* m) {
+         m->mutable_tensors(0)->mutable_tensor()->set_dtype(v1::DTYPE_UNSPECIFIED);
+       },
        "unknown dtype 0"},
-      {"shape does not match bytes", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_shape(1, 4); },
+      {"shape does not match bytes",
+       [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_shape(1, 4); },
        "shape [2, 4] of Float needs 32 bytes, got 24"},
-      {"negative dimension", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_shape(0, -2); },
+      {"negative dimension",
+       [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_shape(0, -2); },
        "negative dimension -2"},
-      {"overflowing shape", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->set_shape(0, int64_t{1} << 62); },
+      {"overflowing shape",
+       [](v1::DataProto* m) {
+         m->mutable_tensors(0)->mutable_tensor()->set_shape(0, int64_t{1} << 62);
+       },
        "too large"},
-      {"truncated payload", [](v1::DataProto* m) { m->mutable_payload()->resize(10); m->set_payload_size(10); },
+      {"truncated payload",
+       [](v1::DataProto* m) {
+         m->mutable_payload()->resize(10);
+         m->set_payload_size(10);
+       },
        "needs payload bytes [0, +24) but the payload has 10 bytes (truncated?)"},
-      {"buffer past the end", [](v1::DataProto* m) { m->mutable_tensors(0)->mutable_tensor()->mutable_data()->set_offset(~uint64_t{0}); },
+      {"buffer past the end",
+       [](v1::DataProto* m) {
+         m->mutable_tensors(0)->mutable_tensor()->mutable_data()->set_offset(~uint64_t{0});
+       },
        "but the payload has"},
       {"payload_size mismatch", [](v1::DataProto* m) { m->set_payload_size(1000); },
        "payload has 24 bytes but payload_size is 1000"},
       {"duplicate column", [](v1::DataProto* m) { *m->add_tensors() = m->tensors(0); },
        "duplicate column 'x'"},
-      {"0-d column", [](v1::DataProto* m) { auto* t = m->mutable_tensors(0)->mutable_tensor(); t->clear_shape(); t->mutable_data()->set_size(4); },
+      {"0-d column",
+       [](v1::DataProto* m) {
+         auto* t = m->mutable_tensors(0)->mutable_tensor();
+         t->clear_shape();
+         t->mutable_data()->set_size(4);
+       },
        "'x' is 0-d"},
-      {"inconsistent batch", [](v1::DataProto* m) { m->add_non_tensors()->mutable_ints()->add_values(1); m->mutable_non_tensors(0)->set_name("n"); },
+      {"inconsistent batch",
+       [](v1::DataProto* m) {
+         m->add_non_tensors()->mutable_ints()->add_values(1);
+         m->mutable_non_tensors(0)->set_name("n");
+       },
        "inconsistent batch sizes: non-tensor column 'n' has 1 rows, the batch has 2"},
-      {"non-tensor column without rows", [](v1::DataProto* m) { m->add_non_tensors()->set_name("n"); },
+      {"non-tensor column without rows",
+       [](v1::DataProto* m) { m->add_non_tensors()->set_name("n"); },
        "non-tensor column 'n' has no rows"},
       {"meta without value", [](v1::DataProto* m) { (*m->mutable_meta_info())["k"]; },
        "meta key 'k' has no value"},
@@ -219,15 +247,20 @@ TEST(WireTest, DecodingRejectsBadBoolsAndRawImages) {
                                         HasSubstr("bool element 2 is 7, not 0 or 1")));
 
   const DataProto images =
-      DataProto::Make({}, {{"images", std::vector<Image>{{Image::Format::kRaw, 2, 2, 3, std::string(12, 'p')}}}})
+      DataProto::Make(
+          {},
+          {{"images", std::vector<Image>{{Image::Format::kRaw, 2, 2, 3, std::string(12, 'p')}}}})
           .value();
   v1::DataProto short_image = Encoded(images);
   short_image.mutable_non_tensors(0)->mutable_images()->mutable_values(0)->set_height(3);
-  EXPECT_THAT(FromWire(short_image),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("non-tensor column 'images' row 0: raw image 2x3x3 needs 18 bytes, got 12")));
+  EXPECT_THAT(
+      FromWire(short_image),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr("non-tensor column 'images' row 0: raw image 2x3x3 needs 18 bytes, got 12")));
   v1::DataProto no_format = Encoded(images);
-  no_format.mutable_non_tensors(0)->mutable_images()->mutable_values(0)->set_format(v1::Image::FORMAT_UNSPECIFIED);
+  no_format.mutable_non_tensors(0)->mutable_images()->mutable_values(0)->set_format(
+      v1::Image::FORMAT_UNSPECIFIED);
   EXPECT_THAT(FromWire(no_format), StatusIs(absl::StatusCode::kInvalidArgument,
                                             HasSubstr("row 0 has unknown image format 0")));
   v1::DataProto five_channels = Encoded(images);
@@ -238,8 +271,8 @@ TEST(WireTest, DecodingRejectsBadBoolsAndRawImages) {
 
 // StreamAndReassemble sends `batches` through the chunked path: detached
 // headers, then every payload in chunks of `chunk_bytes`, reassembled.
-absl::StatusOr<std::vector<v1::DataProto>> StreamAndReassemble(const std::vector<DataProto>& batches,
-                                                               size_t chunk_bytes) {
+absl::StatusOr<std::vector<v1::DataProto>> StreamAndReassemble(
+    const std::vector<DataProto>& batches, size_t chunk_bytes) {
   std::vector<v1::DataProto> headers;
   std::vector<ScatteredPayload> payloads;
   for (const DataProto& batch : batches) {
@@ -266,14 +299,14 @@ absl::StatusOr<std::vector<v1::DataProto>> StreamAndReassemble(const std::vector
 // MixedBatch: a tensor, small and large images, small and large byte rows, strings.
 DataProto MixedBatch() {
   const std::string large(kReferencedRowBytes + 5, 'L');
-  return DataProto::Make({{"latents", at::arange(12, at::kFloat).reshape({3, 4})}},
-                         {{"images",
-                           std::vector<Image>{{Image::Format::kRaw, 2, 1, 3, Bytes("rgbrgb")},
-                                              {Image::Format::kPng, 0, 0, 0, Bytes(large)},
-                                              {Image::Format::kJpeg, 0, 0, 0, Bytes("jpg")}}},
-                          {"blobs", std::vector<Bytes>{Bytes(large + "b"), Bytes("x"), Bytes("")}},
-                          {"text", std::vector<std::string>{"a", "bc", "def"}}},
-                         {{"step", int64_t{7}}})
+  return DataProto::Make(
+             {{"latents", at::arange(12, at::kFloat).reshape({3, 4})}},
+             {{"images", std::vector<Image>{{Image::Format::kRaw, 2, 1, 3, Bytes("rgbrgb")},
+                                            {Image::Format::kPng, 0, 0, 0, Bytes(large)},
+                                            {Image::Format::kJpeg, 0, 0, 0, Bytes("jpg")}}},
+              {"blobs", std::vector<Bytes>{Bytes(large + "b"), Bytes("x"), Bytes("")}},
+              {"text", std::vector<std::string>{"a", "bc", "def"}}},
+             {{"step", int64_t{7}}})
       .value();
 }
 
@@ -304,7 +337,7 @@ TEST(WireTest, DetachedWireReferencesLargeRowsAndCopiesTheRest) {
   };
   EXPECT_TRUE(referenced(images[1].bytes.data()));
   EXPECT_TRUE(referenced(blobs[0].data()));
-  EXPECT_FALSE(referenced(images[0].bytes.data()));  // small: copied
+  EXPECT_FALSE(referenced(images[0].bytes.data()));                        // small: copied
   EXPECT_FALSE(referenced(static_cast<const char*>(latents.data_ptr())));  // tensors: always copied
   // Copied bytes between the large rows coalesce: copied, image, copied, blob, copied.
   EXPECT_EQ(detached.payload.pieces.size(), 5u);
@@ -322,9 +355,11 @@ TEST(WireTest, DetachedPiecesOutliveTheBatch) {
 }
 
 TEST(PayloadStreamTest, ChunkedTransferReassemblesEveryMessage) {
-  const DataProto big = DataProto::Make({{"latents", at::randn({64, 4, 64, 64})}},
-                                        {{"images", std::vector<Image>(64, Image{Image::Format::kRaw, 32, 32, 3, std::string(32 * 32 * 3, 'q')})}})
-                            .value();
+  const DataProto big =
+      DataProto::Make({{"latents", at::randn({64, 4, 64, 64})}},
+                      {{"images", std::vector<Image>(64, Image{Image::Format::kRaw, 32, 32, 3,
+                                                               std::string(32 * 32 * 3, 'q')})}})
+          .value();
   const DataProto small = OneColumn(at::arange(3, at::kInt));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<v1::DataProto> messages,
                             StreamAndReassemble({big, DataProto(), small}, 1 << 20));

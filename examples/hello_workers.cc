@@ -11,8 +11,8 @@
 #include <cstring>
 #include <string>
 
-#include "runtime/worker/worker.h"
 #include "runtime/controller/worker_group.h"
+#include "runtime/worker/worker.h"
 #include "runtime/worker/worker_process.h"
 
 // 1. A worker class: methods registered with their dispatch modes.
@@ -35,9 +35,8 @@ class SquareWorker : public dray::Worker {
   absl::StatusOr<dray::DataProto> Square(const dray::DataProto& batch) {
     absl::StatusOr<at::Tensor> x = batch.GetTensor("x");
     if (!x.ok()) return x.status();
-    return dray::DataProto::Make(
-        {{"y", *x * *x * scale_}},
-        {{"rank", std::vector<int64_t>(batch.size(), rank())}});
+    return dray::DataProto::Make({{"y", *x * *x * scale_}},
+                                 {{"rank", std::vector<int64_t>(batch.size(), rank())}});
   }
 
  private:

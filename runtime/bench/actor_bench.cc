@@ -19,9 +19,9 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "dray/v1/bench.grpc.pb.h"
-#include "runtime/rpc/grpc_util.h"
-#include "runtime/process/subprocess.h"
 #include "runtime/controller/worker_group.h"
+#include "runtime/process/subprocess.h"
+#include "runtime/rpc/grpc_util.h"
 
 namespace dray {
 namespace {
@@ -220,9 +220,11 @@ absl::Status Bench::SingleWorker(const DataProto& tiny) {
   std::vector<GroupFuture> futures;
   futures.reserve(reps_.async_calls);
   const absl::Time start = absl::Now();
-  for (int i = 0; i < reps_.async_calls; ++i) futures.push_back(group->Invoke("echo_async", {tiny}));
+  for (int i = 0; i < reps_.async_calls; ++i)
+    futures.push_back(group->Invoke("echo_async", {tiny}));
   for (GroupFuture& future : futures) DRAY_RETURN_IF_ERROR(future.Get().status());
-  Report("calls_async_per_s", reps_.async_calls / absl::ToDoubleSeconds(absl::Now() - start), "1/s");
+  Report("calls_async_per_s", reps_.async_calls / absl::ToDoubleSeconds(absl::Now() - start),
+         "1/s");
   return OneToAll(group.get(), tiny);
 }
 
@@ -294,7 +296,8 @@ absl::Status RunEchoServer(int port) {
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int bound = 0;
-  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(), &bound);
+  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                           &bound);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound == 0) {

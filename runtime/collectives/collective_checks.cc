@@ -6,18 +6,19 @@ namespace dray {
 
 absl::Status CheckRoot(absl::string_view collective, int root, int world_size) {
   if (root >= 0 && root < world_size) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(collective, ": root ", root, " is not a rank of ", world_size));
+  return absl::InvalidArgumentError(
+      absl::StrCat(collective, ": root ", root, " is not a rank of ", world_size));
 }
 
-absl::Status CheckParts(absl::string_view collective, const at::Tensor& part, const at::Tensor& whole,
-                        int world_size) {
+absl::Status CheckParts(absl::string_view collective, const at::Tensor& part,
+                        const at::Tensor& whole, int world_size) {
   if (whole.numel() == part.numel() * world_size && whole.scalar_type() == part.scalar_type()) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat(collective, ": ", world_size, " parts of ", part.numel(),
-                                                 " elements of ", c10::toString(part.scalar_type()),
-                                                 " expected, got ", whole.numel(), " of ",
-                                                 c10::toString(whole.scalar_type())));
+  return absl::InvalidArgumentError(
+      absl::StrCat(collective, ": ", world_size, " parts of ", part.numel(), " elements of ",
+                   c10::toString(part.scalar_type()), " expected, got ", whole.numel(), " of ",
+                   c10::toString(whole.scalar_type())));
 }
 
 }  // namespace dray

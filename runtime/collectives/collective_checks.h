@@ -18,8 +18,8 @@ absl::Status CheckRoot(absl::string_view collective, int root, int world_size);
 
 // CheckParts: `whole` holds `world_size` parts the size and dtype of `part`
 // (all_gather's output, reduce_scatter's input).
-absl::Status CheckParts(absl::string_view collective, const at::Tensor& part, const at::Tensor& whole,
-                        int world_size);
+absl::Status CheckParts(absl::string_view collective, const at::Tensor& part,
+                        const at::Tensor& whole, int world_size);
 
 }  // namespace dray
 

@@ -104,7 +104,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
 // called `name`, over `ranks` (empty: all). Only a --config=cuda build has
 // NCCL; elsewhere it returns UNIMPLEMENTED.
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device, std::vector<int> ranks = {});
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device,
+    std::vector<int> ranks = {});
 
 // GroupRanks returns `ranks`, or all ranks of `address` when empty, checking
 // that they are sorted, distinct, in range, and include address.rank.

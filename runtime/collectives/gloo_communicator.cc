@@ -7,8 +7,8 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <vector>
 
@@ -48,7 +48,10 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, std::string name, std::vector<int> ranks,
                    c10::intrusive_ptr<c10d::ProcessGroupGloo> group)
-      : rendezvous_(std::move(rendezvous)), name_(std::move(name)), ranks_(std::move(ranks)), group_(std::move(group)) {}
+      : rendezvous_(std::move(rendezvous)),
+        name_(std::move(name)),
+        ranks_(std::move(ranks)),
+        group_(std::move(group)) {}
 
   int rank() const override { return group_->getRank(); }
   int world_size() const override { return group_->getSize(); }
@@ -141,17 +144,21 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     std::shared_ptr<Rendezvous> rendezvous, const std::string& name, std::vector<int> ranks) {
   const GroupAddress& address = rendezvous->address();
   DRAY_ASSIGN_OR_RETURN(ranks, GroupRanks(address, std::move(ranks)));
-  const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
+  const int group_rank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
   try {
-    auto store = c10::make_intrusive<c10d::PrefixStore>(absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ",")),
-                                                        rendezvous->store().store);
+    auto store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ",")), rendezvous->store().store);
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
-    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank, static_cast<int>(ranks.size()), options);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(rendezvous), name, ranks, group));
+    options->devices.push_back(
+        c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        store, group_rank, static_cast<int>(ranks.size()), options);
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(std::move(rendezvous), name, ranks, group));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join Gloo group '",
-                                               name, "': ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("rank ", address.rank, " could not join Gloo group '", name, "': ", e.what()));
   }
 }
 

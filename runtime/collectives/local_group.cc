@@ -8,9 +8,11 @@
 
 namespace dray {
 
-absl::Status RunLocalGroup(int world, const std::function<absl::Status(int rank, Communicator* comm)>& body,
+absl::Status RunLocalGroup(int world,
+                           const std::function<absl::Status(int rank, Communicator* comm)>& body,
                            absl::Duration timeout) {
-  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("a group needs at least one rank, got ", world));
+  if (world < 1)
+    return absl::InvalidArgumentError(absl::StrCat("a group needs at least one rank, got ", world));
   absl::StatusOr<int> port = PickFreePort();
   if (!port.ok()) return port.status();
   std::vector<absl::Status> results(world);

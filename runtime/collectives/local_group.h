@@ -20,7 +20,8 @@
 
 namespace dray {
 
-absl::Status RunLocalGroup(int world, const std::function<absl::Status(int rank, Communicator* comm)>& body,
+absl::Status RunLocalGroup(int world,
+                           const std::function<absl::Status(int rank, Communicator* comm)>& body,
                            absl::Duration timeout = absl::Minutes(1));
 
 }  // namespace dray

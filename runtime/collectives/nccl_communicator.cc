@@ -65,10 +65,14 @@ ncclRedOp_t NcclOp(ReduceOp op) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(std::shared_ptr<Rendezvous> rendezvous, std::string name, std::vector<int> ranks, ncclComm_t comm,
-                   cudaStream_t stream, int device)
-      : rendezvous_(std::move(rendezvous)), name_(std::move(name)), ranks_(std::move(ranks)), comm_(comm),
-        stream_(stream), device_(device) {}
+  NcclCommunicator(std::shared_ptr<Rendezvous> rendezvous, std::string name, std::vector<int> ranks,
+                   ncclComm_t comm, cudaStream_t stream, int device)
+      : rendezvous_(std::move(rendezvous)),
+        name_(std::move(name)),
+        ranks_(std::move(ranks)),
+        comm_(comm),
+        stream_(stream),
+        device_(device) {}
 
   ~NcclCommunicator() override {
     ncclCommDestroy(comm_);
@@ -76,7 +80,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   int rank() const override {
-    return static_cast<int>(std::find(ranks_.begin(), ranks_.end(), rendezvous_->address().rank) - ranks_.begin());
+    return static_cast<int>(std::find(ranks_.begin(), ranks_.end(), rendezvous_->address().rank) -
+                            ranks_.begin());
   }
   int world_size() const override { return static_cast<int>(ranks_.size()); }
 
@@ -107,8 +112,8 @@ class NcclCommunicator final : public Communicator {
     DRAY_RETURN_IF_ERROR(Check(output, "all_gather output"));
     DRAY_RETURN_IF_ERROR(CheckParts("all_gather", input, output, world_size()));
     DRAY_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type()));
-    return Run("all_gather", ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
-                                           type, comm_, stream_));
+    return Run("all_gather", ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), type,
+                                           comm_, stream_));
   }
 
   absl::Status ReduceScatter(const at::Tensor& input, at::Tensor& output) override {
@@ -134,8 +139,8 @@ class NcclCommunicator final : public Communicator {
   absl::Status Check(const at::Tensor& tensor, absl::string_view what) const {
     if (!tensor.defined() || !tensor.is_cuda() || tensor.get_device() != device_ ||
         !tensor.is_contiguous()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": NCCL needs a contiguous CUDA tensor on device ", device_));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": NCCL needs a contiguous CUDA tensor on device ", device_));
     }
     return absl::OkStatus();
   }
@@ -157,11 +162,14 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device, std::vector<int> ranks) {
+    std::shared_ptr<Rendezvous> rendezvous, const std::string& name, int device,
+    std::vector<int> ranks) {
   const GroupAddress& address = rendezvous->address();
   DRAY_ASSIGN_OR_RETURN(ranks, GroupRanks(address, std::move(ranks)));
-  const int group_rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
-  DRAY_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+  const int group_rank =
+      static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
+  DRAY_RETURN_IF_ERROR(
+      CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
   const std::string key = absl::StrCat("nccl/", name, "/", absl::StrJoin(ranks, ","), "/unique_id");
   ncclUniqueId id;
   try {
@@ -173,19 +181,22 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
     } else {
       const std::vector<uint8_t> bytes = store.get(key);  // waits for rank 0
       if (bytes.size() != sizeof(id)) {
-        return absl::InternalError(absl::StrCat("NCCL id for '", name, "' has ", bytes.size(), " bytes"));
+        return absl::InternalError(
+            absl::StrCat("NCCL id for '", name, "' has ", bytes.size(), " bytes"));
       }
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", address.rank,
-                                               " could not exchange the NCCL id: ", e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("rank ", address.rank, " could not exchange the NCCL id: ", e.what()));
   }
   ncclComm_t comm;
-  DRAY_RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, group_rank),
-                                  absl::StrCat("rank ", address.rank, " joining NCCL group '", name, "'")));
+  DRAY_RETURN_IF_ERROR(
+      NcclStatus(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, group_rank),
+                 absl::StrCat("rank ", address.rank, " joining NCCL group '", name, "'")));
   cudaStream_t stream;
-  DRAY_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  DRAY_RETURN_IF_ERROR(
+      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(std::move(rendezvous), name, std::move(ranks), comm, stream, device));
 }

@@ -4,7 +4,8 @@
 namespace dray {
 
 absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(std::shared_ptr<Rendezvous>,
-                                                                     const std::string&, int, std::vector<int>) {
+                                                                     const std::string&, int,
+                                                                     std::vector<int>) {
   return absl::UnimplementedError(
       "this dray was built without CUDA: NCCL needs a build with --config=cuda (see README)");
 }

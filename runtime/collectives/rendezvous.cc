@@ -17,9 +17,9 @@ Rendezvous::~Rendezvous() = default;
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress& address) {
   if (address.world_size < 1 || address.rank < 0 || address.rank >= address.world_size ||
       address.master_port <= 0 || address.master_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad group address: rank ", address.rank, " of ", address.world_size,
-                     " at ", address.master_addr, ":", address.master_port));
+    return absl::InvalidArgumentError(absl::StrCat("bad group address: rank ", address.rank, " of ",
+                                                   address.world_size, " at ", address.master_addr,
+                                                   ":", address.master_port));
   }
   try {
     c10d::TCPStoreOptions options;
@@ -31,9 +31,9 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress&
     store->store = c10::make_intrusive<c10d::TCPStore>(address.master_addr, options);
     return std::shared_ptr<Rendezvous>(new Rendezvous(address, std::move(store)));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not reach the group's store at ",
-                                               address.master_addr, ":", address.master_port, ": ",
-                                               e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("rank ", address.rank, " could not reach the group's store at ",
+                     address.master_addr, ":", address.master_port, ": ", e.what()));
   }
 }
 
@@ -44,12 +44,14 @@ absl::StatusOr<std::vector<int>> GroupRanks(const GroupAddress& address, std::ve
   bool member = false;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= address.world_size || (i > 0 && ranks[i] <= ranks[i - 1])) {
-      return absl::InvalidArgumentError(absl::StrCat("group ranks must be sorted, distinct ranks below ",
-                                                     address.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("group ranks must be sorted, distinct ranks below ", address.world_size));
     }
     member |= ranks[i] == address.rank;
   }
-  if (!member) return absl::InvalidArgumentError(absl::StrCat("rank ", address.rank, " is not in the group it joins"));
+  if (!member)
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", address.rank, " is not in the group it joins"));
   return ranks;
 }
 

@@ -80,8 +80,9 @@ absl::Status WorkerClient::Open() {
   // opens such a stream the way its generated stubs open typed ones.
   const grpc::internal::RpcMethod session(SessionMethodName(),
                                           grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
-  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-      channel_.get(), session, &context_));
+  stream_.reset(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel_.get(), session, &context_));
   writer_ = std::thread(&WorkerClient::WriteLoop, this);
   reader_ = std::thread(&WorkerClient::ReadLoop, this);
   watchdog_ = std::thread(&WorkerClient::WatchDeadlines, this);
@@ -96,8 +97,8 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
     absl::MutexLock lock(&mu_);
     if (failed_.has_value()) return Ready(*failed_);
     if (closing_ || stream_ == nullptr) {
-      return Ready(absl::FailedPreconditionError(
-          absl::StrCat("worker rank ", rank_, " is not connected")));
+      return Ready(
+          absl::FailedPreconditionError(absl::StrCat("worker rank ", rank_, " is not connected")));
     }
     call = {next_call_id_++, std::move(role), std::move(method), std::move(input), deadline};
     Pending& pending = pending_[call.call_id];
@@ -189,14 +190,15 @@ void WorkerClient::ReadLoop() {
     if (!next.ok() || !next->has_value()) break;
     v1::CallResponse& response = **next;
     if (response.has_error()) {
-      Resolve(response.call_id(), absl::Status(static_cast<absl::StatusCode>(response.error().code()),
-                                               response.error().message()));
+      Resolve(response.call_id(),
+              absl::Status(static_cast<absl::StatusCode>(response.error().code()),
+                           response.error().message()));
       continue;
     }
     absl::StatusOr<DataProto> result = FromWire(std::move(*response.mutable_result()));
     if (!result.ok()) {
-      result = absl::InternalError(absl::StrCat("worker rank ", rank_, " sent an undecodable result: ",
-                                                result.status().message()));
+      result = absl::InternalError(absl::StrCat(
+          "worker rank ", rank_, " sent an undecodable result: ", result.status().message()));
     }
     Resolve(response.call_id(), std::move(result));
   }
@@ -218,9 +220,8 @@ void WorkerClient::WatchDeadlines() {
     for (const auto& [call_id, pending] : pending_) earliest = std::min(earliest, pending.deadline);
     // Wake at the earliest deadline, or when a new call may bring an earlier one.
     const uint64_t seen = submitted_;
-    auto woken = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return closing_ || submitted_ != seen;
-    };
+    auto woken = [this, seen]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || submitted_ != seen; };
     mu_.AwaitWithDeadline(absl::Condition(&woken), earliest);
     const absl::Time now = absl::Now();
     std::vector<Pending> expired;
@@ -234,8 +235,8 @@ void WorkerClient::WatchDeadlines() {
     }
     mu_.Unlock();  // callbacks run outside the lock
     for (Pending& call : expired) {
-      call.result->Set(absl::DeadlineExceededError(absl::StrCat(
-          "call '", call.method, "' on worker rank ", rank_, " passed its deadline")));
+      call.result->Set(absl::DeadlineExceededError(
+          absl::StrCat("call '", call.method, "' on worker rank ", rank_, " passed its deadline")));
     }
     mu_.Lock();
   }
@@ -251,8 +252,8 @@ void WorkerClient::Close() {
     outgoing_.clear();
   }
   for (auto& [call_id, pending] : cancelled) {
-    pending.result->Set(absl::CancelledError(
-        absl::StrCat("call '", pending.method, "' on worker rank ", rank_, ": the group shut down")));
+    pending.result->Set(absl::CancelledError(absl::StrCat(
+        "call '", pending.method, "' on worker rank ", rank_, ": the group shut down")));
   }
   context_.TryCancel();
   for (std::thread* thread : {&writer_, &reader_, &watchdog_}) {

@@ -18,8 +18,8 @@
 #include "base/status_macros.h"
 #include "dray/v1/controller.grpc.pb.h"
 #include "dray/v1/worker.grpc.pb.h"
-#include "runtime/rpc/grpc_util.h"
 #include "runtime/process/subprocess.h"
+#include "runtime/rpc/grpc_util.h"
 
 namespace dray {
 namespace {
@@ -104,8 +104,10 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report, v1::ProgressAck*) override {
-    if (options_.on_progress) options_.on_progress(report->rank(), report->what(), report->done(), report->total());
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report,
+                              v1::ProgressAck*) override {
+    if (options_.on_progress)
+      options_.on_progress(report->rank(), report->what(), report->done(), report->total());
     return grpc::Status::OK;
   }
 
@@ -131,7 +133,8 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
     for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
       if (exits_[rank].has_value()) {
-        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ", processes_[rank]->pid(), ") ",
+        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ",
+                                                   processes_[rank]->pid(), ") ",
                                                    exits_[rank]->ToString()));
       }
     }
@@ -166,11 +169,14 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
 
 absl::Status WorkerGroup::Impl::Start() {
   if (resources_.nodes < 1 || resources_.workers_per_node < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("a worker group needs at least one node and one worker per node, got ",
-                                                   resources_.nodes, " x ", resources_.workers_per_node));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a worker group needs at least one node and one worker per node, got ",
+                     resources_.nodes, " x ", resources_.workers_per_node));
   }
-  if (options_.command.empty()) return absl::InvalidArgumentError("WorkerGroupOptions.command is empty");
-  if (options_.roles.empty()) return absl::InvalidArgumentError("WorkerGroupOptions.roles is empty");
+  if (options_.command.empty())
+    return absl::InvalidArgumentError("WorkerGroupOptions.command is empty");
+  if (options_.roles.empty())
+    return absl::InvalidArgumentError("WorkerGroupOptions.roles is empty");
   DRAY_RETURN_IF_ERROR(StartServer());
   DRAY_ASSIGN_OR_RETURN(int master_port, PickFreePort());
   processes_.resize(resources_.world_size());
@@ -189,7 +195,8 @@ absl::Status WorkerGroup::Impl::StartServer() {
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port == 0) return absl::UnavailableError("the controller cannot listen on 127.0.0.1");
+  if (server_ == nullptr || port == 0)
+    return absl::UnavailableError("the controller cannot listen on 127.0.0.1");
   controller_address_ = absl::StrCat("127.0.0.1:", port);
   return absl::OkStatus();
 }
@@ -207,9 +214,11 @@ absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
                {"MASTER_ADDR", options_.master_addr},
                {"MASTER_PORT", absl::StrCat(master_port)},
                {"CUDA_VISIBLE_DEVICES", absl::StrCat(local_rank)}};
-  if (std::getenv("OMP_NUM_THREADS") == nullptr) {  // as torchrun: share the cores, do not oversubscribe them
+  if (std::getenv("OMP_NUM_THREADS") ==
+      nullptr) {  // as torchrun: share the cores, do not oversubscribe them
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
+    spawn.env.emplace_back("OMP_NUM_THREADS",
+                           absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
   }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
   spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");
@@ -234,7 +243,8 @@ absl::Status WorkerGroup::Impl::WaitForRegistration() {
   std::vector<int> missing;
   for (size_t rank = 0; rank < registrations_.size(); ++rank) {
     if (exits_[rank].has_value() && !registrations_[rank].has_value()) {
-      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " ", exits_[rank]->ToString(),
+      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " ",
+                                                 exits_[rank]->ToString(),
                                                  " before registering (its output is above)"));
     }
     if (!registrations_[rank].has_value()) missing.push_back(static_cast<int>(rank));
@@ -249,8 +259,8 @@ absl::Status WorkerGroup::Impl::WaitForRegistration() {
     v1::MethodTable table = registrations_[rank]->methods();
     table.set_rank(0);
     if (table.SerializeAsString() != rank0_table) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("worker rank ", rank, " registered a method table that differs from rank 0's"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker rank ", rank, " registered a method table that differs from rank 0's"));
     }
   }
   return absl::OkStatus();
@@ -265,9 +275,10 @@ absl::Status WorkerGroup::Impl::Connect() {
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
     // A broken session usually means a dead process: report its exit status,
     // a better reason than the broken stream, if it arrives in time.
-    clients_.push_back(std::make_unique<WorkerClient>(rank, addresses[rank], [this, rank](absl::Status) {
-      if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
-    }));
+    clients_.push_back(
+        std::make_unique<WorkerClient>(rank, addresses[rank], [this, rank](absl::Status) {
+          if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
+        }));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -300,11 +311,13 @@ grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext*,
   absl::MutexLock lock(&mu_);
   const int rank = request->rank();
   if (rank < 0 || rank >= static_cast<int>(registrations_.size())) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("rank ", rank, " is outside this group of ", registrations_.size()));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("rank ", rank, " is outside this group of ", registrations_.size()));
   }
   if (registrations_[rank].has_value()) {
-    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS, absl::StrCat("rank ", rank, " registered twice"));
+    return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
+                        absl::StrCat("rank ", rank, " registered twice"));
   }
   registrations_[rank] = *request;
   response->set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
@@ -407,10 +420,12 @@ GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto>
     state.result = std::move(status);
     return future;
   };
-  if (impl_->stopped()) return fail(absl::FailedPreconditionError("the worker group has shut down"));
+  if (impl_->stopped())
+    return fail(absl::FailedPreconditionError("the worker group has shut down"));
   absl::StatusOr<const v1::MethodInfo*> info = FindMethod(method);
   if (!info.ok()) return fail(info.status());
-  absl::StatusOr<const DispatchMode*> mode = DispatchRegistry::Global().Find((*info)->dispatch_mode());
+  absl::StatusOr<const DispatchMode*> mode =
+      DispatchRegistry::Global().Find((*info)->dispatch_mode());
   if (!mode.ok()) return fail(mode.status());
   absl::StatusOr<DispatchPlan> plan = (*mode)->dispatch(std::move(inputs), world_size_);
   if (!plan.ok()) return fail(plan.status());
@@ -423,7 +438,8 @@ GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto>
     for (int rank = 1; rank < world_size_; ++rank) plan->per_rank[rank] = nullptr;
   }
   const absl::Time deadline = absl::Now() + options.timeout.value_or(impl_->call_timeout());
-  std::map<const DataProto*, std::shared_ptr<const EncodedInput>> encoded;  // once per distinct input
+  std::map<const DataProto*, std::shared_ptr<const EncodedInput>>
+      encoded;  // once per distinct input
   for (int rank = 0; rank < world_size_; ++rank) {
     const std::shared_ptr<const DataProto>& input = plan->per_rank[rank];
     if (input == nullptr) continue;

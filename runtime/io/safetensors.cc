@@ -39,8 +39,8 @@ struct DTypeName {
 };
 
 constexpr DTypeName kDTypes[] = {
-    {"BOOL", at::kBool}, {"U8", at::kByte},  {"I8", at::kChar},      {"I16", at::kShort},
-    {"I32", at::kInt},   {"I64", at::kLong}, {"F16", at::kHalf},     {"BF16", at::kBFloat16},
+    {"BOOL", at::kBool}, {"U8", at::kByte},    {"I8", at::kChar},  {"I16", at::kShort},
+    {"I32", at::kInt},   {"I64", at::kLong},   {"F16", at::kHalf}, {"BF16", at::kBFloat16},
     {"F32", at::kFloat}, {"F64", at::kDouble},
 };
 
@@ -55,8 +55,9 @@ absl::StatusOr<std::string> DTypeString(at::ScalarType dtype, absl::string_view 
   for (const DTypeName& entry : kDTypes) {
     if (entry.dtype == dtype) return std::string(entry.name);
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("tensor '", name, "' has dtype ", c10::toString(dtype), ", which safetensors (here) cannot store"));
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has dtype ",
+                                                 c10::toString(dtype),
+                                                 ", which safetensors (here) cannot store"));
 }
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
@@ -68,13 +69,15 @@ absl::Status ErrnoError(absl::string_view what, const std::string& path) {
 absl::StatusOr<json> ReadJson(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, " is not valid JSON"));
+  if (parsed.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not valid JSON"));
   return parsed;
 }
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(
+    const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("cannot open", path);
   struct stat st;
@@ -102,9 +105,9 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(con
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes, 8);  // little-endian on every host dray runs on
   if (header_size > kMaxHeaderBytes || header_size > file->mapping_size_ - 8) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_size,
-                                                   " does not fit in a file of ", file->mapping_size_,
-                                                   " bytes (truncated or not safetensors)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_size, " does not fit in a file of ",
+                     file->mapping_size_, " bytes (truncated or not safetensors)"));
   }
   file->data_ = bytes + 8 + header_size;
   file->data_size_ = file->mapping_size_ - 8 - header_size;
@@ -114,17 +117,20 @@ absl::StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(con
 }
 
 absl::Status SafetensorsFile::ParseHeader(absl::string_view header) {
-  const json parsed = json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
+  const json parsed =
+      json::parse(header.begin(), header.end(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path_, ": the header is not a JSON object"));
   }
   for (const auto& [name, entry] : parsed.items()) {
     const std::string where = absl::StrCat(path_, ": tensor '", name, "'");
     if (name == "__metadata__") {
-      if (!entry.is_object()) return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__ is not an object"));
+      if (!entry.is_object())
+        return absl::InvalidArgumentError(absl::StrCat(path_, ": __metadata__ is not an object"));
       for (const auto& [key, value] : entry.items()) {
         if (!value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(path_, ": metadata '", key, "' is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path_, ": metadata '", key, "' is not a string"));
         }
         metadata_[key] = value.get<std::string>();
       }
@@ -137,11 +143,13 @@ absl::Status SafetensorsFile::ParseHeader(absl::string_view header) {
           absl::StrCat(where, " needs \"dtype\", \"shape\" and two \"data_offsets\""));
     }
     Entry parsed_entry;
-    DRAY_ASSIGN_OR_RETURN(parsed_entry.info.dtype, ParseDType(entry["dtype"].get<std::string>(), where));
+    DRAY_ASSIGN_OR_RETURN(parsed_entry.info.dtype,
+                          ParseDType(entry["dtype"].get<std::string>(), where));
     uint64_t bytes = c10::elementSize(parsed_entry.info.dtype);
     for (const json& dim : entry["shape"]) {
       if (!dim.is_number_unsigned()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has a shape entry that is not a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " has a shape entry that is not a non-negative integer"));
       }
       const uint64_t size = dim.get<uint64_t>();
       if (size != 0 && bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / size) {
@@ -152,20 +160,22 @@ absl::Status SafetensorsFile::ParseHeader(absl::string_view header) {
     }
     for (const json& offset : entry["data_offsets"]) {
       if (!offset.is_number_unsigned()) {
-        return absl::InvalidArgumentError(absl::StrCat(where, " has a data offset that is not a non-negative integer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " has a data offset that is not a non-negative integer"));
       }
     }
     parsed_entry.begin = entry["data_offsets"][0].get<uint64_t>();
     parsed_entry.end = entry["data_offsets"][1].get<uint64_t>();
     if (parsed_entry.begin > parsed_entry.end || parsed_entry.end > data_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, " has bytes [", parsed_entry.begin, ", ", parsed_entry.end, ") but the data section has ",
-          data_size_, " (truncated?)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has bytes [", parsed_entry.begin, ", ", parsed_entry.end,
+                       ") but the data section has ", data_size_, " (truncated?)"));
     }
     if (parsed_entry.end - parsed_entry.begin != bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ": shape ", ShapeString(parsed_entry.info.shape), " of ", entry["dtype"].get<std::string>(),
-          " needs ", bytes, " bytes, the header gives ", parsed_entry.end - parsed_entry.begin));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": shape ", ShapeString(parsed_entry.info.shape), " of ",
+                       entry["dtype"].get<std::string>(), " needs ", bytes,
+                       " bytes, the header gives ", parsed_entry.end - parsed_entry.begin));
     }
     entries_[name] = std::move(parsed_entry);
   }
@@ -184,13 +194,15 @@ std::vector<std::string> SafetensorsFile::names() const {
 
 absl::StatusOr<TensorInfo> SafetensorsFile::Info(absl::string_view name) const {
   auto it = entries_.find(std::string(name));
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, " has no tensor '", name, "'"));
+  if (it == entries_.end())
+    return absl::NotFoundError(absl::StrCat(path_, " has no tensor '", name, "'"));
   return it->second.info;
 }
 
 absl::StatusOr<at::Tensor> SafetensorsFile::Get(absl::string_view name) const {
   auto it = entries_.find(std::string(name));
-  if (it == entries_.end()) return absl::NotFoundError(absl::StrCat(path_, " has no tensor '", name, "'"));
+  if (it == entries_.end())
+    return absl::NotFoundError(absl::StrCat(path_, " has no tensor '", name, "'"));
   const Entry& entry = it->second;
   const auto options = at::TensorOptions().dtype(entry.info.dtype);
   const char* bytes = data_ + entry.begin;
@@ -200,15 +212,16 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Get(absl::string_view name) const {
     return copy;
   }
   std::shared_ptr<const SafetensorsFile> keep_mapped = self_.lock();
-  return at::from_blob(const_cast<char*>(bytes), entry.info.shape,
-                       [keep_mapped](void*) mutable { keep_mapped.reset(); }, options);
+  return at::from_blob(
+      const_cast<char*>(bytes), entry.info.shape,
+      [keep_mapped](void*) mutable { keep_mapped.reset(); }, options);
 }
 
 absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& path) {
   std::error_code error;
   if (fs::is_directory(path, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is a directory; name a .safetensors file or a *.safetensors.index.json"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is a directory; name a .safetensors file or a *.safetensors.index.json"));
   }
   const std::string& target = path;
   Checkpoint checkpoint;
@@ -227,7 +240,8 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& path) {
   std::map<std::string, size_t> file_index;
   for (const auto& [name, file] : index["weight_map"].items()) {
     if (!file.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(target, ": weight_map entry '", name, "' is not a file name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(target, ": weight_map entry '", name, "' is not a file name"));
     }
     const std::string shard = (dir / file.get<std::string>()).string();
     auto [it, added] = file_index.emplace(shard, checkpoint.files_.size());
@@ -236,8 +250,8 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& path) {
       checkpoint.files_.push_back(std::move(opened));
     }
     if (!checkpoint.files_[it->second]->contains(name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(target, " places tensor '", name, "' in ", shard, ", which does not hold it"));
+      return absl::InvalidArgumentError(absl::StrCat(target, " places tensor '", name, "' in ",
+                                                     shard, ", which does not hold it"));
     }
     checkpoint.file_of_[name] = it->second;
   }
@@ -276,9 +290,9 @@ absl::StatusOr<at::Tensor> Checkpoint::Load(absl::string_view name, at::IntArray
                                             at::ScalarType dtype) const {
   DRAY_ASSIGN_OR_RETURN(at::Tensor tensor, Get(name));
   if (tensor.sizes() != shape) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path_, ": tensor '", name, "' has shape ",
-                                                   ShapeString(tensor.sizes()), ", the model expects ",
-                                                   ShapeString(shape)));
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint ", path_, ": tensor '", name,
+                                                   "' has shape ", ShapeString(tensor.sizes()),
+                                                   ", the model expects ", ShapeString(shape)));
   }
   return tensor.to(dtype);
 }
@@ -289,7 +303,8 @@ absl::Status WriteSafetensors(const std::string& path,
   std::map<std::string, at::Tensor> sorted;
   for (const auto& [name, tensor] : tensors) {
     if (name == "__metadata__" || !sorted.emplace(name, tensor.cpu().contiguous()).second) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor name '", name, "' is reserved or repeated"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name '", name, "' is reserved or repeated"));
     }
   }
   json header = json::object();
@@ -311,7 +326,8 @@ absl::Status WriteSafetensors(const std::string& path,
     out.write(reinterpret_cast<const char*>(&size), 8);
     out.write(text.data(), text.size());
     for (const auto& [name, tensor] : sorted) {
-      out.write(static_cast<const char*>(tensor.data_ptr()), static_cast<std::streamsize>(tensor.nbytes()));
+      out.write(static_cast<const char*>(tensor.data_ptr()),
+                static_cast<std::streamsize>(tensor.nbytes()));
     }
     if (!out.flush()) return ErrnoError("cannot write", partial);
   }
@@ -339,7 +355,8 @@ absl::Status WriteShardedSafetensors(const std::string& dir, const std::string& 
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file =
         absl::StrFormat("%s-%05d-of-%05d.safetensors", prefix, i + 1, shards.size());
-    DRAY_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / file).string(), shards[i], {{"format", "pt"}}));
+    DRAY_RETURN_IF_ERROR(
+        WriteSafetensors((fs::path(dir) / file).string(), shards[i], {{"format", "pt"}}));
     for (const auto& [name, tensor] : shards[i]) {
       weight_map[name] = file;
       total += tensor.nbytes();

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "dispatch/data_proto.h"
 #include "base/testing/status_matchers.h"
+#include "dispatch/data_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -40,7 +40,7 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
   for (at::ScalarType dtype : {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong,
                                at::kHalf, at::kBFloat16, at::kFloat, at::kDouble}) {
     at::Tensor t = at::isFloatingType(dtype) ? at::randn({3, 5}).to(dtype)
-                                              : at::randint(0, 2, {3, 5}, at::kLong).to(dtype);
+                                             : at::randint(0, 2, {3, 5}, at::kLong).to(dtype);
     tensors.emplace_back(absl::StrCat("t.", c10::toString(dtype)), t);
   }
   tensors.emplace_back("scalar", at::randn({}));
@@ -89,11 +89,13 @@ TEST(SafetensorsTest, ShardedCheckpointsLoadThroughTheirIndex) {
   const std::string dir = TempPath("sharded");
   fs::create_directories(dir);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (int i = 0; i < 6; ++i) tensors.emplace_back(absl::StrCat("layer", i, ".weight"), at::randn({64, 64}));
+  for (int i = 0; i < 6; ++i)
+    tensors.emplace_back(absl::StrCat("layer", i, ".weight"), at::randn({64, 64}));
   DRAY_ASSERT_OK(WriteShardedSafetensors(dir, "diffusion_pytorch_model", tensors, 40000));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "diffusion_pytorch_model-00001-of-00003.safetensors"));
-  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint checkpoint,
-                            Checkpoint::Open(dir + "/diffusion_pytorch_model.safetensors.index.json"));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      Checkpoint checkpoint,
+      Checkpoint::Open(dir + "/diffusion_pytorch_model.safetensors.index.json"));
   EXPECT_EQ(checkpoint.names().size(), 6u);
   for (const auto& [name, tensor] : tensors) {
     EXPECT_TRUE(SameTensor(checkpoint.Get(name).value(), tensor)) << name;
@@ -104,7 +106,8 @@ TEST(SafetensorsTest, ErrorsNameTheFileAndTheProblem) {
   const std::string path = TempPath("good.safetensors");
   DRAY_ASSERT_OK(WriteSafetensors(path, {{"w", at::randn({4, 4})}}));
   DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint checkpoint, Checkpoint::Open(path));
-  EXPECT_THAT(checkpoint.Get("v"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("no tensor 'v'")));
+  EXPECT_THAT(checkpoint.Get("v"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("no tensor 'v'")));
   EXPECT_THAT(checkpoint.Load("w", {4, 5}, at::kFloat),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("tensor 'w' has shape [4, 4], the model expects [4, 5]")));
@@ -117,31 +120,32 @@ TEST(SafetensorsTest, ErrorsNameTheFileAndTheProblem) {
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string truncated = TempPath("truncated.safetensors");
   std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() - 10);
-  EXPECT_THAT(SafetensorsFile::Open(truncated),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor 'w' has bytes [0, 64)")));
+  EXPECT_THAT(
+      SafetensorsFile::Open(truncated),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor 'w' has bytes [0, 64)")));
   std::ofstream(truncated, std::ios::binary) << bytes.substr(0, 5);
   EXPECT_THAT(SafetensorsFile::Open(truncated),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("truncated")));
 
   const std::string bad = TempPath("bad.safetensors");
   WriteRaw(bad, "{not json", "", 9);
-  EXPECT_THAT(SafetensorsFile::Open(bad),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header is not a JSON object")));
+  EXPECT_THAT(SafetensorsFile::Open(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   HasSubstr("header is not a JSON object")));
   WriteRaw(bad, "{}", "", 1 << 30);
   EXPECT_THAT(SafetensorsFile::Open(bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("header length 1073741824")));
   const std::string wrong_size = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})";
   WriteRaw(bad, wrong_size, "abcd", wrong_size.size());
-  EXPECT_THAT(SafetensorsFile::Open(bad),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs 8 bytes, the header gives 4")));
+  EXPECT_THAT(SafetensorsFile::Open(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   HasSubstr("needs 8 bytes, the header gives 4")));
   const std::string unknown = R"({"w":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}})";
   WriteRaw(bad, unknown, "abcdefgh", unknown.size());
   EXPECT_THAT(SafetensorsFile::Open(bad),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unsupported dtype C64")));
   const std::string negative = R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})";
   WriteRaw(bad, negative, "abcd", negative.size());
-  EXPECT_THAT(SafetensorsFile::Open(bad),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a non-negative integer")));
+  EXPECT_THAT(SafetensorsFile::Open(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                   HasSubstr("not a non-negative integer")));
 }
 
 }  // namespace

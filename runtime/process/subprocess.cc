@@ -37,14 +37,15 @@ void WriteAll(int fd, absl::string_view text) {
 
 // Environment returns this process's environment with `overrides` applied,
 // as KEY=VALUE strings.
-std::vector<std::string> Environment(const std::vector<std::pair<std::string, std::string>>& overrides) {
+std::vector<std::string> Environment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
   std::vector<std::string> env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const absl::string_view text(*entry);
     bool overridden = false;
     for (const auto& [key, value] : overrides) {
-      overridden |= text.size() > key.size() && text.substr(0, key.size()) == key &&
-                    text[key.size()] == '=';
+      overridden |=
+          text.size() > key.size() && text.substr(0, key.size()) == key && text[key.size()] == '=';
     }
     if (!overridden) env.emplace_back(text);
   }
@@ -64,7 +65,7 @@ std::vector<char*> Pointers(std::vector<std::string>& strings) {
                            int stdout_fd, int stderr_fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the parent died before prctl
-  setpgid(0, 0);  // its own process group, so signals reach its children too
+  setpgid(0, 0);                        // its own process group, so signals reach its children too
   const int null_fd = open("/dev/null", O_RDONLY);
   if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
   dup2(stdout_fd, STDOUT_FILENO);
@@ -109,7 +110,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
   }
   if (!spawned.ok()) {
     process->watcher_.join();
-    return absl::Status(spawned.code(), absl::StrCat("cannot run ", program, ": ", spawned.message()));
+    return absl::Status(spawned.code(),
+                        absl::StrCat("cannot run ", program, ": ", spawned.message()));
   }
   return process;
 }
@@ -210,7 +212,8 @@ void Subprocess::ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix)
       size_t start = 0;
       while (start <= end) {
         const size_t newline = pending[i].find('\n', start);
-        absl::StrAppend(&out, prefix, absl::string_view(pending[i]).substr(start, newline - start + 1));
+        absl::StrAppend(&out, prefix,
+                        absl::string_view(pending[i]).substr(start, newline - start + 1));
         start = newline + 1;
       }
       pending[i].erase(0, end + 1);
@@ -227,10 +230,10 @@ void Subprocess::Signal(int signal) {
 
 std::optional<ExitStatus> Subprocess::WaitFor(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(
-                           +[](std::optional<ExitStatus>* status) { return status->has_value(); },
-                           &exit_status_),
-                       timeout);
+  mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](std::optional<ExitStatus>* status) { return status->has_value(); }, &exit_status_),
+      timeout);
   return exit_status_;
 }
 

@@ -102,8 +102,8 @@ class ChunkBytes {
   // announced `length` must be exactly what is left.
   absl::Status AppendRest(uint64_t length, PayloadAssembler* assembler) {
     if (Remaining() != length) {
-      return absl::InvalidArgumentError(absl::StrCat("session: a payload chunk frame announces ", length,
-                                                     " bytes and carries ", Remaining()));
+      return absl::InvalidArgumentError(absl::StrCat("session: a payload chunk frame announces ",
+                                                     length, " bytes and carries ", Remaining()));
     }
     for (; slice_ < slices_.size(); ++slice_, offset_ = 0) {
       const grpc::Slice& slice = slices_[slice_];
@@ -154,19 +154,21 @@ class ChunkBytes {
 absl::Status ReadChunks(SessionReader* reader, v1::DataProto* message) {
   if (message->payload().size() == message->payload_size()) return absl::OkStatus();  // inline
   if (!message->payload().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("session: a header carries ", message->payload().size(),
-                                                   " of its ", message->payload_size(),
-                                                   " payload bytes inline"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("session: a header carries ", message->payload().size(), " of its ",
+                     message->payload_size(), " payload bytes inline"));
   }
   PayloadAssembler assembler({message});
   grpc::ByteBuffer frame;
   while (assembler.received_bytes() < assembler.expected_bytes()) {
     if (!reader->Read(&frame)) {
-      return absl::UnavailableError(absl::StrCat("session ended after ", assembler.received_bytes(), " of ",
-                                                 assembler.expected_bytes(), " payload bytes"));
+      return absl::UnavailableError(absl::StrCat("session ended after ", assembler.received_bytes(),
+                                                 " of ", assembler.expected_bytes(),
+                                                 " payload bytes"));
     }
     std::vector<grpc::Slice> slices;
-    if (!frame.Dump(&slices).ok()) return absl::InternalError("session: cannot read a frame's bytes");
+    if (!frame.Dump(&slices).ok())
+      return absl::InternalError("session: cannot read a frame's bytes");
     ChunkBytes chunk(std::move(slices));
     uint64_t length = 0;
     absl::Status status = chunk.ReadPrefix(&length);
@@ -217,7 +219,8 @@ bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
   v1::CallResponseFrame frame;
   *frame.mutable_header() = std::move(response);
   v1::CallResponse* header = frame.mutable_header();
-  return WriteMessage(writer, frame, header->has_result() ? header->mutable_result() : nullptr, payload);
+  return WriteMessage(writer, frame, header->has_result() ? header->mutable_result() : nullptr,
+                      payload);
 }
 
 absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader) {

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/payload_stream.h"
 #include "base/testing/status_matchers.h"
+#include "dispatch/payload_stream.h"
 #include "dispatch/wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -107,7 +107,8 @@ DataProto ImageBatch(size_t image_bytes) {
   for (char fill : {'a', 'b'}) {
     images.push_back({Image::Format::kPng, 0, 0, 0, Bytes(std::string(image_bytes, fill))});
   }
-  return DataProto::Make({{"x", at::arange(2, at::kLong)}}, {{"images", std::move(images)}}).value();
+  return DataProto::Make({{"x", at::arange(2, at::kLong)}}, {{"images", std::move(images)}})
+      .value();
 }
 
 // Received decodes the next call's input from `queue`.
@@ -160,7 +161,8 @@ TEST(SessionStreamTest, LargePayloadsFollowAsChunksBuiltAroundTheirRows) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(queue.frames[1].Dump(&slices).ok());
   bool aliased = false;
-  for (const grpc::Slice& slice : slices) aliased |= reinterpret_cast<const char*>(slice.begin()) == image;
+  for (const grpc::Slice& slice : slices)
+    aliased |= reinterpret_cast<const char*>(slice.begin()) == image;
   EXPECT_TRUE(aliased);
 
   const DataProto received = Received(&queue);
@@ -226,13 +228,15 @@ TEST(SessionStreamTest, MalformedMessagesAreErrorsNamingTheProblem) {
   std::string short_chunk = ChunkFrameBytes(std::string(50, 'x'));
   short_chunk[1] = 100;  // the length says 100; 50 bytes follow
   EXPECT_THAT(ReadFrom({DetachedHeader(100), short_chunk}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("announces 100 bytes and carries 50")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("announces 100 bytes and carries 50")));
 
   v1::CallRequest partial;
   partial.mutable_input()->set_payload("12345");
   partial.mutable_input()->set_payload_size(10);
-  EXPECT_THAT(ReadFrom({HeaderFrameBytes(partial)}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("5 of its 10 payload bytes inline")));
+  EXPECT_THAT(
+      ReadFrom({HeaderFrameBytes(partial)}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("5 of its 10 payload bytes inline")));
 }
 
 }  // namespace

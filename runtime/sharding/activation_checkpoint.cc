@@ -1,8 +1,8 @@
 #include "runtime/sharding/activation_checkpoint.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <ATen/core/grad_mode.h>
 
 namespace dray {
 namespace {
@@ -50,14 +50,16 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
     // Parameters accumulate their gradients here; inputs' gradients go up.
     if (!with_grad.empty()) torch::autograd::backward(with_grad, grads);
     variable_list input_grads = {at::Tensor()};  // for `fn`, then one per input tensor
-    for (const at::Tensor& input : inputs) input_grads.push_back(input.requires_grad() ? input.grad() : at::Tensor());
+    for (const at::Tensor& input : inputs)
+      input_grads.push_back(input.requires_grad() ? input.grad() : at::Tensor());
     return input_grads;
   }
 };
 
 }  // namespace
 
-std::vector<at::Tensor> CheckpointedForward(UnitFunction fn, const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> CheckpointedForward(UnitFunction fn,
+                                            const std::vector<at::Tensor>& inputs) {
   return Checkpointed::apply(std::move(fn), at::TensorList(inputs));
 }
 

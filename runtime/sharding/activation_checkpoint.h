@@ -4,8 +4,8 @@
 // parameters are gathered again before the recomputation.
 //
 //   std::vector<at::Tensor> out = CheckpointedForward(
-//       [&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{block->forward(in[0])}; },
-//       {hidden});
+//       [&](const std::vector<at::Tensor>& in) { return
+//       std::vector<at::Tensor>{block->forward(in[0])}; }, {hidden});
 //
 // `fn` must be deterministic and use as tensor inputs only what it is given
 // (tensors it captures get no gradient).

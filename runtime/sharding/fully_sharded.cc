@@ -67,7 +67,8 @@ FullyShardedModule::~FullyShardedModule() = default;
 
 void FullyShardedModule::Check(const absl::Status& status, const char* what) {
   // Inside forward and backward there is no status to return: fail the pass.
-  if (!status.ok()) throw std::runtime_error(absl::StrCat("sharding (", what, "): ", status.message()));
+  if (!status.ok())
+    throw std::runtime_error(absl::StrCat("sharding (", what, "): ", status.message()));
 }
 
 absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
@@ -79,11 +80,14 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
 }
 
 absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
-    std::shared_ptr<torch::nn::Module> root, std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units,
-    Communicator* comm, ShardingOptions options) {
+    std::shared_ptr<torch::nn::Module> root,
+    std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units, Communicator* comm,
+    ShardingOptions options) {
   const MixedPrecision& precision = options.mixed_precision;
-  if ((precision.param_dtype.has_value() || options.cpu_offload) && options.strategy == ShardingStrategy::kNoShard) {
-    return absl::UnimplementedError("mixed precision and CPU offload need a sharding strategy, not NO_SHARD");
+  if ((precision.param_dtype.has_value() || options.cpu_offload) &&
+      options.strategy == ShardingStrategy::kNoShard) {
+    return absl::UnimplementedError(
+        "mixed precision and CPU offload need a sharding strategy, not NO_SHARD");
   }
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
   if (Hybrid(options.strategy)) DRAY_RETURN_IF_ERROR(sharded->SplitHybridGroups());
@@ -96,7 +100,8 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
     sharded->units_.push_back(std::move(unit));
   }
   DRAY_RETURN_IF_ERROR(sharded->ReplicateTheRest());
-  sharded->reduce_dtype_ = precision.reduce_dtype.value_or(precision.param_dtype.value_or(at::kFloat));
+  sharded->reduce_dtype_ =
+      precision.reduce_dtype.value_or(precision.param_dtype.value_or(at::kFloat));
   sharded->peak_parameter_bytes_ = sharded->LocalBytes().parameters;
   return sharded;
 }
@@ -104,9 +109,9 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
 absl::Status FullyShardedModule::SplitHybridGroups() {
   const int size = options_.shard_group_size, world = comm_->world_size(), rank = comm_->rank();
   if (size < 1 || world % size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(ShardingStrategyName(options_.strategy),
-                                                   " needs shard_group_size dividing the world size ", world,
-                                                   ", got ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ShardingStrategyName(options_.strategy),
+                     " needs shard_group_size dividing the world size ", world, ", got ", size));
   }
   std::vector<int> shard_ranks, replica_ranks;
   for (int r = 0; r < size; ++r) shard_ranks.push_back(rank / size * size + r);
@@ -140,13 +145,17 @@ std::unique_ptr<FullyShardedModule::Unit> FullyShardedModule::Flatten(
 
 absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
   const std::optional<at::ScalarType>& param_dtype = options_.mixed_precision.param_dtype;
-  const at::TensorOptions options = unit.params.empty() ? at::TensorOptions() : unit.params[0].options();
-  param_dtype_ = param_dtype.value_or(unit.params.empty() ? at::kFloat : unit.params[0].scalar_type());
+  const at::TensorOptions options =
+      unit.params.empty() ? at::TensorOptions() : unit.params[0].options();
+  param_dtype_ =
+      param_dtype.value_or(unit.params.empty() ? at::kFloat : unit.params[0].scalar_type());
   // The unit's parameters, concatenated and padded; rank 0's if synced.
   at::Tensor flat = at::zeros({unit.padded}, options);
   for (size_t i = 0; i < unit.params.size(); ++i) {
-    if (!HasStorage(unit.params[i])) continue;  // built shape-only: filled by broadcast or LoadShards
-    flat.slice(0, unit.offsets[i], unit.offsets[i] + unit.params[i].numel()).copy_(unit.params[i].reshape(-1));
+    if (!HasStorage(unit.params[i]))
+      continue;  // built shape-only: filled by broadcast or LoadShards
+    flat.slice(0, unit.offsets[i], unit.offsets[i] + unit.params[i].numel())
+        .copy_(unit.params[i].reshape(-1));
   }
   if (options_.sync_module_states) DRAY_RETURN_IF_ERROR(comm_->Broadcast(flat, 0));
   // This rank's float32 master, for the optimizer.
@@ -159,8 +168,9 @@ absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
                    .clone()
                    .requires_grad_(true);
   // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
-  unit.full = Shards(options_.strategy) ? at::empty({unit.padded}, flat.options().dtype(param_dtype_))
-                                        : unit.shard.detach();
+  unit.full = Shards(options_.strategy)
+                  ? at::empty({unit.padded}, flat.options().dtype(param_dtype_))
+                  : unit.shard.detach();
   RebindParameters(unit);
   unit.gathered = true;
   Free(unit);
@@ -172,10 +182,12 @@ void FullyShardedModule::RebindParameters(Unit& unit) {
     at::Tensor& param = unit.params[i];
     // First the new data (its dtype may differ, which resets the gradient
     // accumulator), then the accumulator's hook.
-    param.set_data(unit.full.slice(0, unit.offsets[i], unit.offsets[i] + param.numel()).view(param.sizes()));
+    param.set_data(
+        unit.full.slice(0, unit.offsets[i], unit.offsets[i] + param.numel()).view(param.sizes()));
     auto accumulator = torch::autograd::impl::grad_accumulator(param);
     Unit* raw = &unit;
-    accumulator->add_post_hook(std::make_unique<PostAccumulateHook>([this, raw] { OnParameterGradient(*raw); }));
+    accumulator->add_post_hook(
+        std::make_unique<PostAccumulateHook>([this, raw] { OnParameterGradient(*raw); }));
     unit.accumulators.push_back(std::move(accumulator));
   }
 }
@@ -199,7 +211,8 @@ absl::Status FullyShardedModule::ReplicateTheRest() {
     }
     replicated_.push_back(parameter);
     replicated_names_.push_back(named.key());
-    if (precision.param_dtype.has_value()) {  // a float32 master, and a working copy to compute with
+    if (precision.param_dtype
+            .has_value()) {  // a float32 master, and a working copy to compute with
       replicated_masters_.push_back(parameter.detach().to(at::kFloat).clone().requires_grad_(true));
       parameter.set_data(parameter.detach().to(*precision.param_dtype));
     } else {
@@ -220,7 +233,8 @@ absl::Status FullyShardedModule::Gather(Unit& unit) {
   unit.gathered = true;
   peak_parameter_bytes_ = std::max(peak_parameter_bytes_, LocalBytes().parameters);
   torch::NoGradGuard no_grad;
-  DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit.shard.detach().to(unit.full.device(), unit.full.scalar_type()), unit.full));
+  DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(
+      unit.shard.detach().to(unit.full.device(), unit.full.scalar_type()), unit.full));
   return absl::OkStatus();
 }
 
@@ -230,19 +244,16 @@ void FullyShardedModule::Free(Unit& unit) {
   unit.gathered = false;
 }
 
-absl::Status FullyShardedModule::Offload() {
-  return MoveMasters(at::kCPU);
-}
+absl::Status FullyShardedModule::Offload() { return MoveMasters(at::kCPU); }
 
-absl::Status FullyShardedModule::Load(at::Device device) {
-  return MoveMasters(device);
-}
+absl::Status FullyShardedModule::Load(at::Device device) { return MoveMasters(device); }
 
 absl::Status FullyShardedModule::MoveMasters(at::Device device) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     if (unit->gathered && Shards(options_.strategy)) {
-      return absl::FailedPreconditionError("Offload/Load between forward and backward: a unit is still gathered");
+      return absl::FailedPreconditionError(
+          "Offload/Load between forward and backward: a unit is still gathered");
     }
     // set_data keeps the tensors (and any optimizer holding them) the same.
     if (Shards(options_.strategy)) unit->shard.set_data(unit->shard.detach().to(device));
@@ -258,13 +269,16 @@ absl::Status FullyShardedModule::MoveMasters(at::Device device) {
 
 void FullyShardedModule::BeforeForward() {
   if (!options_.mixed_precision.param_dtype.has_value()) return;
-  torch::NoGradGuard no_grad;  // refresh the working copies from their masters (after optimizer steps)
-  for (size_t i = 0; i < replicated_.size(); ++i) replicated_[i].detach().copy_(replicated_masters_[i]);
+  torch::NoGradGuard
+      no_grad;  // refresh the working copies from their masters (after optimizer steps)
+  for (size_t i = 0; i < replicated_.size(); ++i)
+    replicated_[i].detach().copy_(replicated_masters_[i]);
 }
 
 std::string FullyShardedModule::DescribePrecision() const {
-  return absl::StrCat("parameters stored as float32 shards, gathered and computed in ", c10::toString(param_dtype_),
-                      ", gradients reduced in ", c10::toString(reduce_dtype_));
+  return absl::StrCat("parameters stored as float32 shards, gathered and computed in ",
+                      c10::toString(param_dtype_), ", gradients reduced in ",
+                      c10::toString(reduce_dtype_));
 }
 
 int FullyShardedModule::GatheredUnits() const {
@@ -286,7 +300,8 @@ void FullyShardedModule::BeforeUnit(size_t hook) {
   Prefetch(index + 1);
   if (hook == 0 || unit_of_hook_[hook - 1] != index) {  // the unit's first module: a new pass
     unit.pending_gradients = 0;
-    for (const at::Tensor& param : unit.params) unit.pending_gradients += param.requires_grad() ? 1 : 0;
+    for (const at::Tensor& param : unit.params)
+      unit.pending_gradients += param.requires_grad() ? 1 : 0;
     unit.gradients_reduced = false;
   }
 }
@@ -323,7 +338,8 @@ void FullyShardedModule::OnParameterGradient(Unit& unit) {
 
 absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   torch::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({unit.padded}, unit.full.options().dtype(reduce_dtype_));  // on the compute device
+  at::Tensor flat =
+      at::zeros({unit.padded}, unit.full.options().dtype(reduce_dtype_));  // on the compute device
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor& grad = unit.params[i].mutable_grad();
     if (!grad.defined()) continue;
@@ -340,7 +356,8 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
     DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
     reduced = flat;
   }
-  reduced = reduced.to(unit.shard.device(), at::kFloat).div_(world);  // to the master's device (CPU when offloaded)
+  reduced = reduced.to(unit.shard.device(), at::kFloat)
+                .div_(world);  // to the master's device (CPU when offloaded)
   at::Tensor& grad = unit.shard.mutable_grad();
   grad = grad.defined() ? grad.add_(reduced) : reduced;
   unit.gradients_reduced = true;
@@ -364,14 +381,17 @@ void FullyShardedModule::FinishBackward() {
   backward_callback_queued_ = false;
   // Units whose parameters did not all receive gradients (unused ones).
   for (auto& unit : units_) {
-    if (gradient_sync_ && !unit->gradients_reduced) Check(ReduceGradients(*unit), "reducing gradients");
+    if (gradient_sync_ && !unit->gradients_reduced)
+      Check(ReduceGradients(*unit), "reducing gradients");
     Free(*unit);
   }
   if (!gradient_sync_) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < replicated_.size(); ++i) {
     at::Tensor& grad = replicated_[i].mutable_grad();
-    at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_) : at::zeros(replicated_[i].sizes(), replicated_[i].options().dtype(reduce_dtype_));
+    at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_)
+                                        : at::zeros(replicated_[i].sizes(),
+                                                    replicated_[i].options().dtype(reduce_dtype_));
     Check(comm_->AllReduce(reduced), "all-reducing replicated gradients");
     reduced = reduced.to(at::kFloat).div_(comm_->world_size());
     if (replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl()) {
@@ -394,11 +414,13 @@ std::vector<at::Tensor> FullyShardedModule::shards() const {
 absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
   torch::NoGradGuard no_grad;
   // Sums on the compute device (NCCL reduces device tensors), in float64.
-  const at::TensorOptions sum_options = (units_.empty() ? at::TensorOptions() : units_[0]->full.options()).dtype(at::kDouble);
+  const at::TensorOptions sum_options =
+      (units_.empty() ? at::TensorOptions() : units_[0]->full.options()).dtype(at::kDouble);
   at::Tensor sharded_sum = at::zeros({1}, sum_options);
   at::Tensor replicated_sum = at::zeros({1}, sum_options);
   for (const auto& unit : units_) {
-    if (unit->shard.grad().defined()) sharded_sum += unit->shard.grad().to(sum_options).pow(2).sum();
+    if (unit->shard.grad().defined())
+      sharded_sum += unit->shard.grad().to(sum_options).pow(2).sum();
   }
   for (const at::Tensor& master : replicated_masters_) {
     if (master.grad().defined()) replicated_sum += master.grad().to(sum_options).pow(2).sum();
@@ -417,24 +439,29 @@ absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
 
 int64_t FullyShardedModule::LargestUnitBytes() const {
   int64_t largest = 0;
-  for (const auto& unit : units_) largest = std::max<int64_t>(largest, unit->padded * unit->full.element_size());
+  for (const auto& unit : units_)
+    largest = std::max<int64_t>(largest, unit->padded * unit->full.element_size());
   return largest;
 }
 
 FullyShardedModule::Bytes FullyShardedModule::LocalBytes() const {
   Bytes bytes;
   for (const auto& unit : units_) {
-    bytes.parameters += unit->shard.nbytes() + (unit->gathered && Shards(options_.strategy) ? unit->full.nbytes() : 0);
+    bytes.parameters += unit->shard.nbytes() +
+                        (unit->gathered && Shards(options_.strategy) ? unit->full.nbytes() : 0);
     if (unit->shard.grad().defined()) bytes.gradients += unit->shard.grad().nbytes();
     for (const at::Tensor& param : unit->params) {
       if (param.grad().defined()) bytes.gradients += param.grad().nbytes();
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    const bool own_master = replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl();
-    bytes.parameters += replicated_[i].nbytes() + (own_master ? 0 : replicated_masters_[i].nbytes());
+    const bool own_master =
+        replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl();
+    bytes.parameters +=
+        replicated_[i].nbytes() + (own_master ? 0 : replicated_masters_[i].nbytes());
     if (replicated_[i].grad().defined()) bytes.gradients += replicated_[i].grad().nbytes();
-    if (!own_master && replicated_masters_[i].grad().defined()) bytes.gradients += replicated_masters_[i].grad().nbytes();
+    if (!own_master && replicated_masters_[i].grad().defined())
+      bytes.gradients += replicated_masters_[i].grad().nbytes();
   }
   return bytes;
 }

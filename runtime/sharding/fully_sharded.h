@@ -14,8 +14,10 @@
 // The model stays single-device code: it calls UnitHooks around each unit.
 // Parameters outside every unit are replicated (their gradients all-reduced).
 //
-//   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model, model->blocks_as_modules(),
-//                                                                 comm, {ShardingStrategy::kFullShard}));
+//   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model,
+//   model->blocks_as_modules(),
+//                                                                 comm,
+//                                                                 {ShardingStrategy::kFullShard}));
 //   model->set_unit_hooks(sharded.get());
 //   torch::optim::AdamW optimizer(sharded->shards(), ...);
 //   loss = ...model->forward(x)...; loss.backward(); optimizer.step();
@@ -95,15 +97,17 @@ class FullyShardedModule : public UnitHooks {
   // other parameters of `root` stay replicated. Every rank calls it; `comm`
   // must outlive the returned module.
   static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
-      std::shared_ptr<torch::nn::Module> root, std::vector<std::shared_ptr<torch::nn::Module>> units,
-      Communicator* comm, ShardingOptions options = {});
+      std::shared_ptr<torch::nn::Module> root,
+      std::vector<std::shared_ptr<torch::nn::Module>> units, Communicator* comm,
+      ShardingOptions options = {});
 
   // Shard with units of several consecutive modules each (SizeBasedWrap):
   // the model's hook index i is the i-th module overall; a unit is gathered
   // at its first module and freed after its last.
   static absl::StatusOr<std::unique_ptr<FullyShardedModule>> Shard(
-      std::shared_ptr<torch::nn::Module> root, std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units,
-      Communicator* comm, ShardingOptions options = {});
+      std::shared_ptr<torch::nn::Module> root,
+      std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> units, Communicator* comm,
+      ShardingOptions options = {});
 
   ~FullyShardedModule() override;
 
@@ -173,7 +177,8 @@ class FullyShardedModule : public UnitHooks {
 
  private:
   struct Unit;
-  FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm, ShardingOptions options);
+  FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm,
+                     ShardingOptions options);
 
   // The steps of Shard, in order. SplitHybridGroups makes the shard and
   // replica groups of a hybrid strategy.
@@ -206,16 +211,17 @@ class FullyShardedModule : public UnitHooks {
   void Check(const absl::Status& status, const char* what);
 
   std::shared_ptr<torch::nn::Module> root_;
-  Communicator* comm_;                            // every rank
-  std::unique_ptr<Communicator> shard_group_;     // hybrid: this rank's shard group
-  std::unique_ptr<Communicator> replica_group_;   // hybrid: its replicas in other groups
-  Communicator* shard_comm_;                      // where units are gathered and reduce-scattered
+  Communicator* comm_;                           // every rank
+  std::unique_ptr<Communicator> shard_group_;    // hybrid: this rank's shard group
+  std::unique_ptr<Communicator> replica_group_;  // hybrid: its replicas in other groups
+  Communicator* shard_comm_;                     // where units are gathered and reduce-scattered
   ShardingOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<size_t> unit_of_hook_;  // model hook index -> unit
+  std::vector<size_t> unit_of_hook_;    // model hook index -> unit
   std::vector<at::Tensor> replicated_;  // parameters outside every unit
   std::vector<std::string> replicated_names_;
-  std::vector<at::Tensor> replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)
+  std::vector<at::Tensor>
+      replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;
   bool gradient_sync_ = true;

@@ -19,7 +19,8 @@ namespace dray {
 
 using sharding_internal::Shards;
 
-absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModule::FullParameters() {
+absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>>
+FullyShardedModule::FullParameters() {
   // Gathered from the float32 masters, whatever the compute dtype.
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> parameters;
@@ -31,9 +32,11 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullyShardedModu
       flat.copy_(unit->shard.detach());
     }
     for (size_t i = 0; i < unit->params.size(); ++i) {
-      parameters.emplace_back(unit->names[i],
-                              flat.slice(0, unit->offsets[i], unit->offsets[i] + unit->params[i].numel())
-                                  .view(unit->params[i].sizes()).cpu().clone());
+      parameters.emplace_back(unit->names[i], flat.slice(0, unit->offsets[i],
+                                                         unit->offsets[i] + unit->params[i].numel())
+                                                  .view(unit->params[i].sizes())
+                                                  .cpu()
+                                                  .clone());
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
@@ -55,20 +58,24 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
     unit->shard.detach().zero_();
     for (size_t i = 0; i < unit->params.size(); ++i) {
       DRAY_ASSIGN_OR_RETURN(TensorInfo info, checkpoint.Info(unit->names[i]));
-      if (at::IntArrayRef(info.shape) != unit->params[i].sizes()) {  // sizes survive a released storage
-        return absl::InvalidArgumentError(absl::StrCat("tensor '", unit->names[i], "' has shape [",
-                                                       absl::StrJoin(info.shape, ", "), "], the module expects [",
-                                                       absl::StrJoin(unit->params[i].sizes(), ", "), "]"));
+      if (at::IntArrayRef(info.shape) !=
+          unit->params[i].sizes()) {  // sizes survive a released storage
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor '", unit->names[i], "' has shape [", absl::StrJoin(info.shape, ", "),
+            "], the module expects [", absl::StrJoin(unit->params[i].sizes(), ", "), "]"));
       }
       const int64_t offset = unit->offsets[i], numel = unit->params[i].numel();
       const int64_t from = std::max(begin, offset), to = std::min(end, offset + numel);
       if (from >= to) continue;  // not in this rank's shard: never read
       DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Get(unit->names[i]));
-      unit->shard.detach().slice(0, from - begin, to - begin).copy_(stored.reshape(-1).slice(0, from - offset, to - offset));
+      unit->shard.detach()
+          .slice(0, from - begin, to - begin)
+          .copy_(stored.reshape(-1).slice(0, from - offset, to - offset));
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), at::kFloat));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Load(replicated_names_[i],
+                                                             replicated_[i].sizes(), at::kFloat));
     replicated_masters_[i].detach().copy_(stored);
     replicated_[i].detach().copy_(stored);
   }
@@ -77,22 +84,26 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::LocalStateDict() const {
   std::vector<std::pair<std::string, at::Tensor>> state;
-  for (size_t u = 0; u < units_.size(); ++u) state.emplace_back(absl::StrCat("unit", u), units_[u]->shard.detach());
-  for (size_t i = 0; i < replicated_.size(); ++i) state.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
+  for (size_t u = 0; u < units_.size(); ++u)
+    state.emplace_back(absl::StrCat("unit", u), units_[u]->shard.detach());
+  for (size_t i = 0; i < replicated_.size(); ++i)
+    state.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
   return state;
 }
 
-absl::Status FullyShardedModule::LoadLocalStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+absl::Status FullyShardedModule::LoadLocalStateDict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state) {
   std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
   torch::NoGradGuard no_grad;
   for (auto [name, target] : LocalStateDict()) {
     auto it = by_name.find(name);
-    if (it == by_name.end()) return absl::NotFoundError(absl::StrCat("local state dict has no '", name, "'"));
+    if (it == by_name.end())
+      return absl::NotFoundError(absl::StrCat("local state dict has no '", name, "'"));
     if (it->second.sizes() != target.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat("local state dict: '", name, "' has shape [",
-                                                     absl::StrJoin(it->second.sizes(), ", "), "], this rank's is [",
-                                                     absl::StrJoin(target.sizes(), ", "),
-                                                     "] (saved with other units or another world size?)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local state dict: '", name, "' has shape [", absl::StrJoin(it->second.sizes(), ", "),
+          "], this rank's is [", absl::StrJoin(target.sizes(), ", "),
+          "] (saved with other units or another world size?)"));
     }
     target.copy_(it->second);
   }
@@ -102,7 +113,8 @@ absl::Status FullyShardedModule::LoadLocalStateDict(const std::vector<std::pair<
 
 absl::Status FullyShardedModule::SaveFullStateDict(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(auto parameters, FullParameters());
-  if (comm_->rank() == 0) DRAY_RETURN_IF_ERROR(WriteSafetensors(path, parameters, {{"format", "pt"}}));
+  if (comm_->rank() == 0)
+    DRAY_RETURN_IF_ERROR(WriteSafetensors(path, parameters, {{"format", "pt"}}));
   return comm_->Barrier();  // the file is complete when any rank returns
 }
 
@@ -122,16 +134,20 @@ absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
     tensors.emplace_back(absl::StrCat("unit", u), unit.shard.detach());
     nlohmann::json params = nlohmann::json::array();
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      params.push_back({{"name", unit.names[i]}, {"offset", unit.offsets[i]}, {"numel", unit.params[i].numel()}});
+      params.push_back({{"name", unit.names[i]},
+                        {"offset", unit.offsets[i]},
+                        {"numel", unit.params[i].numel()}});
     }
     layout.push_back({{"padded", unit.padded}, {"params", params}});
   }
-  for (size_t i = 0; i < replicated_.size(); ++i) tensors.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
+  for (size_t i = 0; i < replicated_.size(); ++i)
+    tensors.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
   const int64_t shard_world = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
   if (comm_->rank() < shard_world) {  // one copy: the first shard group (NO_SHARD: rank 0)
-    DRAY_RETURN_IF_ERROR(WriteSafetensors(ShardFile(dir, static_cast<int>(shard_rank), static_cast<int>(shard_world)), tensors,
-                                          {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
+    DRAY_RETURN_IF_ERROR(WriteSafetensors(
+        ShardFile(dir, static_cast<int>(shard_rank), static_cast<int>(shard_world)), tensors,
+        {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
   }
   return comm_->Barrier();
 }
@@ -146,10 +162,13 @@ absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
       files.push_back(std::move(file));
     }
   }
-  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, " holds no shard-00000-of-*.safetensors"));
-  const nlohmann::json layout = nlohmann::json::parse(files[0]->metadata().at("dray_layout"), nullptr, false);
+  if (files.empty())
+    return absl::NotFoundError(absl::StrCat(dir, " holds no shard-00000-of-*.safetensors"));
+  const nlohmann::json layout =
+      nlohmann::json::parse(files[0]->metadata().at("dray_layout"), nullptr, false);
   if (layout.is_discarded() || layout.size() != units_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": saved with ", layout.is_discarded() ? 0 : layout.size(),
+    return absl::InvalidArgumentError(absl::StrCat(dir, ": saved with ",
+                                                   layout.is_discarded() ? 0 : layout.size(),
                                                    " units, this module has ", units_.size()));
   }
   torch::NoGradGuard no_grad;
@@ -157,20 +176,26 @@ absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
     Unit& unit = *units_[u];
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const nlohmann::json& saved = layout[u]["params"][i];
-      if (saved["name"] != unit.names[i] || saved["offset"] != unit.offsets[i] || saved["numel"] != unit.params[i].numel()) {
-        return absl::InvalidArgumentError(absl::StrCat(dir, ": unit ", u, " was saved with a different parameter layout (at '",
-                                                       unit.names[i], "')"));
+      if (saved["name"] != unit.names[i] || saved["offset"] != unit.offsets[i] ||
+          saved["numel"] != unit.params[i].numel()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(dir, ": unit ", u, " was saved with a different parameter layout (at '",
+                         unit.names[i], "')"));
       }
     }
     // This rank's range of the (new) flat parameter, read from the saved shards.
     const auto [begin, end] = ShardRange(unit);
-    const int64_t saved_size = layout[u]["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
+    const int64_t saved_size =
+        layout[u]["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
     unit.shard.detach().zero_();
     for (size_t r = 0; r < files.size(); ++r) {
-      const int64_t from = std::max<int64_t>(begin, r * saved_size), to = std::min<int64_t>(end, (r + 1) * saved_size);
+      const int64_t from = std::max<int64_t>(begin, r * saved_size),
+                    to = std::min<int64_t>(end, (r + 1) * saved_size);
       if (from >= to) continue;
       DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[r]->Get(absl::StrCat("unit", u)));
-      unit.shard.detach().slice(0, from - begin, to - begin).copy_(saved.slice(0, from - r * saved_size, to - r * saved_size));
+      unit.shard.detach()
+          .slice(0, from - begin, to - begin)
+          .copy_(saved.slice(0, from - r * saved_size, to - r * saved_size));
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {

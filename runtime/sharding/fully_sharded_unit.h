@@ -21,9 +21,9 @@ struct FullyShardedModule::Unit {
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   std::vector<int64_t> offsets;
-  int64_t padded = 0;        // flat size, a multiple of the shard group
-  at::Tensor shard;          // float32 master of this rank's part, for the optimizer
-  at::Tensor full;           // [padded], storage freed while resharded
+  int64_t padded = 0;  // flat size, a multiple of the shard group
+  at::Tensor shard;    // float32 master of this rank's part, for the optimizer
+  at::Tensor full;     // [padded], storage freed while resharded
   bool gathered = false;
   int pending_gradients = 0;  // parameters still to accumulate in this backward
   bool gradients_reduced = true;
@@ -35,7 +35,8 @@ namespace sharding_internal {
 inline bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
 
 inline bool Hybrid(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardZero2;
+  return strategy == ShardingStrategy::kHybridShard ||
+         strategy == ShardingStrategy::kHybridShardZero2;
 }
 
 // ReshardsAfterForward: FULL_SHARD frees units after forward, ZERO2-like

@@ -18,8 +18,10 @@ absl::Status BroadcastTensor(const at::Tensor& tensor, Communicator* comm, int r
 
 absl::Status BroadcastModule(torch::nn::Module& module, Communicator* comm, int root) {
   torch::NoGradGuard no_grad;
-  for (const at::Tensor& parameter : module.parameters()) DRAY_RETURN_IF_ERROR(BroadcastTensor(parameter, comm, root));
-  for (const at::Tensor& buffer : module.buffers()) DRAY_RETURN_IF_ERROR(BroadcastTensor(buffer, comm, root));
+  for (const at::Tensor& parameter : module.parameters())
+    DRAY_RETURN_IF_ERROR(BroadcastTensor(parameter, comm, root));
+  for (const at::Tensor& buffer : module.buffers())
+    DRAY_RETURN_IF_ERROR(BroadcastTensor(buffer, comm, root));
   return absl::OkStatus();
 }
 

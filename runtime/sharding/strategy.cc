@@ -24,11 +24,13 @@ constexpr Named kStrategies[] = {
 absl::StatusOr<ShardingStrategy> ParseShardingStrategy(absl::string_view text) {
   const std::string upper = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(text));
   for (const Named& named : kStrategies) {
-    if (upper == named.name || upper == absl::StrCat(static_cast<int>(named.strategy))) return named.strategy;
+    if (upper == named.name || upper == absl::StrCat(static_cast<int>(named.strategy)))
+      return named.strategy;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown sharding strategy '", text,
-      "'; valid: FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4), HYBRID_SHARD_ZERO2 (5)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown sharding strategy '", text,
+                   "'; valid: FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4), "
+                   "HYBRID_SHARD_ZERO2 (5)"));
 }
 
 absl::string_view ShardingStrategyName(ShardingStrategy strategy) {

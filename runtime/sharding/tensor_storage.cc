@@ -17,6 +17,8 @@ void AllocateStorage(const at::Tensor& tensor) {
   storage->set_nbytes(bytes);
 }
 
-bool HasStorage(const at::Tensor& tensor) { return tensor.numel() == 0 || tensor.storage().nbytes() > 0; }
+bool HasStorage(const at::Tensor& tensor) {
+  return tensor.numel() == 0 || tensor.storage().nbytes() > 0;
+}
 
 }  // namespace dray

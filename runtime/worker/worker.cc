@@ -24,18 +24,18 @@ absl::Status ReadInt(const char* name, int* value) {
 
 absl::StatusOr<WorkerContext> WorkerContext::FromEnvironment() {
   WorkerContext context;
-  for (auto [name, field] : {std::pair{"RANK", &context.rank},
-                             std::pair{"WORLD_SIZE", &context.world_size},
-                             std::pair{"LOCAL_RANK", &context.local_rank},
-                             std::pair{"LOCAL_WORLD_SIZE", &context.local_world_size},
-                             std::pair{"MASTER_PORT", &context.master_port}}) {
+  for (auto [name, field] :
+       {std::pair{"RANK", &context.rank}, std::pair{"WORLD_SIZE", &context.world_size},
+        std::pair{"LOCAL_RANK", &context.local_rank},
+        std::pair{"LOCAL_WORLD_SIZE", &context.local_world_size},
+        std::pair{"MASTER_PORT", &context.master_port}}) {
     absl::Status status = ReadInt(name, field);
     if (!status.ok()) return status;
   }
   if (const char* addr = std::getenv("MASTER_ADDR")) context.master_addr = addr;
   if (context.world_size < 1 || context.rank >= context.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("RANK=", context.rank,
-                                                   " is not below WORLD_SIZE=", context.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RANK=", context.rank, " is not below WORLD_SIZE=", context.world_size));
   }
   return context;
 }
@@ -84,8 +84,8 @@ void WorkerClassRegistry::Add(std::string role, Factory factory) {
 absl::StatusOr<std::unique_ptr<Worker>> WorkerClassRegistry::Create(absl::string_view role) const {
   auto it = factories_.find(role);
   if (it == factories_.end()) {
-    return absl::NotFoundError(absl::StrCat("no worker class '", role,
-                                            "'; this binary hosts: ", absl::StrJoin(roles(), ", ")));
+    return absl::NotFoundError(absl::StrCat(
+        "no worker class '", role, "'; this binary hosts: ", absl::StrJoin(roles(), ", ")));
   }
   return it->second();
 }

@@ -15,9 +15,8 @@ v1::ExecuteMode WireExecuteMode(ExecuteMode mode) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<WorkerHost>> WorkerHost::Create(const WorkerClassRegistry& classes,
-                                                               const std::vector<std::string>& roles,
-                                                               int rank) {
+absl::StatusOr<std::unique_ptr<WorkerHost>> WorkerHost::Create(
+    const WorkerClassRegistry& classes, const std::vector<std::string>& roles, int rank) {
   if (roles.empty()) return absl::InvalidArgumentError("a worker process needs at least one role");
   std::vector<std::pair<std::string, std::unique_ptr<Worker>>> workers;
   for (const std::string& role : roles) {

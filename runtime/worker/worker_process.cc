@@ -64,8 +64,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub*
   SetDeadline(&rpc, kRegisterTimeout);
   rpc.set_wait_for_ready(true);
   v1::RegisterWorkerResponse response;
-  DRAY_RETURN_IF_ERROR(
-      ToAbslStatus(controller->RegisterWorker(&rpc, request, &response), "registering with the controller"));
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(controller->RegisterWorker(&rpc, request, &response),
+                                    "registering with the controller"));
   return response;
 }
 
@@ -106,15 +106,17 @@ absl::StatusOr<WorkerProcessOptions> ParseWorkerProcessFlags(const std::vector<s
     } else if (absl::StartsWith(arg, "--host=")) {
       options.host = arg.substr(7);
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown worker argument '", arg, "'; expected --controller=HOST:PORT --roles=A,B [--host=H]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown worker argument '", arg,
+                       "'; expected --controller=HOST:PORT --roles=A,B [--host=H]"));
     }
   }
   if (options.controller_address.empty()) {
     return absl::InvalidArgumentError("a worker process needs --controller=HOST:PORT");
   }
   if (options.roles.empty()) {
-    return absl::InvalidArgumentError("a worker process needs --roles=A[,B...]: the worker classes to host");
+    return absl::InvalidArgumentError(
+        "a worker process needs --roles=A[,B...]: the worker classes to host");
   }
   return options;
 }
@@ -135,7 +137,8 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":0"), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(options.host, ":0"), grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -145,19 +148,21 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
 
   std::shared_ptr<v1::ControllerService::Stub> controller =
       v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
-  host->SetProgressSink([controller, rank = context.rank](const std::string& what, int64_t done, int64_t total) {
-    grpc::ClientContext rpc;
-    SetDeadline(&rpc, kProgressTimeout);
-    v1::ProgressReport report;
-    report.set_rank(rank);
-    report.set_what(what);
-    report.set_done(done);
-    report.set_total(total);
-    v1::ProgressAck ack;
-    controller->ReportProgress(&rpc, report, &ack).ok();  // progress is best effort
-  });
-  DRAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse registered,
-                        Register(controller.get(), context, absl::StrCat(options.host, ":", port), *host));
+  host->SetProgressSink(
+      [controller, rank = context.rank](const std::string& what, int64_t done, int64_t total) {
+        grpc::ClientContext rpc;
+        SetDeadline(&rpc, kProgressTimeout);
+        v1::ProgressReport report;
+        report.set_rank(rank);
+        report.set_what(what);
+        report.set_done(done);
+        report.set_total(total);
+        v1::ProgressAck ack;
+        controller->ReportProgress(&rpc, report, &ack).ok();  // progress is best effort
+      });
+  DRAY_ASSIGN_OR_RETURN(
+      v1::RegisterWorkerResponse registered,
+      Register(controller.get(), context, absl::StrCat(options.host, ":", port), *host));
   Heartbeat(controller.get(), context.rank,
             absl::Milliseconds(std::max<int64_t>(registered.heartbeat_interval_ms(), 10)), &stop);
 

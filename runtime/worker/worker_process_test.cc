@@ -12,9 +12,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(WorkerProcessFlagsTest, ReadsControllerRolesAndHost) {
-  DRAY_ASSERT_OK_AND_ASSIGN(
-      WorkerProcessOptions options,
-      ParseWorkerProcessFlags({"--controller=10.0.0.1:4000", "--roles=actor,ref", "--host=10.0.0.2"}));
+  DRAY_ASSERT_OK_AND_ASSIGN(WorkerProcessOptions options,
+                            ParseWorkerProcessFlags({"--controller=10.0.0.1:4000",
+                                                     "--roles=actor,ref", "--host=10.0.0.2"}));
   EXPECT_EQ(options.controller_address, "10.0.0.1:4000");
   EXPECT_THAT(options.roles, ElementsAre("actor", "ref"));
   EXPECT_EQ(options.host, "10.0.0.2");

@@ -28,20 +28,21 @@ WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank,
     : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {
   // Session reads and writes raw byte buffers (session_stream.h): its handler
   // is swapped for one on ByteBuffers, as generated code builds handlers.
-  MarkMethodStreamed(
-      kSessionMethodIndex,
-      new grpc::internal::BidiStreamingHandler<WorkerServiceImpl, grpc::ByteBuffer, grpc::ByteBuffer>(
-          [](WorkerServiceImpl* self, grpc::ServerContext*, RawStream* stream) {
-            return self->RunSession(stream);
-          },
-          this));
+  MarkMethodStreamed(kSessionMethodIndex,
+                     new grpc::internal::BidiStreamingHandler<WorkerServiceImpl, grpc::ByteBuffer,
+                                                              grpc::ByteBuffer>(
+                         [](WorkerServiceImpl* self, grpc::ServerContext*, RawStream* stream) {
+                           return self->RunSession(stream);
+                         },
+                         this));
 }
 
 v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload) {
   v1::CallResponse response;
   response.set_call_id(request.call_id());
   const std::string what = absl::StrCat("rank ", rank_, ", ", request.method());
-  if (request.deadline_unix_ms() != 0 && absl::ToUnixMillis(absl::Now()) > request.deadline_unix_ms()) {
+  if (request.deadline_unix_ms() != 0 &&
+      absl::ToUnixMillis(absl::Now()) > request.deadline_unix_ms()) {
     SetError(absl::DeadlineExceededError(
                  absl::StrCat(what, ": deadline passed before the call could start")),
              &response);
@@ -49,8 +50,9 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPaylo
   }
   absl::StatusOr<DataProto> input = FromWire(std::move(*request.mutable_input()));
   if (!input.ok()) {
-    SetError(absl::InvalidArgumentError(absl::StrCat(what, ": bad input: ", input.status().message())),
-             &response);
+    SetError(
+        absl::InvalidArgumentError(absl::StrCat(what, ": bad input: ", input.status().message())),
+        &response);
     return response;
   }
   absl::StatusOr<DataProto> result = host_->Execute(request.role(), request.method(), *input);

@@ -20,7 +20,8 @@ namespace dray {
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
   // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive this.
-  WorkerServiceImpl(WorkerHost* host, int rank, std::function<void(std::string reason)> on_shutdown);
+  WorkerServiceImpl(WorkerHost* host, int rank,
+                    std::function<void(std::string reason)> on_shutdown);
 
   grpc::Status Call(grpc::ServerContext* context, const v1::CallRequest* request,
                     v1::CallResponse* response) override;

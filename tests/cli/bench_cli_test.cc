@@ -20,7 +20,8 @@ std::map<std::string, double> RunBench(const std::string& args) {
   FILE* bench = popen(absl::StrCat(RunfilePath("cli/dray"), " bench ", args).c_str(), "r");
   EXPECT_NE(bench, nullptr);
   std::map<std::string, double> figures;
-  const std::regex line(R"re(\{"name": "([a-z0-9_]+)", "value": ([-0-9.e+]+), "unit": "([^"]+)"\}\n)re");
+  const std::regex line(
+      R"re(\{"name": "([a-z0-9_]+)", "value": ([-0-9.e+]+), "unit": "([^"]+)"\}\n)re");
   char buffer[512];
   while (fgets(buffer, sizeof(buffer), bench) != nullptr) {
     std::cmatch match;
@@ -39,7 +40,8 @@ TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
         "one_to_all_p50_us_w8", "loopback_tcp_gbps", "dp_compute_proto_gbps",
         "dp_compute_proto_vs_loopback"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
-    EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0) << name << " = " << figures[name];
+    EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0)
+        << name << " = " << figures[name];
   }
 }
 
@@ -60,8 +62,8 @@ TEST(BenchCliTest, PrintsEveryShardingFigure) {
 
 TEST(BenchCliTest, PrintsEveryEditFigure) {
   const std::map<std::string, double> figures = RunBench("--suite edit --quick --json");
-  for (const char* name : {"edit_images_per_s_w1", "edit_images_per_s_w2", "edit_speedup_w2", "edit_direct_p50_ms",
-                           "edit_served_p50_ms", "serve_overhead_ms"}) {
+  for (const char* name : {"edit_images_per_s_w1", "edit_images_per_s_w2", "edit_speedup_w2",
+                           "edit_direct_p50_ms", "edit_served_p50_ms", "serve_overhead_ms"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
   }
@@ -69,7 +71,9 @@ TEST(BenchCliTest, PrintsEveryEditFigure) {
 }
 
 TEST(BenchCliTest, RejectsAnUnknownSuite) {
-  EXPECT_NE(std::system(absl::StrCat(RunfilePath("cli/dray"), " bench --suite nope 2>/dev/null").c_str()), 0);
+  EXPECT_NE(
+      std::system(absl::StrCat(RunfilePath("cli/dray"), " bench --suite nope 2>/dev/null").c_str()),
+      0);
 }
 
 }  // namespace

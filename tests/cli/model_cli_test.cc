@@ -10,9 +10,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
-#include "workers/image/image_codec.h"
 #include "tests/models/reference.h"
 #include "tests/runtime/test_util.h"
+#include "workers/image/image_codec.h"
 
 namespace dray {
 namespace {
@@ -34,14 +34,16 @@ std::string Reference() { return ReferencePath(""); }
 
 TEST(ModelCliTest, InitModelWritesADiffusersDirectory) {
   const fs::path out = fs::path(std::getenv("TEST_TMPDIR")) / "tiny";
-  const auto [code, output] = RunDray(absl::StrCat("init-model --preset tiny --out ", out.string(), " --seed 3"));
+  const auto [code, output] =
+      RunDray(absl::StrCat("init-model --preset tiny --out ", out.string(), " --seed 3"));
   ASSERT_EQ(code, 0) << output;
   EXPECT_THAT(output, HasSubstr("wrote a random tiny Qwen-Image-Edit model (seed 3)"));
-  for (const char* file : {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
-                           "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
-                           "vae/diffusion_pytorch_model.safetensors", "text_encoder/config.json",
-                           "text_encoder/model.safetensors", "tokenizer/tokenizer.json",
-                           "processor/preprocessor_config.json"}) {
+  for (const char* file :
+       {"model_index.json", "scheduler/scheduler_config.json", "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors", "text_encoder/config.json",
+        "text_encoder/model.safetensors", "tokenizer/tokenizer.json",
+        "processor/preprocessor_config.json"}) {
     EXPECT_TRUE(fs::exists(out / file)) << file;
   }
   EXPECT_NE(RunDray("init-model --preset enormous --out /tmp/x").first, 0);
@@ -50,7 +52,8 @@ TEST(ModelCliTest, InitModelWritesADiffusersDirectory) {
 // WriteTestImage writes a 50x30 gradient PNG.
 std::string WriteTestImage(const std::string& name) {
   const std::string path = (fs::path(std::getenv("TEST_TMPDIR")) / name).string();
-  const at::Tensor image = at::arange(50 * 30 * 3, at::kLong).remainder(256).to(at::kByte).view({30, 50, 3});
+  const at::Tensor image =
+      at::arange(50 * 30 * 3, at::kLong).remainder(256).to(at::kByte).view({30, 50, 3});
   EXPECT_TRUE(WritePngFile(path, image).ok());
   return path;
 }
@@ -58,8 +61,8 @@ std::string WriteTestImage(const std::string& name) {
 TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
   const std::string in = WriteTestImage("in.png");
   const std::string out = (fs::path(std::getenv("TEST_TMPDIR")) / "out.png").string();
-  const std::string args = absl::StrCat("edit --image ", in, " --instruction 'make it blue' --out ", out,
-                                        " --steps 3 --image-size 64 --seed 5");
+  const std::string args = absl::StrCat("edit --image ", in, " --instruction 'make it blue' --out ",
+                                        out, " --steps 3 --image-size 64 --seed 5");
   const auto [code, output] = RunDray(args);
   ASSERT_EQ(code, 0) << output;
   EXPECT_THAT(output, HasSubstr("model tiny (embedded default), 3 steps at 64^2, seed 5"));
@@ -77,25 +80,28 @@ TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
 }
 
 TEST(ModelCliTest, EditRejectsBadInputClearly) {
-  const auto [code, output] = RunDray("edit --image /nonexistent.png --instruction x --out /tmp/never.png");
+  const auto [code, output] =
+      RunDray("edit --image /nonexistent.png --instruction x --out /tmp/never.png");
   EXPECT_EQ(code, 1);
   EXPECT_THAT(output, HasSubstr("cannot read /nonexistent.png"));
   const std::string text = (fs::path(std::getenv("TEST_TMPDIR")) / "not_an_image.png").string();
   std::FILE* file = std::fopen(text.c_str(), "w");
   std::fputs("hello", file);
   std::fclose(file);
-  const auto [bad_code, bad_output] = RunDray(absl::StrCat("edit --image ", text, " --instruction x --out /tmp/never.png"));
+  const auto [bad_code, bad_output] =
+      RunDray(absl::StrCat("edit --image ", text, " --instruction x --out /tmp/never.png"));
   EXPECT_EQ(bad_code, 1);
   EXPECT_THAT(bad_output, HasSubstr("neither PNG nor JPEG"));
   EXPECT_NE(RunDray("edit --instruction x --out y.png").first, 0);  // --image is required
-  const auto [key_code, key_output] =
-      RunDray(absl::StrCat("edit --image ", WriteTestImage("ok.png"), " --instruction x --out /tmp/never.png",
-                           " worker.image_edit.batchsize=2"));
+  const auto [key_code, key_output] = RunDray(
+      absl::StrCat("edit --image ", WriteTestImage("ok.png"),
+                   " --instruction x --out /tmp/never.png", " worker.image_edit.batchsize=2"));
   EXPECT_EQ(key_code, 1);
-  EXPECT_THAT(key_output, HasSubstr("unknown key worker.image_edit.batchsize; valid keys: model_path"));
-  const auto [server_code, server_output] = RunDray(
-      absl::StrCat("edit --image ", WriteTestImage("ok.png"), " --instruction x --out /tmp/never.png",
-                   " --server 127.0.0.1:1 --model /models/x"));
+  EXPECT_THAT(key_output,
+              HasSubstr("unknown key worker.image_edit.batchsize; valid keys: model_path"));
+  const auto [server_code, server_output] = RunDray(absl::StrCat(
+      "edit --image ", WriteTestImage("ok.png"), " --instruction x --out /tmp/never.png",
+      " --server 127.0.0.1:1 --model /models/x"));
   EXPECT_EQ(server_code, 1);
   EXPECT_THAT(server_output, HasSubstr("with --server the server's configuration applies"));
 }
@@ -111,7 +117,8 @@ TEST(ModelCliTest, ParityFailsOnATamperedReferenceNamingTheCase) {
   const fs::path copy = fs::path(std::getenv("TEST_TMPDIR")) / "reference";
   fs::remove_all(copy);
   fs::create_directories(copy);
-  fs::copy(fs::path(Reference()) / "transformer_tiny", copy / "transformer_tiny", fs::copy_options::recursive);
+  fs::copy(fs::path(Reference()) / "transformer_tiny", copy / "transformer_tiny",
+           fs::copy_options::recursive);
   // Nudge one expected output by 1e-3.
   const std::string case_a = (copy / "transformer_tiny" / "case_a.safetensors").string();
   auto file = SafetensorsFile::Open(case_a).value();
@@ -127,10 +134,12 @@ TEST(ModelCliTest, ParityFailsOnATamperedReferenceNamingTheCase) {
 
   const auto [code, output] = RunDray(absl::StrCat("parity --reference ", copy.string()));
   EXPECT_EQ(code, 1) << output;
-  EXPECT_THAT(output, ::testing::ContainsRegex("transformer_tiny +case_a +sample .*BEYOND TOLERANCE"));
+  EXPECT_THAT(output,
+              ::testing::ContainsRegex("transformer_tiny +case_a +sample .*BEYOND TOLERANCE"));
   EXPECT_THAT(output, HasSubstr("5 cases: 9 outputs within tolerance, 1 not"));
 
-  const auto [empty_code, empty_output] = RunDray(absl::StrCat("parity --reference ", std::getenv("TEST_TMPDIR")));
+  const auto [empty_code, empty_output] =
+      RunDray(absl::StrCat("parity --reference ", std::getenv("TEST_TMPDIR")));
   EXPECT_EQ(empty_code, 1);
   EXPECT_THAT(empty_output, HasSubstr("holds no reference cases"));
 }

@@ -35,9 +35,10 @@ worker:
     negative_prompt: "blurry"
     device: cuda
 )");
-  DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig config,
-                            ImageEditConfig::Load(path, {"worker.image_edit.batch_size=2",
-                                                         "worker.image_edit.enable_cpu_offload=true"}));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      ImageEditConfig config,
+      ImageEditConfig::Load(
+          path, {"worker.image_edit.batch_size=2", "worker.image_edit.enable_cpu_offload=true"}));
   EXPECT_EQ(config.model_path, "/models/qwen-image-edit");
   EXPECT_TRUE(config.enable_fsdp);
   EXPECT_EQ(config.fsdp_sharding_strategy, "SHARD_GRAD_OP");
@@ -62,7 +63,8 @@ TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSize) {
   EXPECT_EQ(config.image_size, kEmbeddedImageSize);
   EXPECT_THAT(config.ToYaml(), HasSubstr("image_edit:"));
   // Keys that are set keep their values; a model path brings the full defaults back.
-  DRAY_ASSERT_OK_AND_ASSIGN(config, ImageEditConfig::Load("", {"worker.image_edit.num_inference_steps=3"}));
+  DRAY_ASSERT_OK_AND_ASSIGN(config,
+                            ImageEditConfig::Load("", {"worker.image_edit.num_inference_steps=3"}));
   EXPECT_EQ(config.num_inference_steps, 3);
   EXPECT_EQ(config.image_size, kEmbeddedImageSize);
   DRAY_ASSERT_OK_AND_ASSIGN(config, ImageEditConfig::Load("", {"worker.image_edit.model_path=/m"}));
@@ -71,34 +73,46 @@ TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSize) {
 }
 
 TEST(ImageEditConfigTest, UnknownKeysListTheValidOnes) {
-  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batchsize=2"}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("unknown key worker.image_edit.batchsize; valid keys: model_path, enable_fsdp")));
+  EXPECT_THAT(
+      ImageEditConfig::Load("", {"worker.image_edit.batchsize=2"}),
+      StatusIs(
+          absl::StatusCode::kInvalidArgument,
+          HasSubstr(
+              "unknown key worker.image_edit.batchsize; valid keys: model_path, enable_fsdp")));
   const std::string path = WriteYaml("bad_key.yaml", "worker:\n  image_edit:\n    steps: 3\n");
-  EXPECT_THAT(ImageEditConfig::Load(path, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps")));
+  EXPECT_THAT(ImageEditConfig::Load(path, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps")));
   const std::string top = WriteYaml("bad_top.yaml", "trainer:\n  epochs: 3\n");
   EXPECT_THAT(ImageEditConfig::Load(top, {}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key trainer; valid keys: worker")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown key trainer; valid keys: worker")));
 }
 
 TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
-  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.enable_fsdp=maybe"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("enable_fsdp must be true or false")));
-  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batch_size=[1, 2]"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be an integer")));
-  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batch_size=0"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
+  EXPECT_THAT(
+      ImageEditConfig::Load("", {"worker.image_edit.enable_fsdp=maybe"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("enable_fsdp must be true or false")));
+  EXPECT_THAT(
+      ImageEditConfig::Load("", {"worker.image_edit.batch_size=[1, 2]"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be an integer")));
+  EXPECT_THAT(
+      ImageEditConfig::Load("", {"worker.image_edit.batch_size=0"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float8"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("torch_dtype")));
-  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=bfloat16"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16 needs device cuda")));
+  EXPECT_THAT(
+      ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=bfloat16"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16 needs device cuda")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.fsdp_sharding_strategy=HALF"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fsdp_sharding_strategy")));
   EXPECT_THAT(ImageEditConfig::Load("", {"batch_size=2"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must read worker.image_edit.KEY=VALUE")));
-  EXPECT_THAT(ImageEditConfig::Load("/nonexistent.yaml", {}), StatusIs(absl::StatusCode::kNotFound));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("must read worker.image_edit.KEY=VALUE")));
+  EXPECT_THAT(ImageEditConfig::Load("/nonexistent.yaml", {}),
+              StatusIs(absl::StatusCode::kNotFound));
   const std::string broken = WriteYaml("broken.yaml", "worker: [unclosed\n");
-  EXPECT_THAT(ImageEditConfig::Load(broken, {}), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid YAML")));
+  EXPECT_THAT(ImageEditConfig::Load(broken, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not valid YAML")));
   EXPECT_THAT(ImageEditConfig::FromYaml("worker:\n  image_edit:\n    seed: -1\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("seed must be >= 0")));
 }

@@ -16,8 +16,10 @@ namespace dray {
 
 std::string TinyModelDir() {
   static const std::string* dir = [] {
-    auto* path = new std::string((std::filesystem::path(std::getenv("TEST_TMPDIR")) / "tiny").string());
-    absl::Status written = qwen_image::WriteRandomQwenImageModel(*path, qwen_image::PresetNamed("tiny").value(), 0);
+    auto* path =
+        new std::string((std::filesystem::path(std::getenv("TEST_TMPDIR")) / "tiny").string());
+    absl::Status written =
+        qwen_image::WriteRandomQwenImageModel(*path, qwen_image::PresetNamed("tiny").value(), 0);
     if (!written.ok()) std::abort();
     return path;
   }();
@@ -26,14 +28,15 @@ std::string TinyModelDir() {
 
 ImageEditConfig TestConfig(const std::vector<std::string>& overrides) {
   std::vector<std::string> all = {absl::StrCat("worker.image_edit.model_path=", TinyModelDir()),
-                                  "worker.image_edit.image_size=64", "worker.image_edit.num_inference_steps=2",
+                                  "worker.image_edit.image_size=64",
+                                  "worker.image_edit.num_inference_steps=2",
                                   "worker.image_edit.batch_size=2"};
   all.insert(all.end(), overrides.begin(), overrides.end());
   return ImageEditConfig::Load("", all).value();
 }
 
-absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(const ImageEditConfig& config,
-                                                                         int workers) {
+absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(
+    const ImageEditConfig& config, int workers) {
   ImageEditController::Options options;
   options.workers = workers;
   options.worker_command = {RunfilePath("cli/dray"), "worker"};
@@ -46,9 +49,11 @@ TestBatch MakeTestBatch(int n) {
   TestBatch batch;
   for (int i = 0; i < n; ++i) {
     const int64_t height = 24 + 8 * (i % 3), width = 40 + 8 * i;
-    at::Tensor image = at::arange(height * width * 3, at::kLong).mul(i + 1).remainder(256).to(at::kByte);
+    at::Tensor image =
+        at::arange(height * width * 3, at::kLong).mul(i + 1).remainder(256).to(at::kByte);
     batch.pngs.push_back(EncodeTestImage(image.view({height, width, 3})));
-    batch.instructions.push_back(absl::StrCat("make the sky ", i % 2 ? "green" : "purple", " number ", i));
+    batch.instructions.push_back(
+        absl::StrCat("make the sky ", i % 2 ? "green" : "purple", " number ", i));
   }
   batch.data = MakeEditBatch(batch.pngs, batch.instructions).value();
   return batch;
@@ -56,11 +61,13 @@ TestBatch MakeTestBatch(int n) {
 
 std::vector<at::Tensor> EditInProcess(const ImageEditConfig& config, const TestBatch& batch) {
   qwen_image::QwenImageEditPipeline pipeline(
-      qwen_image::LoadQwenImageModel(config.model_path, at::TensorOptions().dtype(at::kFloat)).value());
+      qwen_image::LoadQwenImageModel(config.model_path, at::TensorOptions().dtype(at::kFloat))
+          .value());
   const qwen_image::EditOptions options = EditOptionsFor(config, {}).value();
   std::vector<at::Tensor> edited;
   for (size_t i = 0; i < batch.pngs.size(); ++i) {
-    const qwen_image::EditInput input{DecodeImage(batch.pngs[i].view()).value(), batch.instructions[i],
+    const qwen_image::EditInput input{DecodeImage(batch.pngs[i].view()).value(),
+                                      batch.instructions[i],
                                       static_cast<uint64_t>(config.seed) + i};
     edited.push_back(pipeline.Edit({input}, options).value().front());
   }

@@ -24,8 +24,8 @@ std::string TinyModelDir();
 ImageEditConfig TestConfig(const std::vector<std::string>& overrides = {});
 
 // StartTestController starts `workers` real worker processes (`dray worker`).
-absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(const ImageEditConfig& config,
-                                                                         int workers);
+absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(
+    const ImageEditConfig& config, int workers);
 
 // TestBatch: `n` distinct PNG images of different sizes, and instructions.
 struct TestBatch {

@@ -58,13 +58,14 @@ v1::EditImageRequest Request(int index, int64_t seed) {
   return request;
 }
 
-absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving, const v1::EditImageRequest& request,
+absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving,
+                                           const v1::EditImageRequest& request,
                                            absl::Duration timeout = absl::Minutes(2)) {
   grpc::ClientContext context;
   SetDeadline(&context, timeout);
   v1::EditImageResponse response;
-  DRAY_RETURN_IF_ERROR(ToAbslStatus(v1::ImageEditService::NewStub(serving.channel)->Edit(&context, request, &response),
-                                    "Edit"));
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(
+      v1::ImageEditService::NewStub(serving.channel)->Edit(&context, request, &response), "Edit"));
   return response;
 }
 
@@ -74,8 +75,9 @@ absl::StatusOr<HealthCheckResponse::ServingStatus> Health(const Serving& serving
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(kImageEditServiceName);
   HealthCheckResponse response;
-  DRAY_RETURN_IF_ERROR(
-      ToAbslStatus(grpc::health::v1::Health::NewStub(serving.channel)->Check(&context, request, &response), "health"));
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(
+      grpc::health::v1::Health::NewStub(serving.channel)->Check(&context, request, &response),
+      "health"));
   return response.status();
 }
 
@@ -91,8 +93,10 @@ TEST_F(ImageEditServerTest, EditAnswersWhatTheWorkersCompute) {
   const v1::EditImageRequest request = Request(2, /*seed=*/7);
   DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse response, Edit(*serving_, request));
   EXPECT_EQ(response.seed(), 7);
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto direct,
-                            serving_->controller->Edit(MakeEditBatch({request.image()}, {request.instruction()}, {7}).value()));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto direct,
+      serving_->controller->Edit(
+          MakeEditBatch({request.image()}, {request.instruction()}, {7}).value()));
   const at::Tensor expected = EditedImages(direct).front();
   const at::Tensor served = DecodeImage(response.image()).value();
   EXPECT_TRUE(at::equal(served, expected));
@@ -134,8 +138,9 @@ TEST_F(ImageEditServerTest, EditBatchAnswersInOrder) {
   grpc::ClientContext context;
   SetDeadline(&context, absl::Minutes(2));
   v1::EditImageBatchResponse response;
-  DRAY_ASSERT_OK(ToAbslStatus(v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
-                              "EditBatch"));
+  DRAY_ASSERT_OK(ToAbslStatus(
+      v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
+      "EditBatch"));
   ASSERT_EQ(response.responses_size(), 3);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(response.responses(i).seed(), 100 + i);
@@ -167,16 +172,20 @@ TEST_F(ImageEditServerTest, ConcurrentClientsAreAllAnsweredInSharedBatches) {
 TEST_F(ImageEditServerTest, InvalidRequestsAreInvalidArgument) {
   v1::EditImageRequest request = Request(0, 1);
   request.set_image("GIF89a not supported");
-  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neither PNG nor JPEG")));
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neither PNG nor JPEG")));
   request = Request(0, 1);
   request.set_instruction("");
-  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("instruction is empty")));
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("instruction is empty")));
   request = Request(0, 1);
   request.set_num_inference_steps(0);
-  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_inference_steps")));
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_inference_steps")));
   request = Request(0, 1);
   request.set_image(std::string((32 << 20) + 1, 'x'));
-  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 33554432")));
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 33554432")));
   // The server still serves.
   DRAY_EXPECT_OK(Edit(*serving_, Request(0, 1)).status());
 }
@@ -184,20 +193,22 @@ TEST_F(ImageEditServerTest, InvalidRequestsAreInvalidArgument) {
 TEST_F(ImageEditServerTest, ClientDeadlinesAreHonoured) {
   v1::EditImageRequest slow = Request(0, 1);
   slow.set_num_inference_steps(200);
-  EXPECT_THAT(Edit(*serving_, slow, absl::Milliseconds(300)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(Edit(*serving_, slow, absl::Milliseconds(300)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded));
   DRAY_EXPECT_OK(Edit(*serving_, Request(1, 1)).status());
 }
 
 // ListServices asks the server's reflection service what it serves, as
 // grpcurl list does (raw bytes on the reflection method).
 std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& channel) {
-  const grpc::internal::RpcMethod method("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                                         grpc::internal::RpcMethod::BIDI_STREAMING);
+  const grpc::internal::RpcMethod method(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::internal::RpcMethod::BIDI_STREAMING);
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(5));
   std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.get(), method,
-                                                                                           &context));
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          channel.get(), method, &context));
   dray::testing::reflection::ServerReflectionRequest request;
   request.set_list_services("");
   grpc::Slice slice(request.SerializeAsString());
@@ -209,10 +220,12 @@ std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& chan
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(reply.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& piece : slices) bytes.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+  for (const grpc::Slice& piece : slices)
+    bytes.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
   dray::testing::reflection::ServerReflectionResponse response;
   EXPECT_TRUE(response.ParseFromString(bytes));
-  for (const auto& service : response.list_services_response().service()) services.push_back(service.name());
+  for (const auto& service : response.list_services_response().service())
+    services.push_back(service.name());
   EXPECT_TRUE(stream->Finish().ok());
   return services;
 }
@@ -220,7 +233,8 @@ std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& chan
 TEST_F(ImageEditServerTest, ServesHealthAndReflection) {
   EXPECT_EQ(Health(*serving_).value(), HealthCheckResponse::SERVING);
   EXPECT_THAT(ListServices(serving_->channel),
-              ::testing::IsSupersetOf({std::string(kImageEditServiceName), std::string("grpc.health.v1.Health")}));
+              ::testing::IsSupersetOf(
+                  {std::string(kImageEditServiceName), std::string("grpc.health.v1.Health")}));
 }
 
 TEST(ImageEditServerLimitsTest, AFullQueueAnswersResourceExhausted) {
@@ -230,7 +244,8 @@ TEST(ImageEditServerLimitsTest, AFullQueueAnswersResourceExhausted) {
   constexpr int kClients = 16;
   std::vector<absl::StatusOr<v1::EditImageResponse>> results(kClients);
   std::vector<std::thread> clients;
-  for (int i = 0; i < kClients; ++i) clients.emplace_back([&, i] { results[i] = Edit(serving, Request(0, i)); });
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] { results[i] = Edit(serving, Request(0, i)); });
   for (std::thread& client : clients) client.join();
   int answered = 0, refused = 0;
   for (const auto& result : results) {

@@ -25,7 +25,9 @@ using ::testing::HasSubstr;
 
 class ImageEditWorkerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { controller_ = StartTestController(TestConfig(), 2).value().release(); }
+  static void SetUpTestSuite() {
+    controller_ = StartTestController(TestConfig(), 2).value().release();
+  }
   static void TearDownTestSuite() { delete controller_; }
   static ImageEditController* controller_;
 };
@@ -47,10 +49,12 @@ TEST_F(ImageEditWorkerTest, FiveImagesOverTwoWorkersKeepTheirOrder) {
   const std::vector<at::Tensor> expected = EditInProcess(TestConfig(), batch);
   const std::vector<at::Tensor> images = EditedImages(edited);
   for (int i = 0; i < 5; ++i) {
-    EXPECT_TRUE(at::equal(images[i], expected[i])) << "row " << i << " differs from the same row edited here";
+    EXPECT_TRUE(at::equal(images[i], expected[i]))
+        << "row " << i << " differs from the same row edited here";
   }
   // process_batch is edit_images_batch under its other name.
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> alias, controller_->group().Call("process_batch", {batch.data}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> alias,
+                            controller_->group().Call("process_batch", {batch.data}));
   EXPECT_TRUE(SameDataProto(alias.front(), edited));
 }
 
@@ -60,11 +64,13 @@ TEST_F(ImageEditWorkerTest, BadRowsAreNamedBeforeDispatch) {
   std::vector<std::string> instructions = batch.instructions;
   pngs[2] = "this is not an image";
   EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 2: image data (20 bytes) is neither PNG nor JPEG")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row 2: image data (20 bytes) is neither PNG nor JPEG")));
   pngs = batch.pngs;
   instructions[3] = "  ";
-  EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 3: the instruction is empty")));
+  EXPECT_THAT(
+      controller_->Edit(MakeEditBatch(pngs, instructions).value()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 3: the instruction is empty")));
   instructions = batch.instructions;
   pngs[0] = EncodeTestImage(at::zeros({4096, 4097, 3}, at::kByte));
   EXPECT_THAT(controller_->Edit(MakeEditBatch(pngs, instructions).value()),
@@ -76,8 +82,10 @@ TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
   std::vector<Bytes> pngs = batch.pngs;
   pngs[3] = std::string(pngs[3].view().substr(0, 40));  // truncated
   // Straight to the workers, past the controller's checks: rank 1 holds rows 2 and 3.
-  EXPECT_THAT(controller_->group().Call("edit_images_batch", {MakeEditBatch(pngs, batch.instructions).value()}),
-              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rank 1"), HasSubstr("row 3"))));
+  EXPECT_THAT(
+      controller_->group().Call("edit_images_batch",
+                                {MakeEditBatch(pngs, batch.instructions).value()}),
+      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rank 1"), HasSubstr("row 3"))));
   DRAY_EXPECT_OK(controller_->Edit(batch.data).status());
 }
 
@@ -88,7 +96,8 @@ TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
   for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
            {},
            {"worker.image_edit.enable_fsdp=true"},
-           {"worker.image_edit.enable_fsdp=true", "worker.image_edit.fsdp_sharding_strategy=SHARD_GRAD_OP",
+           {"worker.image_edit.enable_fsdp=true",
+            "worker.image_edit.fsdp_sharding_strategy=SHARD_GRAD_OP",
             "worker.image_edit.fsdp_sync_module_states=false"},
            {"worker.image_edit.enable_cpu_offload=true"},
            {"worker.image_edit.enable_fsdp=true", "worker.image_edit.enable_cpu_offload=true",
@@ -96,10 +105,12 @@ TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
     const std::string mode = overrides.empty() ? "replicated" : absl::StrJoin(overrides, " ");
     DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
                               StartTestController(TestConfig(overrides), 2));
-    const int64_t bytes = controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value();
+    const int64_t bytes =
+        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value();
     if (overrides.empty()) replicated_bytes = bytes;
     if (controller->config().enable_fsdp) {
-      EXPECT_LT(bytes, replicated_bytes * 3 / 4) << mode << ": rank 1 should hold about half of the blocks";
+      EXPECT_LT(bytes, replicated_bytes * 3 / 4)
+          << mode << ": rank 1 should hold about half of the blocks";
     }
     DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
     const std::vector<at::Tensor> images = EditedImages(edited);

@@ -47,24 +47,29 @@ at::Tensor RandomImage(int64_t height, int64_t width, uint64_t seed) {
 TEST(ImageProcessorTest, SmartResizeAndTokenCounts) {
   const qwen2_vl::ImageProcessorConfig config;
   // 1024x1024 rounds to 1036 (37 x 28) per side: 74x74 patches, 1369 tokens.
-  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::ProcessedImage square, qwen2_vl::ProcessImage(RandomImage(1024, 1024, 0), config));
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::ProcessedImage square,
+                            qwen2_vl::ProcessImage(RandomImage(1024, 1024, 0), config));
   EXPECT_EQ(square.grid, (qwen2_vl::ImageGrid{1, 74, 74}));
   EXPECT_EQ(square.tokens(config), 1369);
   EXPECT_EQ(square.patches.sizes(), (std::vector<int64_t>{74 * 74, 3 * 2 * 14 * 14}));
   // Small images grow to min_pixels (56x56: 4 patches, 1 token... times 4).
-  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::ProcessedImage tiny, qwen2_vl::ProcessImage(RandomImage(20, 30, 0), config));
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::ProcessedImage tiny,
+                            qwen2_vl::ProcessImage(RandomImage(20, 30, 0), config));
   EXPECT_EQ(tiny.grid, (qwen2_vl::ImageGrid{1, 4, 6}));
   EXPECT_EQ(tiny.tokens(config), 6);
   // Rounds to the nearest multiple of 28 (half to even): 42 -> 56? 42/28 = 1.5 -> 2.
-  EXPECT_EQ(qwen2_vl::SmartResize(42, 70, config).value(), std::make_pair(int64_t{56}, int64_t{56}));
-  EXPECT_EQ(qwen2_vl::SmartResize(480, 640, config).value(), std::make_pair(int64_t{476}, int64_t{644}));
+  EXPECT_EQ(qwen2_vl::SmartResize(42, 70, config).value(),
+            std::make_pair(int64_t{56}, int64_t{56}));
+  EXPECT_EQ(qwen2_vl::SmartResize(480, 640, config).value(),
+            std::make_pair(int64_t{476}, int64_t{644}));
   // Beyond max_pixels the area shrinks under the bound.
   qwen2_vl::ImageProcessorConfig bounded;
   bounded.max_pixels = 28 * 28 * 100;
   const auto [h, w] = qwen2_vl::SmartResize(2000, 1000, bounded).value();
   EXPECT_LE(h * w, bounded.max_pixels);
   EXPECT_EQ(h % 28, 0);
-  EXPECT_THAT(qwen2_vl::SmartResize(1, 500, config), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aspect")));
+  EXPECT_THAT(qwen2_vl::SmartResize(1, 500, config),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("aspect")));
 }
 
 TEST(TextEncoderTest, MultimodalPositions) {
@@ -76,7 +81,8 @@ TEST(TextEncoderTest, MultimodalPositions) {
   const at::Tensor ids = at::tensor({1, 2, 7, 8, 8, 8, 8, 8, 8, 3, 4, 0}, at::kLong).view({1, 12});
   at::Tensor mask = at::ones({1, 12}, at::kLong);
   mask[0][11] = 0;
-  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor positions, qwen2_vl::MultimodalPositions(ids, mask, {{1, 4, 6}}, config));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor positions,
+                            qwen2_vl::MultimodalPositions(ids, mask, {{1, 4, 6}}, config));
   // Text 0, 1, 2; image from 3: time 3, rows 3..4, columns 3..5; text resumes at 3 + max(2, 3) = 6.
   EXPECT_TRUE(positions[0][0].equal(at::tensor({0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7, 1}, at::kLong)));
   EXPECT_TRUE(positions[1][0].equal(at::tensor({0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7, 1}, at::kLong)));
@@ -89,16 +95,23 @@ TEST(TextEncoderTest, PaddedBatchGivesEachSampleItsOwnStates) {
   QwenImageModel model = TinyModel();
   QwenImageEditPipeline pipeline(std::move(model));
   const at::Tensor short_image = RandomImage(56, 56, 1), long_image = RandomImage(56, 84, 2);
-  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings both, pipeline.EncodePrompts({"add a hat", "make the sky a deep green"},
-                                                                          {short_image, long_image}));
-  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings first, pipeline.EncodePrompts({"add a hat"}, {short_image}));
-  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings second, pipeline.EncodePrompts({"make the sky a deep green"}, {long_image}));
+  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings both,
+                            pipeline.EncodePrompts({"add a hat", "make the sky a deep green"},
+                                                   {short_image, long_image}));
+  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings first,
+                            pipeline.EncodePrompts({"add a hat"}, {short_image}));
+  DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings second,
+                            pipeline.EncodePrompts({"make the sky a deep green"}, {long_image}));
   const int64_t first_length = first.embeds.size(1), second_length = second.embeds.size(1);
   ASSERT_LT(first_length, second_length);
   EXPECT_EQ(both.embeds.sizes(), (std::vector<int64_t>{2, second_length, 16}));
   EXPECT_EQ(both.mask.sum(1)[0].item<int64_t>(), first_length);
   EXPECT_TRUE(at::allclose(both.embeds[0].narrow(0, 0, first_length), first.embeds[0], 1e-5, 1e-5));
-  EXPECT_TRUE(both.embeds[0].narrow(0, first_length, second_length - first_length).eq(0).all().item<bool>());
+  EXPECT_TRUE(both.embeds[0]
+                  .narrow(0, first_length, second_length - first_length)
+                  .eq(0)
+                  .all()
+                  .item<bool>());
   EXPECT_TRUE(at::allclose(both.embeds[1], second.embeds[0], 1e-5, 1e-5));
   // Kept: the image tokens, the instruction and the closing template tokens.
   const int64_t image_tokens = 4;  // 56x56 -> 4x4 patches -> 2x2 tokens
@@ -107,14 +120,16 @@ TEST(TextEncoderTest, PaddedBatchGivesEachSampleItsOwnStates) {
 
 TEST(TextEncoderTest, RealConfigBuildsOnTheMetaDeviceWithAbout8Point3BParameters) {
   const qwen2_vl::TextEncoderConfig config;  // the defaults are Qwen2.5-VL-7B's
-  qwen2_vl::Qwen25VLTextEncoder encoder(config, at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
+  qwen2_vl::Qwen25VLTextEncoder encoder(config,
+                                        at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
   const int64_t parameters = ParameterCount(*encoder);
   EXPECT_GT(parameters, 8'200'000'000);
   EXPECT_LT(parameters, 8'400'000'000);
   EXPECT_EQ(encoder->blocks().size(), 32u + 28u);
   // Its config round-trips through config.json.
   DRAY_ASSERT_OK_AND_ASSIGN(JsonConfig json, JsonConfig::Parse(config.ToJson(), "config.json"));
-  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::TextEncoderConfig reread, qwen2_vl::TextEncoderConfig::FromJson(std::move(json)));
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::TextEncoderConfig reread,
+                            qwen2_vl::TextEncoderConfig::FromJson(std::move(json)));
   EXPECT_EQ(reread.ToJson(), config.ToJson());
 }
 
@@ -128,10 +143,13 @@ TEST(TextEncoderTest, LoadsCheckpointsOfEitherTransformersLayout) {
   fs::create_directories(dir);
   std::ofstream(dir / "config.json") << config.ToJson();
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& parameter : saved->named_parameters()) tensors.emplace_back(parameter.key(), parameter.value());
-  ASSERT_TRUE(tensors.front().first.rfind("model.", 0) == 0 || tensors.front().first == "lm_head.weight");
+  for (const auto& parameter : saved->named_parameters())
+    tensors.emplace_back(parameter.key(), parameter.value());
+  ASSERT_TRUE(tensors.front().first.rfind("model.", 0) == 0 ||
+              tensors.front().first == "lm_head.weight");
   DRAY_ASSERT_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
-  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::Qwen25VLTextEncoder loaded, qwen2_vl::LoadTextEncoder(dir.string(), float32));
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen2_vl::Qwen25VLTextEncoder loaded,
+                            qwen2_vl::LoadTextEncoder(dir.string(), float32));
   const auto names = loaded->named_parameters();
   const std::string embed = "model.language_model.embed_tokens.weight";
   ASSERT_TRUE(names.contains(embed));
@@ -139,17 +157,22 @@ TEST(TextEncoderTest, LoadsCheckpointsOfEitherTransformersLayout) {
   // A checkpoint missing a tensor names it.
   tensors.pop_back();
   DRAY_ASSERT_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
-  EXPECT_THAT(qwen2_vl::LoadTextEncoder(dir.string(), float32), StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1")));
+  EXPECT_THAT(qwen2_vl::LoadTextEncoder(dir.string(), float32),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1")));
 }
 
 TEST(TextEncoderTest, ConfigErrorsNameTheKey) {
   auto parse = [](const std::string& text) {
     return qwen2_vl::TextEncoderConfig::FromJson(JsonConfig::Parse(text, "config.json").value());
   };
-  EXPECT_THAT(parse(R"({"hidden_act": "gelu"})"), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("gelu")));
-  EXPECT_THAT(parse(R"({"use_sliding_window": true})"), StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("use_sliding_window")));
-  EXPECT_THAT(parse(R"({"hidden_sise": 4})"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden_sise")));
-  EXPECT_THAT(parse(R"({"vision_config": {"depht": 4}})"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("depht")));
+  EXPECT_THAT(parse(R"({"hidden_act": "gelu"})"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("gelu")));
+  EXPECT_THAT(parse(R"({"use_sliding_window": true})"),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("use_sliding_window")));
+  EXPECT_THAT(parse(R"({"hidden_sise": 4})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hidden_sise")));
+  EXPECT_THAT(parse(R"({"vision_config": {"depht": 4}})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("depht")));
 }
 
 EditOptions FastOptions() {
@@ -164,11 +187,16 @@ TEST(EditPipelineTest, EditsDeterministicallyForASeed) {
   const at::Tensor image = RandomImage(48, 64, 5);
   std::vector<int> steps_seen;
   DRAY_ASSERT_OK_AND_ASSIGN(auto first, pipeline.Edit({{image, "make it blue", 11}}, FastOptions(),
-                                                      [&](int step, int steps) { steps_seen.push_back(step * 10 + steps); }));
+                                                      [&](int step, int steps) {
+                                                        steps_seen.push_back(step * 10 + steps);
+                                                      }));
   EXPECT_EQ(steps_seen, (std::vector<int>{12, 22}));
-  DRAY_ASSERT_OK_AND_ASSIGN(auto again, pipeline.Edit({{image, "make it blue", 11}}, FastOptions()));
-  DRAY_ASSERT_OK_AND_ASSIGN(auto other_seed, pipeline.Edit({{image, "make it blue", 12}}, FastOptions()));
-  DRAY_ASSERT_OK_AND_ASSIGN(auto other_text, pipeline.Edit({{image, "make it red", 11}}, FastOptions()));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto again,
+                            pipeline.Edit({{image, "make it blue", 11}}, FastOptions()));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto other_seed,
+                            pipeline.Edit({{image, "make it blue", 12}}, FastOptions()));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto other_text,
+                            pipeline.Edit({{image, "make it red", 11}}, FastOptions()));
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].scalar_type(), at::kByte);
   EXPECT_TRUE(first[0].equal(again[0]));
@@ -204,28 +232,33 @@ TEST(EditPipelineTest, OutputSizesFollowDiffusersRules) {
   // An explicit output size, floored to a multiple of 8.
   options.width = 45;
   options.height = 30;
-  DRAY_ASSERT_OK_AND_ASSIGN(auto sized, pipeline.Edit({{RandomImage(37, 100, 7), "x", 1}}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto sized,
+                            pipeline.Edit({{RandomImage(37, 100, 7), "x", 1}}, options));
   EXPECT_EQ(sized[0].sizes(), (std::vector<int64_t>{24, 40, 3}));
 }
 
 TEST(EditPipelineTest, RowsDoNotDependOnTheirBatch) {
   QwenImageEditPipeline pipeline(TinyModel());
-  const std::vector<EditInput> rows = {{RandomImage(64, 64, 9), "add snow", 1},
-                                       {RandomImage(40, 72, 10), "paint it", 2},
-                                       {RandomImage(64, 64, 11), "a longer instruction about the sky", 3}};
+  const std::vector<EditInput> rows = {
+      {RandomImage(64, 64, 9), "add snow", 1},
+      {RandomImage(40, 72, 10), "paint it", 2},
+      {RandomImage(64, 64, 11), "a longer instruction about the sky", 3}};
   DRAY_ASSERT_OK_AND_ASSIGN(auto together, pipeline.Edit(rows, FastOptions()));
   ASSERT_EQ(together.size(), 3u);
   for (size_t i = 0; i < rows.size(); ++i) {
     DRAY_ASSERT_OK_AND_ASSIGN(auto alone, pipeline.Edit({rows[i]}, FastOptions()));
     EXPECT_EQ(together[i].sizes(), alone[0].sizes()) << "row " << i;
-    EXPECT_LE((together[i].to(at::kInt) - alone[0].to(at::kInt)).abs().max().item<int>(), 1) << "row " << i;
+    EXPECT_LE((together[i].to(at::kInt) - alone[0].to(at::kInt)).abs().max().item<int>(), 1)
+        << "row " << i;
   }
 }
 
 TEST(EditPipelineTest, BadInputIsAnErrorNamingTheRow) {
   QwenImageEditPipeline pipeline(TinyModel());
-  EXPECT_THAT(pipeline.Edit({{RandomImage(8, 8, 0), "ok", 0}, {at::zeros({8, 8}, at::kByte), "gray", 0}}, FastOptions()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 1")));
+  EXPECT_THAT(
+      pipeline.Edit({{RandomImage(8, 8, 0), "ok", 0}, {at::zeros({8, 8}, at::kByte), "gray", 0}},
+                    FastOptions()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 1")));
   EditOptions options = FastOptions();
   options.num_inference_steps = 0;
   EXPECT_THAT(pipeline.Edit({{RandomImage(8, 8, 0), "ok", 0}}, options),

@@ -21,7 +21,10 @@ using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
 
 at::Tensor Gradient(int64_t height, int64_t width) {
-  return at::arange(height * width * 3, at::kLong).remainder(251).to(at::kByte).view({height, width, 3});
+  return at::arange(height * width * 3, at::kLong)
+      .remainder(251)
+      .to(at::kByte)
+      .view({height, width, 3});
 }
 
 // EncodeJpeg writes `rgb` as a JPEG at quality 95 (tests only).
@@ -42,7 +45,8 @@ std::string EncodeJpeg(const at::Tensor& rgb) {
   jpeg_start_compress(&info, TRUE);
   const at::Tensor pixels = rgb.contiguous();
   while (info.next_scanline < info.image_height) {
-    JSAMPROW row = pixels.data_ptr<uint8_t>() + static_cast<size_t>(info.next_scanline) * info.image_width * 3;
+    JSAMPROW row =
+        pixels.data_ptr<uint8_t>() + static_cast<size_t>(info.next_scanline) * info.image_width * 3;
     jpeg_write_scanlines(&info, &row, 1);
   }
   jpeg_finish_compress(&info);
@@ -63,17 +67,23 @@ TEST(ImageCodecTest, JpegDecodesToRgbOfItsSize) {
   const at::Tensor image = at::full({24, 40, 3}, 200, at::kByte);
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor decoded, DecodeImage(EncodeJpeg(image)));
   EXPECT_EQ(decoded.sizes(), image.sizes());
-  EXPECT_LE((decoded.to(at::kInt) - 200).abs().max().item<int>(), 2);  // lossy, but a flat image stays flat
+  EXPECT_LE((decoded.to(at::kInt) - 200).abs().max().item<int>(),
+            2);  // lossy, but a flat image stays flat
 }
 
 TEST(ImageCodecTest, BadDataIsInvalidArgument) {
-  EXPECT_THAT(DecodeImage("hello"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neither PNG nor JPEG")));
+  EXPECT_THAT(DecodeImage("hello"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neither PNG nor JPEG")));
   DRAY_ASSERT_OK_AND_ASSIGN(std::string png, EncodePng(Gradient(8, 8)));
-  EXPECT_THAT(DecodeImage(png.substr(0, png.size() / 2)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")));
+  EXPECT_THAT(DecodeImage(png.substr(0, png.size() / 2)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("PNG")));
   const std::string jpeg = EncodeJpeg(Gradient(16, 16));
-  EXPECT_THAT(DecodeImage(jpeg.substr(0, 20)), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JPEG")));
-  EXPECT_THAT(DecodeImage(png, /*max_pixels=*/10), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 10 pixels")));
-  EXPECT_THAT(EncodePng(at::zeros({4, 4}, at::kByte)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(DecodeImage(jpeg.substr(0, 20)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("JPEG")));
+  EXPECT_THAT(DecodeImage(png, /*max_pixels=*/10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 10 pixels")));
+  EXPECT_THAT(EncodePng(at::zeros({4, 4}, at::kByte)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ImageResizeTest, IdentityConstantAndShape) {
@@ -85,7 +95,8 @@ TEST(ImageResizeTest, IdentityConstantAndShape) {
     EXPECT_EQ(resized.sizes(), (std::vector<int64_t>{13, 71, 3}));
     EXPECT_TRUE(resized.eq(77).all().item<bool>());  // weights sum to one: a flat image stays flat
   }
-  EXPECT_THAT(ResizeImage(image, 0, 5, Resample::kBicubic), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ResizeImage(image, 0, 5, Resample::kBicubic),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 TEST(ImageResizeTest, DownscalingMatchesPillowsFixedPointFilter) {
@@ -95,7 +106,8 @@ TEST(ImageResizeTest, DownscalingMatchesPillowsFixedPointFilter) {
   at::Tensor row = at::zeros({1, 8, 3}, at::kByte);
   row.slice(1, 0, 8, 2).fill_(255);
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor half, ResizeImage(row, 1, 4, Resample::kBicubic));
-  EXPECT_TRUE(half.select(2, 0).equal(at::tensor({146, 126, 129, 109}, at::kByte).view({1, 4}))) << half;
+  EXPECT_TRUE(half.select(2, 0).equal(at::tensor({146, 126, 129, 109}, at::kByte).view({1, 4})))
+      << half;
 }
 
 }  // namespace

@@ -38,12 +38,15 @@ std::string ReadFile(const fs::path& path) {
 TEST(ModelDirTest, TinyModelLoadsAndRuns) {
   const std::string dir = TempDir("tiny");
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), /*seed=*/7));
-  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageModel model, LoadQwenImageModel(dir, at::TensorOptions().dtype(at::kFloat)));
+  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageModel model,
+                            LoadQwenImageModel(dir, at::TensorOptions().dtype(at::kFloat)));
   // A 32x32 image: 8x8 latents of 4 channels, 4x4 tokens of 16.
-  DRAY_ASSERT_OK_AND_ASSIGN(LatentDistribution dist, model.vae->Encode(at::rand({1, 3, 1, 32, 32}) * 2 - 1));
+  DRAY_ASSERT_OK_AND_ASSIGN(LatentDistribution dist,
+                            model.vae->Encode(at::rand({1, 3, 1, 32, 32}) * 2 - 1));
   EXPECT_EQ(dist.mean.sizes(), (std::vector<int64_t>{1, 4, 1, 8, 8}));
-  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor out, model.transformer->forward(at::randn({1, 32, 16}), at::randn({1, 5, 16}), {},
-                                                                         at::full({1}, 0.5), {{{1, 4, 4}, {1, 4, 4}}}));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      at::Tensor out, model.transformer->forward(at::randn({1, 32, 16}), at::randn({1, 5, 16}), {},
+                                                 at::full({1}, 0.5), {{{1, 4, 4}, {1, 4, 4}}}));
   EXPECT_EQ(out.sizes(), (std::vector<int64_t>{1, 32, 16}));
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor image, model.vae->Decode(dist.mean));
   EXPECT_EQ(image.sizes(), (std::vector<int64_t>{1, 3, 1, 32, 32}));
@@ -56,8 +59,9 @@ TEST(ModelDirTest, SameSeedWritesTheSameWeights) {
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(a, PresetNamed("tiny").value(), 1));
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(b, PresetNamed("tiny").value(), 1));
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(c, PresetNamed("tiny").value(), 2));
-  for (const char* file : {"transformer/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors",
-                           "model_index.json", "transformer/config.json"}) {
+  for (const char* file :
+       {"transformer/diffusion_pytorch_model.safetensors",
+        "vae/diffusion_pytorch_model.safetensors", "model_index.json", "transformer/config.json"}) {
     EXPECT_EQ(ReadFile(fs::path(a) / file), ReadFile(fs::path(b) / file)) << file;
   }
   EXPECT_NE(ReadFile(fs::path(a) / "transformer/diffusion_pytorch_model.safetensors"),
@@ -74,11 +78,13 @@ TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
   std::ofstream(fs::path(dir) / "model_index.json")
       << R"({"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKLQwenImage"],
             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})";
-  EXPECT_THAT(LoadQwenImageModel(dir, options),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("component 'transformer' must be")));
+  EXPECT_THAT(
+      LoadQwenImageModel(dir, options),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("component 'transformer' must be")));
 
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
-  const std::string weights = (fs::path(dir) / "transformer/diffusion_pytorch_model.safetensors").string();
+  const std::string weights =
+      (fs::path(dir) / "transformer/diffusion_pytorch_model.safetensors").string();
   auto file = SafetensorsFile::Open(weights).value();
   std::vector<std::pair<std::string, at::Tensor>> kept;
   for (const std::string& name : file->names()) {
@@ -86,20 +92,25 @@ TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
   }
   file.reset();
   DRAY_ASSERT_OK(WriteSafetensors(weights, kept));
-  EXPECT_THAT(LoadQwenImageModel(dir, options),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1 parameters: proj_out.bias")));
+  EXPECT_THAT(
+      LoadQwenImageModel(dir, options),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("lacks 1 parameters: proj_out.bias")));
 
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
-  std::ofstream(fs::path(dir) / "vae/config.json") << R"({"z_dim": 4, "base_dim": 24, "flux_capacitor": 1})";
+  std::ofstream(fs::path(dir) / "vae/config.json")
+      << R"({"z_dim": 4, "base_dim": 24, "flux_capacitor": 1})";
   EXPECT_THAT(LoadQwenImageModel(dir, options),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key flux_capacitor; known keys:")));
-  EXPECT_THAT(PresetNamed("huge"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("presets: tiny, small, real")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown key flux_capacitor; known keys:")));
+  EXPECT_THAT(PresetNamed("huge"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("presets: tiny, small, real")));
 }
 
 // The reference checkpoints diffusers wrote open through their folders, with
 // every tensor's dtype and shape as stored.
 TEST(ModelDirTest, OpensTheWeightsOfDiffusersComponentFolders) {
-  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint tiny, OpenComponentWeights(ReferencePath("transformer_tiny")));
+  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint tiny,
+                            OpenComponentWeights(ReferencePath("transformer_tiny")));
   int64_t parameters = 0;
   for (const std::string& name : tiny.names()) {
     const TensorInfo info = tiny.Info(name).value();
@@ -109,14 +120,16 @@ TEST(ModelDirTest, OpensTheWeightsOfDiffusersComponentFolders) {
   EXPECT_EQ(tiny.names().size(), 77u);
   EXPECT_EQ(parameters, 190720);
 
-  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint small, OpenComponentWeights(ReferencePath("transformer_small")));
+  DRAY_ASSERT_OK_AND_ASSIGN(Checkpoint small,
+                            OpenComponentWeights(ReferencePath("transformer_small")));
   parameters = 0;
   for (const std::string& name : small.names()) parameters += small.Get(name).value().numel();
   EXPECT_EQ(parameters, 1886704);
   DRAY_ASSERT_OK_AND_ASSIGN(TensorInfo info, small.Info("proj_out.weight"));
   EXPECT_EQ(info.dtype, at::kBFloat16);
   EXPECT_EQ(info.shape, (std::vector<int64_t>{64, 128}));
-  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor widened, small.Load("proj_out.weight", {64, 128}, at::kFloat));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor widened,
+                            small.Load("proj_out.weight", {64, 128}, at::kFloat));
   EXPECT_EQ(widened.scalar_type(), at::kFloat);
   EXPECT_TRUE(at::equal(widened.to(at::kBFloat16), small.Get("proj_out.weight").value()));  // exact
 }
@@ -124,7 +137,8 @@ TEST(ModelDirTest, OpensTheWeightsOfDiffusersComponentFolders) {
 TEST(ModelDirTest, ComponentFoldersWithoutWeightsAreNotFound) {
   const std::string dir = TempDir("empty_component");
   fs::create_directories(dir);
-  EXPECT_THAT(OpenComponentWeights(dir), StatusIs(absl::StatusCode::kNotFound, HasSubstr("diffusion_pytorch_model")));
+  EXPECT_THAT(OpenComponentWeights(dir),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("diffusion_pytorch_model")));
 }
 
 }  // namespace

@@ -20,9 +20,10 @@ TEST_P(ParityTest, MatchesDiffusers) {
   ASSERT_FALSE(results.empty());
   for (const ParityResult& result : results) {
     RecordProperty(result.output, absl::StrCat(result.max_abs));
-    EXPECT_TRUE(result.passed) << result.output << ": " << (result.error.empty() ? "" : result.error + "; ")
-                               << "max abs " << result.max_abs << ", max rel " << result.max_rel
-                               << " (atol " << result.atol << ", rtol " << result.rtol << ")";
+    EXPECT_TRUE(result.passed) << result.output << ": "
+                               << (result.error.empty() ? "" : result.error + "; ") << "max abs "
+                               << result.max_abs << ", max rel " << result.max_rel << " (atol "
+                               << result.atol << ", rtol " << result.rtol << ")";
   }
 }
 
@@ -41,8 +42,9 @@ TEST(ParityListTest, FindsEveryComponentOfTheReference) {
   const std::vector<ParityCase> cases = AllCases();
   std::set<std::string> components;
   for (const ParityCase& c : cases) components.insert(c.component);
-  EXPECT_EQ(components, (std::set<std::string>{"helpers", "scheduler", "transformer_small", "transformer_tiny",
-                                                "vae_default_small", "vae_tiny"}));
+  EXPECT_EQ(components,
+            (std::set<std::string>{"helpers", "scheduler", "transformer_small", "transformer_tiny",
+                                   "vae_default_small", "vae_tiny"}));
   EXPECT_EQ(cases.size(), 4u + 1u + 1u + 2u + 5u + 3u + 9u);  // as the reference README lists
 }
 

@@ -19,7 +19,8 @@ namespace dray {
 inline std::string ReferenceDir(const std::string& folder) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir == nullptr || workspace == nullptr) return absl::StrCat("tests/data/reference/", folder);
+  if (srcdir == nullptr || workspace == nullptr)
+    return absl::StrCat("tests/data/reference/", folder);
   return absl::StrCat(srcdir, "/", workspace, "/tests/data/reference/", folder);
 }
 

@@ -28,7 +28,8 @@ BpeTokenizer::Model TinyModel() {
   model.merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"\xC4\xA0", "w"}};  // "Ġ" is U+0120
   int64_t id = 256;
   for (const auto& [left, right] : model.merges) model.vocab[left + right] = id++;
-  model.added_tokens = {{kImStart, "<|im_start|>", true}, {kImEnd, "<|im_end|>", true},
+  model.added_tokens = {{kImStart, "<|im_start|>", true},
+                        {kImEnd, "<|im_end|>", true},
                         {kImagePad, "<|image_pad|>", true}};
   return model;
 }
@@ -53,7 +54,8 @@ TEST(BpeTokenizerTest, MultilingualTextIsNfcNormalizedAndSplitLikeQwen2) {
   // letter run with its space; the space before the digits stands alone
   // (\s+(?!\S) cannot end before a digit); digits are one piece each.
   EXPECT_THAT(Tiny().Encode("he\xCC\x81llo \xE4\xB8\x96\xE7\x95\x8C 123"),
-              ElementsAre('h', 0xC3, 0xA9, 257, 'o', ' ', 0xE4, 0xB8, 0x96, 0xE7, 0x95, 0x8C, ' ', '1', '2', '3'));
+              ElementsAre('h', 0xC3, 0xA9, 257, 'o', ' ', 0xE4, 0xB8, 0x96, 0xE7, 0x95, 0x8C, ' ',
+                          '1', '2', '3'));
 }
 
 TEST(BpeTokenizerTest, ContractionsWhitespaceAndNewlines) {
@@ -65,7 +67,9 @@ TEST(BpeTokenizerTest, ContractionsWhitespaceAndNewlines) {
 }
 
 TEST(BpeTokenizerTest, InvalidUtf8BecomesBytesAndRoundTrips) {
-  const std::string text = "a\xFF" "b\xC3";  // a stray byte and a truncated sequence
+  const std::string text =
+      "a\xFF"
+      "b\xC3";  // a stray byte and a truncated sequence
   const std::vector<int64_t> ids = Tiny().Encode(text);
   EXPECT_THAT(ids, ElementsAre('a', 0xFF, 'b', 0xC3));
   EXPECT_EQ(Tiny().Decode(ids), text);
@@ -73,7 +77,8 @@ TEST(BpeTokenizerTest, InvalidUtf8BecomesBytesAndRoundTrips) {
 
 TEST(BpeTokenizerTest, DecodeInvertsEncode) {
   const BpeTokenizer tokenizer = Tiny();
-  const std::string text = "<|im_start|>Hello, w\xC3\xB6rld! \xE4\xB8\x96\xE7\x95\x8C\n\t 42 \xF0\x9F\x98\x80<|im_end|>";
+  const std::string text =
+      "<|im_start|>Hello, w\xC3\xB6rld! \xE4\xB8\x96\xE7\x95\x8C\n\t 42 \xF0\x9F\x98\x80<|im_end|>";
   EXPECT_EQ(tokenizer.Decode(tokenizer.Encode(text)), text);
   EXPECT_EQ(tokenizer.Decode(tokenizer.Encode("<|im_start|>hi"), /*skip_special=*/true), "hi");
 }
@@ -81,13 +86,15 @@ TEST(BpeTokenizerTest, DecodeInvertsEncode) {
 TEST(BpeTokenizerTest, TokenIdsAndVocabSize) {
   EXPECT_EQ(Tiny().TokenId("<|image_pad|>").value(), kImagePad);
   EXPECT_EQ(Tiny().TokenId("hell").value(), 258);
-  EXPECT_THAT(Tiny().TokenId("<|nope|>"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("<|nope|>")));
+  EXPECT_THAT(Tiny().TokenId("<|nope|>"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("<|nope|>")));
   EXPECT_EQ(Tiny().vocab_size(), 303);
 }
 
 TEST(BpeTokenizerTest, TokenizerJsonRoundTrips) {
   const BpeTokenizer tokenizer = Tiny();
-  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer reread, BpeTokenizer::FromJson(tokenizer.ToJson(), "test"));
+  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer reread,
+                            BpeTokenizer::FromJson(tokenizer.ToJson(), "test"));
   const std::string text = "<|im_start|>hello world 12 \xC3\xA9<|im_end|>";
   EXPECT_EQ(reread.Encode(text), tokenizer.Encode(text));
 }
@@ -113,26 +120,32 @@ TEST(BpeTokenizerTest, ReadsVocabAndMergesFiles) {
   EXPECT_EQ(tokenizer.Encode(text), Tiny().Encode(text));
 
   std::ofstream(dir / "vocab.json") << "{\"a\": 0}";
-  EXPECT_THAT(BpeTokenizer::FromDirectory(dir.string()),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lacks the symbol of byte 0")));
-  EXPECT_THAT(BpeTokenizer::FromDirectory((dir / "missing").string()), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(
+      BpeTokenizer::FromDirectory(dir.string()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lacks the symbol of byte 0")));
+  EXPECT_THAT(BpeTokenizer::FromDirectory((dir / "missing").string()),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(BpeTokenizerTest, RejectsWhatItDoesNotImplement) {
   EXPECT_THAT(BpeTokenizer::FromJson("{\"normalizer\": {\"type\": \"NFKC\"}}", "t.json"),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("normalizer")));
-  EXPECT_THAT(BpeTokenizer::FromJson("[1]", "t.json"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("t.json")));
+  EXPECT_THAT(BpeTokenizer::FromJson("[1]", "t.json"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("t.json")));
   BpeTokenizer::Model model = TinyModel();
   model.merges.push_back({"x", "yz"});
-  EXPECT_THAT(BpeTokenizer::Build(model), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("merge 4")));
+  EXPECT_THAT(BpeTokenizer::Build(model),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("merge 4")));
   model = TinyModel();
   model.pattern = "(";
-  EXPECT_THAT(BpeTokenizer::Build(model), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not compile")));
+  EXPECT_THAT(BpeTokenizer::Build(model),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not compile")));
 }
 
 TEST(BpeTokenizerTest, LearnedMergesCompressTheirCorpus) {
   // Pairs tie at 3 occurrences; the smallest pair wins: el, ell, ello, hello.
-  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer tokenizer, BpeTokenizer::Build(LearnBpeMerges("hello hello hello", 4)));
+  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer tokenizer,
+                            BpeTokenizer::Build(LearnBpeMerges("hello hello hello", 4)));
   EXPECT_EQ(tokenizer.Encode("hello").size(), 1u);
   EXPECT_EQ(tokenizer.Decode(tokenizer.Encode("hello hello")), "hello hello");
 }

@@ -41,7 +41,8 @@ class TestWorker : public Worker {
     Def("fail_on_rank_one", &TestWorker::FailOnRankOne, {kOneToAll});
     Def("throw", &TestWorker::Throw, {kOneToAll});
     Def("sleep", &TestWorker::Sleep, {kOneToAll});
-    Def("wait_for_file", &TestWorker::WaitForFile, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
+    Def("wait_for_file", &TestWorker::WaitForFile,
+        {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("append", &TestWorker::Append, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("all_reduce", &TestWorker::AllReduce, {kOneToAll});
     Def("print", &TestWorker::Print, {kOneToAll});
@@ -100,7 +101,7 @@ class TestWorker : public Worker {
 
   // AllReduce sums rank+1 over the group with Gloo.
   absl::StatusOr<DataProto> AllReduce() {
-    DRAY_ASSIGN_OR_RETURN(Communicator* comm, comm());
+    DRAY_ASSIGN_OR_RETURN(Communicator * comm, comm());
     at::Tensor value = at::full({3}, static_cast<double>(rank() + 1), at::kDouble);
     DRAY_RETURN_IF_ERROR(comm->AllReduce(value));
     return DataProto::Make({{"sum", value.unsqueeze(0)}});
@@ -130,7 +131,9 @@ class OtherWorker : public Worker {
     Def("role", &OtherWorker::Role, {kOneToAll});
     Def("echo", &OtherWorker::Echo, {kOneToAll});
   }
-  absl::StatusOr<DataProto> Role() { return DataProto::Make({}, {}, {{"role", std::string("other")}}); }
+  absl::StatusOr<DataProto> Role() {
+    return DataProto::Make({}, {}, {{"role", std::string("other")}});
+  }
   absl::StatusOr<DataProto> Echo(const DataProto& input) { return input; }
 };
 

@@ -19,13 +19,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "base/testing/status_matchers.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "base/status_macros.h"
+#include "base/testing/status_matchers.h"
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
 #include "runtime/rpc/grpc_util.h"
 #include "tests/runtime/test_util.h"
 
@@ -59,9 +59,7 @@ int64_t Meta(const DataProto& data, const std::string& key) {
 
 class WorkerGroupTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    group_ = StartGroup({1, 4}, {"test", "other"}).value().release();
-  }
+  static void SetUpTestSuite() { group_ = StartGroup({1, 4}, {"test", "other"}).value().release(); }
   static void TearDownTestSuite() {
     delete group_;
     group_ = nullptr;
@@ -134,7 +132,8 @@ TEST_F(WorkerGroupTest, RankZeroDispatchAndExecuteModes) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> dispatched, group_->Call("rank_zero", {}));
   ASSERT_EQ(dispatched.size(), 1u);
   EXPECT_EQ(Meta(dispatched[0], "rank"), 0);
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> executed, group_->Call("identity_on_rank_zero", {}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> executed,
+                            group_->Call("identity_on_rank_zero", {}));
   ASSERT_EQ(executed.size(), 1u);
   EXPECT_EQ(Meta(executed[0], "rank"), 0);
 }
@@ -159,7 +158,8 @@ TEST_F(WorkerGroupTest, ColocatedRolesShareProcesses) {
   EXPECT_EQ(roles[2].GetMeta<std::string>("role").value(), "other");
   EXPECT_THAT(group_->Call("echo", {Batch(1)}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("call it as test.echo")));
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> qualified, group_->Call("other.echo", {Batch(2)}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> qualified,
+                            group_->Call("other.echo", {Batch(2)}));
   EXPECT_EQ(qualified.size(), 4u);  // other.echo is ONE_TO_ALL
   DRAY_EXPECT_OK(group_->Call("test.echo", {Batch(2)}));
 }
@@ -189,7 +189,8 @@ TEST_F(WorkerGroupTest, SubmittingNeverWaitsOnABusyWorker) {
   // waited for the workers, the file they wait for would never be created.
   const std::string path = absl::StrCat(::testing::TempDir(), "release_workers");
   std::remove(path.c_str());
-  GroupFuture busy = group_->Invoke("wait_for_file", {DataProto::Make({}, {}, {{"path", path}}).value()});
+  GroupFuture busy =
+      group_->Invoke("wait_for_file", {DataProto::Make({}, {}, {{"path", path}}).value()});
   const at::Tensor rows = at::arange(8 << 20, at::kFloat).reshape({64, 1 << 17});  // 32 MiB
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto large, DataProto::Make({{"rows", rows}}));
   std::vector<GroupFuture> queued;
@@ -281,7 +282,8 @@ TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto result, FromWire(echoed.result()));
   EXPECT_THAT(Column(result, "x"), ElementsAre(0, 1, 2));
 
-  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse failed, CallOnce(address, "test", "no_such_method", Batch(1)));
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse failed,
+                            CallOnce(address, "test", "no_such_method", Batch(1)));
   ASSERT_TRUE(failed.has_error());
   EXPECT_EQ(failed.error().code(), static_cast<int>(absl::StatusCode::kNotFound));
   EXPECT_THAT(failed.error().message(), AllOf(HasSubstr("rank 1"), HasSubstr("no_such_method")));
@@ -350,11 +352,13 @@ TEST(WorkerGroupProgressTest, ReportsReachTheControllerInOrder) {
     absl::MutexLock lock(&mu);
     seen[rank].push_back(absl::StrCat(what, " ", done, "/", total));
   };
-  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 2}, {"test"}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group,
+                            StartGroup({1, 2}, {"test"}, options));
   DRAY_ASSERT_OK(group->Call("progress", {}).status());
   absl::MutexLock lock(&mu);  // reports are synchronous: all are in when the call returns
   for (int rank : {0, 1}) {
-    EXPECT_THAT(seen[rank], ::testing::ElementsAre("steps 1/3", "steps 2/3", "steps 3/3")) << "rank " << rank;
+    EXPECT_THAT(seen[rank], ::testing::ElementsAre("steps 1/3", "steps 2/3", "steps 3/3"))
+        << "rank " << rank;
   }
 }
 
@@ -362,9 +366,11 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   absl::Notification victim_sleeping;
   WorkerGroupOptions options;
   options.on_progress = [&](int rank, const std::string& what, int64_t, int64_t) {
-    if (rank == 2 && what == "sleep" && !victim_sleeping.HasBeenNotified()) victim_sleeping.Notify();
+    if (rank == 2 && what == "sleep" && !victim_sleeping.HasBeenNotified())
+      victim_sleeping.Notify();
   };
-  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 4}, {"test"}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group,
+                            StartGroup({1, 4}, {"test"}, options));
   DRAY_EXPECT_OK(group->Health());
   // Far longer than the call's own deadline: only the death of rank 2 can end
   // the call with UNAVAILABLE before the deadline ends it otherwise.
@@ -379,14 +385,16 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   const pid_t victim = group->pids()[2];
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   caller.join();
-  EXPECT_THAT(result, StatusIs(absl::StatusCode::kUnavailable,
-                               HasSubstr(absl::StrCat("worker rank 2 (pid ", victim,
-                                                      ") killed by signal 9"))));
+  EXPECT_THAT(
+      result,
+      StatusIs(absl::StatusCode::kUnavailable,
+               HasSubstr(absl::StrCat("worker rank 2 (pid ", victim, ") killed by signal 9"))));
   // Later calls fail at once, naming the dead rank.
   EXPECT_THAT(group->Call("identity", {}),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
   EXPECT_THAT(HealthOf(group->worker_addresses()[2]), StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(group->Health(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
+  EXPECT_THAT(group->Health(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 2")));
   const std::vector<pid_t> pids = group->pids();
   group->Shutdown();
   for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // every process reaped
@@ -403,9 +411,9 @@ TEST(WorkerGroupFailureTest, RegistrationTimeoutNamesTheMissingRanks) {
 }
 
 TEST(WorkerGroupFailureTest, WorkerThatCannotStartFailsCreationWithItsExitStatus) {
-  EXPECT_THAT(StartGroup({1, 2}, {"no_such_role"}),
-              StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("exited with code 1 before registering")));
+  EXPECT_THAT(
+      StartGroup({1, 2}, {"no_such_role"}),
+      StatusIs(absl::StatusCode::kUnavailable, HasSubstr("exited with code 1 before registering")));
   WorkerGroupOptions options;
   options.command = {"/nonexistent/worker"};
   options.roles = {"test"};

@@ -55,13 +55,16 @@ class ToyModelImpl : public torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x, UnitHooks* hooks, bool checkpoint = false) {
     if (hooks) hooks->BeforeForward();
-    at::Tensor h = input->forward(x.to(input->weight.scalar_type()));  // compute in the parameters' dtype
+    at::Tensor h =
+        input->forward(x.to(input->weight.scalar_type()));  // compute in the parameters' dtype
     for (size_t i = 0; i < blocks->size(); ++i) {
       if (hooks) hooks->BeforeUnit(i);
       BlockImpl* block = blocks[i]->as<BlockImpl>();
-      h = checkpoint ? CheckpointedForward([block](const std::vector<at::Tensor>& in) {
-                         return std::vector<at::Tensor>{block->forward(in[0])};
-                       }, {h})[0]
+      h = checkpoint ? CheckpointedForward(
+                           [block](const std::vector<at::Tensor>& in) {
+                             return std::vector<at::Tensor>{block->forward(in[0])};
+                           },
+                           {h})[0]
                      : block->forward(h);
       if (hooks) hooks->AfterUnit(i, {h});
     }
@@ -105,11 +108,13 @@ Trace RunReference(const Data& data) {
     (out - data.y).pow(2).mean().backward();
     if (step == 0) {
       trace.first_output = out.detach();
-      for (const auto& p : model->named_parameters()) trace.first_grad[p.key()] = p.value().grad().clone();
+      for (const auto& p : model->named_parameters())
+        trace.first_grad[p.key()] = p.value().grad().clone();
     }
     optimizer.step();
   }
-  for (const auto& p : model->named_parameters()) trace.final_params[p.key()] = p.value().detach().clone();
+  for (const auto& p : model->named_parameters())
+    trace.final_params[p.key()] = p.value().detach().clone();
   return trace;
 }
 
@@ -122,7 +127,8 @@ void RunInGroup(int world, const std::function<void(int, Communicator*)>& body) 
   }));
 }
 
-Trace RunRank(int rank, int world, Communicator* comm, ShardingStrategy strategy, const Data& data) {
+Trace RunRank(int rank, int world, Communicator* comm, ShardingStrategy strategy,
+              const Data& data) {
   ToyModel model;
   ShardingOptions options;
   options.strategy = strategy;
@@ -139,7 +145,8 @@ Trace RunRank(int rank, int world, Communicator* comm, ShardingStrategy strategy
     (out - y).pow(2).mean().backward();
     if (step == 0) {
       trace.first_output = out.detach();
-      for (const at::Tensor& shard : sharded->shards()) trace.shard_grads.push_back(shard.grad().clone());
+      for (const at::Tensor& shard : sharded->shards())
+        trace.shard_grads.push_back(shard.grad().clone());
     }
     optimizer.step();
   }
@@ -160,26 +167,33 @@ TEST_P(FullyShardedTest, MatchesUnshardedTraining) {
   const Data data = MakeData();
   const Trace reference = RunReference(data);
   std::vector<Trace> traces(world);
-  RunInGroup(world, [&](int rank, Communicator* comm) { traces[rank] = RunRank(rank, world, comm, strategy, data); });
+  RunInGroup(world, [&](int rank, Communicator* comm) {
+    traces[rank] = RunRank(rank, world, comm, strategy, data);
+  });
 
   const int64_t rows = kBatch / world;
   ToyModel layout;
   const auto units = layout->units();
   for (int rank = 0; rank < world; ++rank) {
     SCOPED_TRACE(absl::StrCat("rank ", rank));
-    EXPECT_LE(MaxDiff(traces[rank].first_output, reference.first_output.slice(0, rank * rows, (rank + 1) * rows)), 1e-6);
+    EXPECT_LE(MaxDiff(traces[rank].first_output,
+                      reference.first_output.slice(0, rank * rows, (rank + 1) * rows)),
+              1e-6);
     // Each unit's shard gradient is this rank's slice of the flat reference gradient.
     for (size_t u = 0; u < units.size(); ++u) {
       std::vector<at::Tensor> parts;
       for (const auto& p : units[u]->named_parameters()) {
-        parts.push_back(reference.first_grad.at(absl::StrCat("blocks.", u, ".", p.key())).reshape(-1));
+        parts.push_back(
+            reference.first_grad.at(absl::StrCat("blocks.", u, ".", p.key())).reshape(-1));
       }
       at::Tensor flat = at::cat(parts);
       const at::Tensor& shard = traces[rank].shard_grads[u];
-      const bool hybrid = strategy == ShardingStrategy::kHybridShard || strategy == ShardingStrategy::kHybridShardZero2;
+      const bool hybrid = strategy == ShardingStrategy::kHybridShard ||
+                          strategy == ShardingStrategy::kHybridShardZero2;
       const int64_t group = strategy == ShardingStrategy::kNoShard ? 1 : hybrid ? world / 2 : world;
       flat = at::constant_pad_nd(flat, {0, shard.numel() * group - flat.numel()}, 0);
-      const int64_t start = strategy == ShardingStrategy::kNoShard ? 0 : (rank % group) * shard.numel();
+      const int64_t start =
+          strategy == ShardingStrategy::kNoShard ? 0 : (rank % group) * shard.numel();
       EXPECT_LE(MaxDiff(shard, flat.slice(0, start, start + shard.numel())), 1e-6) << "unit " << u;
     }
     ASSERT_EQ(traces[rank].final_params.size(), reference.final_params.size());
@@ -192,19 +206,23 @@ TEST_P(FullyShardedTest, MatchesUnshardedTraining) {
 INSTANTIATE_TEST_SUITE_P(
     Strategies, FullyShardedTest,
     ::testing::Combine(::testing::Values(1, 2, 3, 4),
-                       ::testing::Values(ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                       ::testing::Values(ShardingStrategy::kFullShard,
+                                         ShardingStrategy::kShardGradOp,
                                          ShardingStrategy::kNoShard)),
     [](const ::testing::TestParamInfo<std::tuple<int, ShardingStrategy>>& info) {
-      return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
+      return absl::StrCat("w", std::get<0>(info.param), "_",
+                          std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
 
 // Hybrid strategies: full sharding inside each of two groups, replicas across them.
 INSTANTIATE_TEST_SUITE_P(
     Hybrid, FullyShardedTest,
     ::testing::Combine(::testing::Values(2, 4),
-                       ::testing::Values(ShardingStrategy::kHybridShard, ShardingStrategy::kHybridShardZero2)),
+                       ::testing::Values(ShardingStrategy::kHybridShard,
+                                         ShardingStrategy::kHybridShardZero2)),
     [](const ::testing::TestParamInfo<std::tuple<int, ShardingStrategy>>& info) {
-      return absl::StrCat("w", std::get<0>(info.param), "_", std::string(ShardingStrategyName(std::get<1>(info.param))));
+      return absl::StrCat("w", std::get<0>(info.param), "_",
+                          std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
 
 TEST(WrapPolicyTest, TransformerAndSizeBasedUnits) {
@@ -221,18 +239,23 @@ TEST(WrapPolicyTest, TransformerAndSizeBasedUnits) {
   const Trace reference = RunReference(data);
   RunInGroup(2, [&](int rank, Communicator* comm) {
     ToyModel sharded_model;
-    auto sharded = FullyShardedModule::Shard(sharded_model.ptr(), SizeBasedWrap(sharded_model->units(), 300), comm, {}).value();
+    auto sharded = FullyShardedModule::Shard(sharded_model.ptr(),
+                                             SizeBasedWrap(sharded_model->units(), 300), comm, {})
+                       .value();
     torch::optim::AdamW optimizer(sharded->shards(), Adam());
-    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6), y = data.y.slice(0, rank * 6, rank * 6 + 6);
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6),
+                     y = data.y.slice(0, rank * 6, rank * 6 + 6);
     for (int step = 0; step < kSteps; ++step) {
       optimizer.zero_grad();
       (sharded_model->forward(x, sharded.get()) - y).pow(2).mean().backward();
       optimizer.step();
     }
     EXPECT_EQ(sharded->LargestUnitBytes(), 340 * 4);
-    EXPECT_EQ(sharded->PeakParameterBytes() - sharded->LocalBytes().parameters, 340 * 4);  // one unit at a time
+    EXPECT_EQ(sharded->PeakParameterBytes() - sharded->LocalBytes().parameters,
+              340 * 4);  // one unit at a time
     const auto gathered = sharded->FullParameters().value();
-    for (const auto& [name, tensor] : gathered) EXPECT_LE(MaxDiff(tensor, reference.final_params.at(name)), 1e-6) << name;
+    for (const auto& [name, tensor] : gathered)
+      EXPECT_LE(MaxDiff(tensor, reference.final_params.at(name)), 1e-6) << name;
   });
 }
 
@@ -241,7 +264,8 @@ TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     RunInGroup(2, [&](int rank, Communicator* comm) {
       ToyModel model;
-      auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {strategy}).value();
+      auto sharded =
+          FullyShardedModule::Shard(model.ptr(), model->units(), comm, {strategy}).value();
       // Each unit: 170 parameters, padded to 170 = 2 x 85 float32 on each rank.
       const int64_t replicated = (3 * kWidth + kWidth) + (kWidth * 2 + 2);
       const int64_t resident = (3 * 85 + replicated) * 4;
@@ -249,14 +273,17 @@ TEST(FullyShardedMemoryTest, UnitsAreGatheredOnlyWhileNeeded) {
       const at::Tensor out = model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get());
       // FULL_SHARD frees every unit after its forward; SHARD_GRAD_OP keeps them for backward.
       const int64_t gathered = strategy == ShardingStrategy::kFullShard ? 0 : 3 * 170 * 4;
-      EXPECT_EQ(sharded->LocalBytes().parameters, resident + gathered) << ShardingStrategyName(strategy);
+      EXPECT_EQ(sharded->LocalBytes().parameters, resident + gathered)
+          << ShardingStrategyName(strategy);
       out.pow(2).mean().backward();
       const FullyShardedModule::Bytes after = sharded->LocalBytes();
       EXPECT_EQ(after.parameters, resident);
-      EXPECT_EQ(after.gradients, resident);  // shard and replicated gradients only, no full ones left
+      EXPECT_EQ(after.gradients,
+                resident);  // shard and replicated gradients only, no full ones left
       // The memory bound: shards, replicated parameters and at most one gathered
       // unit at any moment (FULL_SHARD), or all units between forward and backward.
-      const int64_t bound = resident + (strategy == ShardingStrategy::kFullShard ? 170 * 4 : 3 * 170 * 4);
+      const int64_t bound =
+          resident + (strategy == ShardingStrategy::kFullShard ? 170 * 4 : 3 * 170 * 4);
       EXPECT_EQ(sharded->PeakParameterBytes(), bound);
     });
   }
@@ -295,12 +322,14 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
     options.mixed_precision.reduce_dtype = at::kFloat;
     auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
     EXPECT_EQ(sharded->DescribePrecision(),
-              "parameters stored as float32 shards, gathered and computed in BFloat16, gradients reduced in Float");
+              "parameters stored as float32 shards, gathered and computed in BFloat16, gradients "
+              "reduced in Float");
     EXPECT_EQ(model->blocks[0]->as<BlockImpl>()->fc1->weight.scalar_type(), at::kBFloat16);
     EXPECT_EQ(model->input->weight.scalar_type(), at::kBFloat16);
     for (const at::Tensor& master : sharded->shards()) EXPECT_EQ(master.scalar_type(), at::kFloat);
     torch::optim::AdamW optimizer(sharded->shards(), Adam());
-    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6), y = data.y.slice(0, rank * 6, rank * 6 + 6);
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6),
+                     y = data.y.slice(0, rank * 6, rank * 6 + 6);
     for (int step = 0; step < kSteps; ++step) {
       optimizer.zero_grad();
       const at::Tensor out = model->forward(x, sharded.get());
@@ -314,7 +343,8 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
         }
         const at::Tensor flat = at::constant_pad_nd(at::cat(parts), {0, 2 * 85 - 170}, 0);
         const at::Tensor expected = flat.slice(0, rank * 85, rank * 85 + 85);
-        EXPECT_LE(MaxDiff(sharded->shards()[0].grad(), expected), 2e-2 * expected.abs().max().item<double>() + 1e-4);
+        EXPECT_LE(MaxDiff(sharded->shards()[0].grad(), expected),
+                  2e-2 * expected.abs().max().item<double>() + 1e-4);
       }
       optimizer.step();
     }
@@ -324,7 +354,8 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
     const auto gathered = sharded->FullParameters().value();
     for (const auto& [name, tensor] : gathered) {
       EXPECT_EQ(tensor.scalar_type(), at::kFloat);
-      EXPECT_LE((tensor - reference.final_params.at(name)).abs().mean().item<double>(), 1e-2) << name;
+      EXPECT_LE((tensor - reference.final_params.at(name)).abs().mean().item<double>(), 1e-2)
+          << name;
     }
   });
 }
@@ -363,7 +394,8 @@ TEST(FullyShardedOffloadTest, OffloadAndLoadBetweenCallsKeepTheModel) {
     DRAY_ASSERT_OK(sharded->Offload());
     EXPECT_TRUE(sharded->shards()[0].device().is_cpu());
     DRAY_ASSERT_OK(sharded->Load(at::kCPU));
-    EXPECT_TRUE(sharded->shards()[0].is_same(shard));  // same tensor: an optimizer holding it stays valid
+    EXPECT_TRUE(
+        sharded->shards()[0].is_same(shard));  // same tensor: an optimizer holding it stays valid
     EXPECT_TRUE(at::equal(model->forward(x, sharded.get()), before));
   });
 }
@@ -373,7 +405,8 @@ std::map<std::string, at::Tensor> Parameters(FullyShardedModule& sharded) {
   return std::map<std::string, at::Tensor>(gathered.begin(), gathered.end());
 }
 
-void ExpectIdentical(const std::map<std::string, at::Tensor>& a, const std::map<std::string, at::Tensor>& b) {
+void ExpectIdentical(const std::map<std::string, at::Tensor>& a,
+                     const std::map<std::string, at::Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, tensor] : a) EXPECT_TRUE(at::equal(tensor, b.at(name))) << name;
 }
@@ -402,7 +435,8 @@ TEST(ActivationCheckpointTest, CombinesWithFullSharding) {
       auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
       model->forward(x, sharded.get(), checkpoint).pow(2).mean().backward();
       (checkpoint ? checkpointed : plain)[rank] = sharded->shards()[1].grad().clone();
-      EXPECT_EQ(sharded->LocalBytes().parameters, sharded->PeakParameterBytes() - 170 * 4);  // one unit at a time
+      EXPECT_EQ(sharded->LocalBytes().parameters,
+                sharded->PeakParameterBytes() - 170 * 4);  // one unit at a time
     }
   });
   for (int rank = 0; rank < 2; ++rank) EXPECT_TRUE(at::equal(checkpointed[rank], plain[rank]));
@@ -412,14 +446,19 @@ TEST(FullyShardedGradientTest, AccumulationWithoutSyncEqualsOneSyncedStep) {
   const Data data = MakeData();
   std::vector<at::Tensor> synced(2), accumulated(2);
   RunInGroup(2, [&](int rank, Communicator* comm) {
-    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6), y = data.y.slice(0, rank * 6, rank * 6 + 6);
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6),
+                     y = data.y.slice(0, rank * 6, rank * 6 + 6);
     ToyModel one;
-    auto a = FullyShardedModule::Shard(one.ptr(), one->units(), comm, {ShardingStrategy::kFullShard}).value();
+    auto a =
+        FullyShardedModule::Shard(one.ptr(), one->units(), comm, {ShardingStrategy::kFullShard})
+            .value();
     (one->forward(x, a.get()) - y).pow(2).mean().backward();
     synced[rank] = a->shards()[1].grad().clone();
 
     ToyModel two;  // the same 6 rows as two micro-batches of 3, averaged
-    auto b = FullyShardedModule::Shard(two.ptr(), two->units(), comm, {ShardingStrategy::kFullShard}).value();
+    auto b =
+        FullyShardedModule::Shard(two.ptr(), two->units(), comm, {ShardingStrategy::kFullShard})
+            .value();
     b->set_gradient_sync(false);
     ((two->forward(x.slice(0, 0, 3), b.get()) - y.slice(0, 0, 3)).pow(2).mean() / 2).backward();
     EXPECT_FALSE(b->shards()[1].grad().defined());  // nothing communicated yet
@@ -439,8 +478,11 @@ TEST(FullyShardedStateTest, FullAndShardedStateDictsReloadAtAnotherWorldSize) {
     ToyModel model;
     auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
     torch::optim::AdamW optimizer(sharded->shards(), Adam());
-    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) - data.y.slice(0, rank * 6, rank * 6 + 6))
-        .pow(2).mean().backward();
+    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) -
+     data.y.slice(0, rank * 6, rank * 6 + 6))
+        .pow(2)
+        .mean()
+        .backward();
     optimizer.step();
     DRAY_ASSERT_OK(sharded->SaveFullStateDict(dir + "/full.safetensors"));
     DRAY_ASSERT_OK(sharded->SaveShardedStateDict(dir + "/sharded"));
@@ -469,7 +511,8 @@ TEST(FullyShardedStateTest, LocalStateDictRoundTripsAtTheSameWorldSize) {
     auto local = a->LocalStateDict();
     local[0].second = at::zeros({3});
     EXPECT_THAT(b->LoadLocalStateDict(local),
-                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("'unit0' has shape [3]")));
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::HasSubstr("'unit0' has shape [3]")));
   });
 }
 
@@ -477,7 +520,8 @@ TEST(FullyShardedStateTest, RankZeroInitializationEqualsEveryRankLoading) {
   std::map<std::string, at::Tensor> expected;
   {
     ToyModel reference(/*seed=*/0);
-    for (const auto& p : reference->named_parameters()) expected[p.key()] = p.value().detach().clone();
+    for (const auto& p : reference->named_parameters())
+      expected[p.key()] = p.value().detach().clone();
   }
   for (bool deferred : {false, true}) {
     RunInGroup(3, [&](int rank, Communicator* comm) {
@@ -530,8 +574,11 @@ TEST(FullyShardedGradientTest, ClipGradNormUsesTheGlobalNorm) {
   RunInGroup(2, [&](int rank, Communicator* comm) {
     ToyModel model;
     auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
-    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) - data.y.slice(0, rank * 6, rank * 6 + 6))
-        .pow(2).mean().backward();
+    (model->forward(data.x.slice(0, rank * 6, rank * 6 + 6), sharded.get()) -
+     data.y.slice(0, rank * 6, rank * 6 + 6))
+        .pow(2)
+        .mean()
+        .backward();
     DRAY_ASSERT_OK_AND_ASSIGN(double norm, sharded->ClipGradNorm(expected / 2));
     EXPECT_NEAR(norm, expected, 1e-6);
     EXPECT_NEAR(sharded->ClipGradNorm(1e9).value(), expected / 2, 1e-6);  // clipped to half
@@ -544,7 +591,8 @@ TEST(ShardingStrategyTest, AcceptsNamesAndNumbers) {
   EXPECT_EQ(ParseShardingStrategy("3").value(), ShardingStrategy::kNoShard);
   EXPECT_EQ(ParseShardingStrategy("5").value(), ShardingStrategy::kHybridShardZero2);
   EXPECT_THAT(ParseShardingStrategy("ZERO3"),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("valid: FULL_SHARD (1), SHARD_GRAD_OP (2)")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::HasSubstr("valid: FULL_SHARD (1), SHARD_GRAD_OP (2)")));
 }
 
 }  // namespace

@@ -20,11 +20,12 @@ namespace {
 constexpr int kBatchRows = 8;
 
 // StartController starts the tiny model at image_size^2 with `steps` steps.
-absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(const EditBenchOptions& options, int workers,
-                                                                     int image_size, int steps) {
-  DRAY_ASSIGN_OR_RETURN(ImageEditConfig config,
-                        ImageEditConfig::Load("", {absl::StrCat("worker.image_edit.image_size=", image_size),
-                                                   absl::StrCat("worker.image_edit.num_inference_steps=", steps)}));
+absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(
+    const EditBenchOptions& options, int workers, int image_size, int steps) {
+  DRAY_ASSIGN_OR_RETURN(
+      ImageEditConfig config,
+      ImageEditConfig::Load("", {absl::StrCat("worker.image_edit.image_size=", image_size),
+                                 absl::StrCat("worker.image_edit.num_inference_steps=", steps)}));
   ImageEditController::Options start;
   start.workers = workers;
   start.worker_command = options.worker_command;
@@ -35,14 +36,19 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(const EditB
 absl::StatusOr<std::vector<Bytes>> TestImages(int n) {
   std::vector<Bytes> images;
   for (int i = 0; i < n; ++i) {
-    const at::Tensor rgb = at::arange(96 * 128 * 3, at::kLong).mul(i + 1).remainder(256).to(at::kByte).view({96, 128, 3});
+    const at::Tensor rgb = at::arange(96 * 128 * 3, at::kLong)
+                               .mul(i + 1)
+                               .remainder(256)
+                               .to(at::kByte)
+                               .view({96, 128, 3});
     DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
     images.push_back(std::move(png));
   }
   return images;
 }
 
-absl::StatusOr<double> ImagesPerSecond(ImageEditController& controller, const DataProto& batch, int repeats) {
+absl::StatusOr<double> ImagesPerSecond(ImageEditController& controller, const DataProto& batch,
+                                       int repeats) {
   DRAY_RETURN_IF_ERROR(controller.Edit(batch).status());  // warm up
   const absl::Time start = absl::Now();
   for (int i = 0; i < repeats; ++i) DRAY_RETURN_IF_ERROR(controller.Edit(batch).status());
@@ -72,7 +78,9 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
   };
   const int repeats = options.quick ? 1 : 3;
   DRAY_ASSIGN_OR_RETURN(std::vector<Bytes> images, TestImages(kBatchRows));
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, std::vector<std::string>(kBatchRows, "make the sky purple")));
+  DRAY_ASSIGN_OR_RETURN(
+      DataProto batch,
+      MakeEditBatch(images, std::vector<std::string>(kBatchRows, "make the sky purple")));
 
   // One group at a time: two would share the cores.
   double per_s[3] = {0, 0, 0};
@@ -88,11 +96,14 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
   // stand out of the model's time and this machine's noise.
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditController> one,
                         StartController(options, 1, /*image_size=*/64, /*steps=*/1));
-  DRAY_ASSIGN_OR_RETURN(DataProto single, MakeEditBatch({images[0]}, {"make the sky purple"}, {42}));
+  DRAY_ASSIGN_OR_RETURN(DataProto single,
+                        MakeEditBatch({images[0]}, {"make the sky purple"}, {42}));
   ServeOptions serve;
   serve.address = "127.0.0.1:0";
-  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditServer> server, ImageEditServer::Start(one.get(), serve));
-  auto stub = v1::ImageEditService::NewStub(CreateDrayChannel(absl::StrCat("127.0.0.1:", server->port())));
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditServer> server,
+                        ImageEditServer::Start(one.get(), serve));
+  auto stub =
+      v1::ImageEditService::NewStub(CreateDrayChannel(absl::StrCat("127.0.0.1:", server->port())));
   v1::EditImageRequest request;
   request.set_image(std::string(images[0].view()));
   request.set_instruction("make the sky purple");

@@ -35,9 +35,11 @@ QwenImageTransformer Model(int64_t layers) {
 absl::Status Step(QwenImageTransformer& model, torch::optim::Optimizer& optimizer) {
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(1);
   optimizer.zero_grad();
-  DRAY_ASSIGN_OR_RETURN(at::Tensor out,
-                        model->forward(at::randn({2, 512, 64}, generator), at::randn({2, 16, 48}, generator), {},
-                                       at::rand({2}, generator), std::vector<SampleImages>(2, {{1, 16, 16}, {1, 16, 16}})));
+  DRAY_ASSIGN_OR_RETURN(
+      at::Tensor out,
+      model->forward(at::randn({2, 512, 64}, generator), at::randn({2, 16, 48}, generator), {},
+                     at::rand({2}, generator),
+                     std::vector<SampleImages>(2, {{1, 16, 16}, {1, 16, 16}})));
   out.pow(2).mean().backward();
   optimizer.step();
   return absl::OkStatus();
@@ -86,7 +88,8 @@ absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const Benc
     double step = 0;
     DRAY_RETURN_IF_ERROR(RunLocalGroup(world, [&](int rank, Communicator* comm) -> absl::Status {
       QwenImageTransformer model = Model(layers);
-      std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(), model->blocks()->end());
+      std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
+                                                            model->blocks()->end());
       DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, {}));
       model->set_unit_hooks(sharded.get());
       torch::optim::AdamW optimizer(sharded->shards(), torch::optim::AdamWOptions(1e-4));
@@ -107,9 +110,11 @@ absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const Benc
       return absl::OkStatus();
     }));
     emit(absl::StrCat("shard_param_bytes_w", world), static_cast<double>(peak), "bytes");
-    emit(absl::StrCat("shard_ideal_bytes_w", world), static_cast<double>(total_bytes / world + largest), "bytes");
+    emit(absl::StrCat("shard_ideal_bytes_w", world),
+         static_cast<double>(total_bytes / world + largest), "bytes");
     emit(absl::StrCat("shard_grad_bytes_w", world), static_cast<double>(grads), "bytes");
-    emit(absl::StrCat("shard_optimizer_bytes_w", world), static_cast<double>(optimizer_bytes), "bytes");
+    emit(absl::StrCat("shard_optimizer_bytes_w", world), static_cast<double>(optimizer_bytes),
+         "bytes");
     emit(absl::StrCat("shard_step_ratio_w", world), step / baseline_step, "x");
   }
   return metrics;

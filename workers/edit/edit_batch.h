@@ -13,7 +13,8 @@
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
 //   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller, before dispatch
-//   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, first_row, seed));  // a worker
+//   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, first_row, seed));  // a
+//   worker
 #ifndef DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 #define DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 
@@ -65,7 +66,8 @@ absl::Status CheckEditBatch(const DataProto& batch);
 
 // EditOptionsFor returns the pipeline options of `config`, overridden by
 // the batch's meta info (keys above; a wrong type is INVALID_ARGUMENT).
-absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config, const MetaInfo& meta);
+absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
+                                                       const MetaInfo& meta);
 
 }  // namespace dray
 

@@ -32,8 +32,8 @@ Field MakeField(const char* name, T ImageEditConfig::*member, const char* type) 
               }
             } catch (const YAML::Exception&) {
             }
-            return absl::InvalidArgumentError(absl::StrCat(kSection, ".", name, " must be ", type, ", got '",
-                                                           YAML::Dump(value), "'"));
+            return absl::InvalidArgumentError(absl::StrCat(kSection, ".", name, " must be ", type,
+                                                           ", got '", YAML::Dump(value), "'"));
           },
           [=](const ImageEditConfig& config) { return YAML::Node(config.*member); }};
 }
@@ -42,9 +42,11 @@ const std::vector<Field>& Fields() {
   static const std::vector<Field>* fields = new std::vector<Field>{
       MakeField("model_path", &ImageEditConfig::model_path, "a path"),
       MakeField("enable_fsdp", &ImageEditConfig::enable_fsdp, "true or false"),
-      MakeField("fsdp_sharding_strategy", &ImageEditConfig::fsdp_sharding_strategy, "a strategy name"),
+      MakeField("fsdp_sharding_strategy", &ImageEditConfig::fsdp_sharding_strategy,
+                "a strategy name"),
       MakeField("fsdp_cpu_offload", &ImageEditConfig::fsdp_cpu_offload, "true or false"),
-      MakeField("fsdp_sync_module_states", &ImageEditConfig::fsdp_sync_module_states, "true or false"),
+      MakeField("fsdp_sync_module_states", &ImageEditConfig::fsdp_sync_module_states,
+                "true or false"),
       MakeField("enable_cpu_offload", &ImageEditConfig::enable_cpu_offload, "true or false"),
       MakeField("torch_dtype", &ImageEditConfig::torch_dtype, "a dtype name"),
       MakeField("batch_size", &ImageEditConfig::batch_size, "an integer"),
@@ -64,20 +66,24 @@ absl::Status Set(ImageEditConfig& config, const std::string& key, const YAML::No
   }
   std::vector<std::string> names;
   for (const Field& field : Fields()) names.push_back(field.name);
-  return absl::InvalidArgumentError(absl::StrCat("unknown key ", kSection, ".", key, "; valid keys: ",
-                                                 absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat("unknown key ", kSection, ".", key,
+                                                 "; valid keys: ", absl::StrJoin(names, ", ")));
 }
 
 // ApplyDocument applies the `worker: image_edit:` section of a YAML
 // document; errors name `where` (a file, or "config").
-absl::Status ApplyDocument(const YAML::Node& root, const std::string& where, ImageEditConfig& config) {
+absl::Status ApplyDocument(const YAML::Node& root, const std::string& where,
+                           ImageEditConfig& config) {
   if (root.IsNull()) return absl::OkStatus();
-  auto only = [&](const YAML::Node& node, const char* key, const std::string& path) -> absl::Status {
-    if (!node.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", path, " must be a mapping"));
+  auto only = [&](const YAML::Node& node, const char* key,
+                  const std::string& path) -> absl::Status {
+    if (!node.IsMap())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", path, " must be a mapping"));
     for (const auto& entry : node) {
       if (entry.first.as<std::string>() != key) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key ", path.empty() ? "" : path + ".",
-                                                       entry.first.as<std::string>(), "; valid keys: ", key));
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": unknown key ", path.empty() ? "" : path + ".",
+                         entry.first.as<std::string>(), "; valid keys: ", key));
       }
     }
     return absl::OkStatus();
@@ -86,7 +92,8 @@ absl::Status ApplyDocument(const YAML::Node& root, const std::string& where, Ima
   DRAY_RETURN_IF_ERROR(only(root["worker"], "image_edit", "worker"));
   const YAML::Node section = root["worker"]["image_edit"];
   if (section.IsNull()) return absl::OkStatus();
-  if (!section.IsMap()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", kSection, " must be a mapping"));
+  if (!section.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", kSection, " must be a mapping"));
   for (const auto& entry : section) {
     absl::Status set = Set(config, entry.first.as<std::string>(), entry.second);
     if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", set.message()));
@@ -110,7 +117,8 @@ absl::Status ApplyOverride(const std::string& text, ImageEditConfig& config) {
   const size_t equals = text.find('=');
   const std::string prefix = absl::StrCat(kSection, ".");
   if (equals == std::string::npos || text.rfind(prefix, 0) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("override '", text, "' must read ", prefix, "KEY=VALUE"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("override '", text, "' must read ", prefix, "KEY=VALUE"));
   }
   YAML::Node value;
   try {
@@ -132,7 +140,8 @@ absl::Status Validate(const ImageEditConfig& c) {
   if (!(c.true_cfg_scale >= 0)) return bad("true_cfg_scale", "must be >= 0");
   if (c.seed < 0) return bad("seed", "must be >= 0");
   if (c.torch_dtype != "float32" && c.torch_dtype != "bfloat16" && c.torch_dtype != "float16") {
-    return bad("torch_dtype", absl::StrCat("'", c.torch_dtype, "' is not one of float32, bfloat16, float16"));
+    return bad("torch_dtype",
+               absl::StrCat("'", c.torch_dtype, "' is not one of float32, bfloat16, float16"));
   }
   if (c.device != "cpu" && c.device != "cuda" && c.device.rfind("cuda:", 0) != 0) {
     return bad("device", absl::StrCat("'", c.device, "' is not cpu, cuda or cuda:N"));
@@ -140,10 +149,12 @@ absl::Status Validate(const ImageEditConfig& c) {
   if (c.device == "cpu" && c.torch_dtype != "float32") {
     // LibTorch 1.13's CPU kernels lack float16 matmuls, and its bfloat16 ones
     // die with SIGILL on CPUs without AVX512-BF16 (seen on the CI machine).
-    return bad("torch_dtype", absl::StrCat(c.torch_dtype, " needs device cuda; on cpu use float32"));
+    return bad("torch_dtype",
+               absl::StrCat(c.torch_dtype, " needs device cuda; on cpu use float32"));
   }
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
-  if (!strategy.ok()) return bad("fsdp_sharding_strategy", std::string(strategy.status().message()));
+  if (!strategy.ok())
+    return bad("fsdp_sharding_strategy", std::string(strategy.status().message()));
   return absl::OkStatus();
 }
 
@@ -179,9 +190,10 @@ absl::StatusOr<ImageEditConfig> ImageEditConfig::FromYaml(const std::string& tex
 
 std::string ImageEditConfig::ToYaml() const {
   YAML::Emitter out;
-  out << YAML::BeginMap << YAML::Key << "worker" << YAML::Value << YAML::BeginMap << YAML::Key << "image_edit"
-      << YAML::Value << YAML::BeginMap;
-  for (const Field& field : Fields()) out << YAML::Key << field.name << YAML::Value << field.get(*this);
+  out << YAML::BeginMap << YAML::Key << "worker" << YAML::Value << YAML::BeginMap << YAML::Key
+      << "image_edit" << YAML::Value << YAML::BeginMap;
+  for (const Field& field : Fields())
+    out << YAML::Key << field.name << YAML::Value << field.get(*this);
   out << YAML::EndMap << YAML::EndMap << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

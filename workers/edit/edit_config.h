@@ -34,20 +34,20 @@ inline constexpr int64_t kEmbeddedSteps = 20;
 inline constexpr int64_t kEmbeddedImageSize = 256;
 
 struct ImageEditConfig {
-  std::string model_path;          // empty: the embedded tiny model
-  bool enable_fsdp = false;        // shard transformer and text encoder by block
+  std::string model_path;    // empty: the embedded tiny model
+  bool enable_fsdp = false;  // shard transformer and text encoder by block
   std::string fsdp_sharding_strategy = "FULL_SHARD";
-  bool fsdp_cpu_offload = false;   // keep sharded parameters on the CPU
+  bool fsdp_cpu_offload = false;        // keep sharded parameters on the CPU
   bool fsdp_sync_module_states = true;  // rank 0 loads, the others receive
-  bool enable_cpu_offload = false;  // parameters on the CPU between calls
+  bool enable_cpu_offload = false;      // parameters on the CPU between calls
   std::string torch_dtype = "float32";  // float32, bfloat16 or float16
-  int64_t batch_size = 4;          // rows per worker call; the service batches up to this
-  int64_t image_size = 1024;       // work at about image_size^2 pixels
+  int64_t batch_size = 4;               // rows per worker call; the service batches up to this
+  int64_t image_size = 1024;            // work at about image_size^2 pixels
   double true_cfg_scale = 4.0;
   int64_t num_inference_steps = 50;
   std::string negative_prompt = " ";  // empty: no guidance
   int64_t seed = 42;
-  std::string device = "cpu";      // cpu, cuda or cuda:N
+  std::string device = "cpu";  // cpu, cuda or cuda:N
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.

@@ -20,7 +20,8 @@ class ScratchFolder {
  public:
   static absl::StatusOr<ScratchFolder> Create(const std::string& prefix) {
     std::string path = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    if (mkdtemp(path.data()) == nullptr) return absl::UnavailableError(absl::StrCat("cannot create ", path));
+    if (mkdtemp(path.data()) == nullptr)
+      return absl::UnavailableError(absl::StrCat("cannot create ", path));
     return ScratchFolder(std::move(path));
   }
   ScratchFolder(ScratchFolder&& other) noexcept : path_(std::exchange(other.path_, "")) {}
@@ -53,7 +54,8 @@ struct ImageEditController::ProgressRelay {
   }
 };
 
-ImageEditController::ImageEditController(ImageEditConfig config, std::shared_ptr<ProgressRelay> progress,
+ImageEditController::ImageEditController(ImageEditConfig config,
+                                         std::shared_ptr<ProgressRelay> progress,
                                          std::unique_ptr<WorkerGroup> group)
     : config_(std::move(config)), progress_(std::move(progress)), group_(std::move(group)) {}
 
@@ -62,18 +64,21 @@ void ImageEditController::set_progress_callback(ProgressCallback callback) {
   progress_->callback = std::move(callback);
 }
 
-absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(const ImageEditConfig& config,
-                                                                                Options options) {
+absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
+    const ImageEditConfig& config, Options options) {
   auto progress = std::make_shared<ProgressRelay>();
   WorkerGroupOptions group_options;
   group_options.command = std::move(options.worker_command);
   group_options.roles = {kImageEditRole};
   group_options.env = std::move(options.env);
-  group_options.on_progress = [progress](int rank, const std::string& what, int64_t done, int64_t total) {
+  group_options.on_progress = [progress](int rank, const std::string& what, int64_t done,
+                                         int64_t total) {
     progress->Report(rank, what, done, total);
   };
-  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, WorkerGroup::Create({1, options.workers}, group_options));
-  std::unique_ptr<ImageEditController> controller(new ImageEditController(config, progress, std::move(group)));
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group,
+                        WorkerGroup::Create({1, options.workers}, group_options));
+  std::unique_ptr<ImageEditController> controller(
+      new ImageEditController(config, progress, std::move(group)));
 
   ImageEditConfig worker_config = config;
   std::optional<ScratchFolder> embedded;  // the tiny model, while the workers load it
@@ -83,10 +88,12 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(embedded->path(), tiny, /*seed=*/0));
     worker_config.model_path = embedded->path();
   }
-  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
+  DRAY_ASSIGN_OR_RETURN(DataProto init,
+                        DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
   CallOptions call;
   call.timeout = options.init_timeout;
-  absl::StatusOr<std::vector<DataProto>> initialized = controller->group_->Call("init_model", {init}, call);
+  absl::StatusOr<std::vector<DataProto>> initialized =
+      controller->group_->Call("init_model", {init}, call);
   if (!initialized.ok()) {
     return absl::Status(initialized.status().code(),
                         absl::StrCat("init_model: ", initialized.status().message()));
@@ -95,16 +102,18 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
   return controller;
 }
 
-absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch, std::optional<absl::Duration> timeout) {
+absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch,
+                                                    std::optional<absl::Duration> timeout) {
   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));
   return EditCheckedRows(batch, timeout);
 }
 
-absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(const DataProto& batch,
-                                                               std::optional<absl::Duration> timeout) {
+absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(
+    const DataProto& batch, std::optional<absl::Duration> timeout) {
   CallOptions call;
   call.timeout = timeout;
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited, group_->Call("edit_images_batch", {batch}, call));
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
+                        group_->Call("edit_images_batch", {batch}, call));
   return std::move(edited.front());
 }
 

@@ -45,10 +45,12 @@ class ImageEditController {
     absl::Duration init_timeout = absl::Minutes(30);
   };
 
-  static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config, Options options);
+  static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config,
+                                                                    Options options);
 
   // Edit checks `batch`'s rows (CheckEditBatch), then EditCheckedRows.
-  absl::StatusOr<DataProto> Edit(const DataProto& batch, std::optional<absl::Duration> timeout = std::nullopt);
+  absl::StatusOr<DataProto> Edit(const DataProto& batch,
+                                 std::optional<absl::Duration> timeout = std::nullopt);
 
   // EditCheckedRows runs edit_images_batch across the workers on rows the
   // caller has checked already (the server checks each request as it

@@ -36,7 +36,7 @@ struct QueuedEdit {
   int64_t seed = 0;
   absl::Time enqueued;
   absl::Time deadline;
-  std::atomic<bool> abandoned{false};  // the client has gone
+  std::atomic<bool> abandoned{false};      // the client has gone
   std::atomic<int64_t> step{0}, steps{0};  // denoising progress of its batch
   absl::Notification done;
   absl::StatusOr<v1::EditImageResponse> result;  // written before done.Notify()
@@ -45,7 +45,8 @@ using QueuedEdits = std::vector<std::shared_ptr<QueuedEdit>>;
 
 absl::Time DeadlineOf(const grpc::ServerContext& context) {
   const auto deadline = context.deadline();
-  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) return absl::InfiniteFuture();
+  if (deadline >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365))
+    return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
 }
 
@@ -97,8 +98,8 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   // Admit checks the requests and queues them all, or none.
   absl::StatusOr<QueuedEdits> Admit(const std::vector<const v1::EditImageRequest*>& requests,
                                     const grpc::ServerContext& context);
-  absl::StatusOr<std::shared_ptr<QueuedEdit>> Prepare(const v1::EditImageRequest& request, int64_t row,
-                                                      absl::Time deadline) const;
+  absl::StatusOr<std::shared_ptr<QueuedEdit>> Prepare(const v1::EditImageRequest& request,
+                                                      int64_t row, absl::Time deadline) const;
   // Await waits for `edit`'s result while its client waits, passing new
   // denoising progress to `on_progress` (when given).
   absl::StatusOr<v1::EditImageResponse> Await(
@@ -131,7 +132,8 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context, const v1::EditImageBatchRequest* request,
+grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context,
+                                              const v1::EditImageBatchRequest* request,
                                               v1::EditImageBatchResponse* response) {
   std::vector<const v1::EditImageRequest*> requests;
   for (const v1::EditImageRequest& one : request->requests()) requests.push_back(&one);
@@ -148,47 +150,54 @@ grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context, cons
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(const v1::EditImageRequest& request,
-                                                                          int64_t row, absl::Time deadline) const {
+absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
+    const v1::EditImageRequest& request, int64_t row, absl::Time deadline) const {
   const ImageEditConfig& config = controller_->config();
   if (static_cast<int64_t>(request.image().size()) > options_.max_image_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image has ", request.image().size(),
-                                                   " bytes; at most ", options_.max_image_bytes, " are accepted"));
+    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image has ",
+                                                   request.image().size(), " bytes; at most ",
+                                                   options_.max_image_bytes, " are accepted"));
   }
   auto edit = std::make_shared<QueuedEdit>();
   edit->image = Bytes(request.image());
   edit->instruction = request.instruction();
   edit->seed = request.has_seed() ? request.seed() : config.seed;
   edit->deadline = deadline;
-  DRAY_ASSIGN_OR_RETURN(DataProto row_batch, MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
+  DRAY_ASSIGN_OR_RETURN(DataProto row_batch,
+                        MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
   DRAY_RETURN_IF_ERROR(DecodeEditRows(row_batch, row, 0).status());
-  edit->options = {
-      {"num_inference_steps",
-       int64_t{request.has_num_inference_steps() ? request.num_inference_steps() : config.num_inference_steps}},
-      {"true_cfg_scale", request.has_true_cfg_scale() ? request.true_cfg_scale() : config.true_cfg_scale},
-      {"negative_prompt", request.has_negative_prompt() ? request.negative_prompt() : config.negative_prompt},
-      {"width", int64_t{request.width()}},
-      {"height", int64_t{request.height()}}};
+  edit->options = {{"num_inference_steps",
+                    int64_t{request.has_num_inference_steps() ? request.num_inference_steps()
+                                                              : config.num_inference_steps}},
+                   {"true_cfg_scale", request.has_true_cfg_scale() ? request.true_cfg_scale()
+                                                                   : config.true_cfg_scale},
+                   {"negative_prompt", request.has_negative_prompt() ? request.negative_prompt()
+                                                                     : config.negative_prompt},
+                   {"width", int64_t{request.width()}},
+                   {"height", int64_t{request.height()}}};
   absl::StatusOr<qwen_image::EditOptions> valid = EditOptionsFor(config, edit->options);
-  if (!valid.ok()) return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", valid.status().message()));
+  if (!valid.ok())
+    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", valid.status().message()));
   return edit;
 }
 
-absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(const std::vector<const v1::EditImageRequest*>& requests,
-                                                         const grpc::ServerContext& context) {
+absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
+    const std::vector<const v1::EditImageRequest*>& requests, const grpc::ServerContext& context) {
   DRAY_RETURN_IF_ERROR(controller_->group().Health());
   if (requests.empty()) return QueuedEdits();
   QueuedEdits edits;
   const absl::Time deadline = DeadlineOf(context);
   for (size_t i = 0; i < requests.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<QueuedEdit> edit, Prepare(*requests[i], static_cast<int64_t>(i), deadline));
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<QueuedEdit> edit,
+                          Prepare(*requests[i], static_cast<int64_t>(i), deadline));
     edits.push_back(std::move(edit));
   }
   absl::MutexLock lock(&mu_);
   if (shutting_down_) return absl::UnavailableError("the server is shutting down");
   if (queue_.size() + edits.size() > static_cast<size_t>(options_.max_queue)) {
-    return absl::ResourceExhaustedError(absl::StrCat("the queue holds ", queue_.size(), " of at most ",
-                                                     options_.max_queue, " images; retry later"));
+    return absl::ResourceExhaustedError(absl::StrCat("the queue holds ", queue_.size(),
+                                                     " of at most ", options_.max_queue,
+                                                     " images; retry later"));
   }
   const absl::Time now = absl::Now();
   for (const auto& edit : edits) {
@@ -223,7 +232,8 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
 
 std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
   absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || !queue_.empty(); };
+  auto ready = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return shutting_down_ || !queue_.empty(); };
   mu_.Await(absl::Condition(&ready));
   if (shutting_down_) return std::nullopt;
   const MetaInfo options = queue_.front()->options;
@@ -234,7 +244,8 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
   };
   mu_.AwaitWithDeadline(absl::Condition(&full), queue_.front()->enqueued + options_.max_wait);
   QueuedEdits batch;
-  for (auto it = queue_.begin(); it != queue_.end() && static_cast<int64_t>(batch.size()) < max_rows_;) {
+  for (auto it = queue_.begin();
+       it != queue_.end() && static_cast<int64_t>(batch.size()) < max_rows_;) {
     if ((*it)->options != options) {
       ++it;
       continue;
@@ -268,17 +279,21 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     DRAY_ASSIGN_OR_RETURN(DataProto input, MakeEditBatch(images, instructions, seeds));
     for (const auto& [key, value] : batch.front()->options) input.SetMeta(key, value);
     std::optional<absl::Duration> timeout;
-    if (deadline != absl::InfiniteFuture()) timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    if (deadline != absl::InfiniteFuture())
+      timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
     SetRunning(batch);
-    absl::StatusOr<DataProto> result = controller_->EditCheckedRows(input, timeout);  // Prepare checked each row
+    absl::StatusOr<DataProto> result =
+        controller_->EditCheckedRows(input, timeout);  // Prepare checked each row
     SetRunning({});
     return result;
   }();
   const std::vector<Image>* rows = nullptr;
   if (edited.ok()) {
     absl::StatusOr<const std::vector<Image>*> column = edited->GetRows<Image>(kEditedColumn);
-    if (column.ok()) rows = *column;
-    else edited = column.status();
+    if (column.ok())
+      rows = *column;
+    else
+      edited = column.status();
   }
   for (size_t i = 0; i < batch.size(); ++i) {
     QueuedEdit& edit = *batch[i];
@@ -319,14 +334,17 @@ absl::Status ImageEditServer::Impl::Start() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(2 * options_.max_image_bytes + (1 << 20), INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(2 * options_.max_image_bytes + (1 << 20), INT32_MAX)));
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve on ", options_.address, " (in use, or not an address)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve on ", options_.address, " (in use, or not an address)"));
   }
   server_->GetHealthCheckService()->SetServingStatus(kImageEditServiceName, true);
-  controller_->set_progress_callback([this](int64_t step, int64_t steps) { OnProgress(step, steps); });
+  controller_->set_progress_callback(
+      [this](int64_t step, int64_t steps) { OnProgress(step, steps); });
   batcher_ = std::thread([this] { RunBatches(); });
   health_watcher_ = std::thread([this] { WatchHealth(); });
   return absl::OkStatus();
@@ -354,8 +372,8 @@ void ImageEditServer::Impl::Shutdown() {
 ImageEditServer::ImageEditServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ImageEditServer::~ImageEditServer() { impl_->Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(ImageEditController* controller,
-                                                                        ServeOptions options) {
+absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(
+    ImageEditController* controller, ServeOptions options) {
   auto impl = std::make_unique<Impl>(controller, std::move(options));
   DRAY_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<ImageEditServer>(new ImageEditServer(std::move(impl)));

@@ -25,8 +25,8 @@ namespace {
 absl::StatusOr<at::Device> ParseDevice(const std::string& name) {
   if (name == "cpu") return at::Device(at::kCPU);
   if (!at::globalContext().hasCUDA()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device '", name, "' needs CUDA; this build or machine has none (use device=cpu)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device '", name, "' needs CUDA; this build or machine has none (use device=cpu)"));
   }
   // The controller sets CUDA_VISIBLE_DEVICES to the local rank: "cuda" is this worker's GPU.
   return name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(name);
@@ -49,7 +49,8 @@ int64_t ResidentBytes() {
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 // WholeModels: transformer, text encoder and VAE, as plain modules.
-std::vector<std::shared_ptr<torch::nn::Module>> WholeModels(const qwen_image::QwenImageModel& model) {
+std::vector<std::shared_ptr<torch::nn::Module>> WholeModels(
+    const qwen_image::QwenImageModel& model) {
   return {model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
 }
 
@@ -73,8 +74,10 @@ struct QwenImageEditWorker::State {
   // BlockModelBytes: the parameter memory this rank holds of the models
   // FSDP shards (transformer and text encoder); the VAE is always whole.
   int64_t BlockModelBytes() {
-    if (transformer_shards == nullptr) return ModelsBytes({model().transformer.ptr(), model().text_encoder.ptr()});
-    return transformer_shards->LocalBytes().parameters + text_encoder_shards->LocalBytes().parameters;
+    if (transformer_shards == nullptr)
+      return ModelsBytes({model().transformer.ptr(), model().text_encoder.ptr()});
+    return transformer_shards->LocalBytes().parameters +
+           text_encoder_shards->LocalBytes().parameters;
   }
   int64_t ParameterBytes() { return BlockModelBytes() + ModuleBytes(*model().vae); }
 
@@ -82,8 +85,10 @@ struct QwenImageEditWorker::State {
   absl::Status MoveParameters(at::Device device) {
     torch::NoGradGuard no_grad;
     if (transformer_shards != nullptr) {
-      DRAY_RETURN_IF_ERROR(device.is_cpu() ? transformer_shards->Offload() : transformer_shards->Load(device));
-      DRAY_RETURN_IF_ERROR(device.is_cpu() ? text_encoder_shards->Offload() : text_encoder_shards->Load(device));
+      DRAY_RETURN_IF_ERROR(device.is_cpu() ? transformer_shards->Offload()
+                                           : transformer_shards->Load(device));
+      DRAY_RETURN_IF_ERROR(device.is_cpu() ? text_encoder_shards->Offload()
+                                           : text_encoder_shards->Load(device));
     } else {
       model().transformer->to(device);
       model().text_encoder->to(device);
@@ -105,8 +110,9 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   DRAY_ASSIGN_OR_RETURN(std::string yaml, input.GetMeta<std::string>("config"));
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, ImageEditConfig::FromYaml(yaml));
   if (config.model_path.empty()) {
-    return absl::InvalidArgumentError("init_model needs worker.image_edit.model_path (the controller writes the "
-                                      "embedded model and passes its path)");
+    return absl::InvalidArgumentError(
+        "init_model needs worker.image_edit.model_path (the controller writes the "
+        "embedded model and passes its path)");
   }
   auto state = std::make_unique<State>();
   DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
@@ -125,9 +131,10 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   const bool sends = config.fsdp_sync_module_states && world_size() > 1;
   const at::TensorOptions options =
       at::TensorOptions().device(state->device).dtype(config.enable_fsdp ? at::kFloat : dtype);
-  DRAY_ASSIGN_OR_RETURN(qwen_image::QwenImageModel model,
-                        qwen_image::LoadQwenImageModel(config.model_path, options,
-                                                       receives ? Weights::kShapeOnly : Weights::kRead));
+  DRAY_ASSIGN_OR_RETURN(
+      qwen_image::QwenImageModel model,
+      qwen_image::LoadQwenImageModel(config.model_path, options,
+                                     receives ? Weights::kShapeOnly : Weights::kRead));
   log(receives ? "built shape-only" : "weights read", ModelsBytes(WholeModels(model)));
 
   Communicator* group = nullptr;
@@ -141,22 +148,27 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
     sharding.cpu_offload = config.fsdp_cpu_offload;
     if (dtype != at::kFloat) sharding.mixed_precision.param_dtype = dtype;
     std::vector<std::shared_ptr<torch::nn::Module>> blocks(model.transformer->blocks()->begin(),
-                                                          model.transformer->blocks()->end());
-    DRAY_ASSIGN_OR_RETURN(state->transformer_shards,
-                          FullyShardedModule::Shard(model.transformer.ptr(), blocks, group, sharding));
-    DRAY_ASSIGN_OR_RETURN(state->text_encoder_shards, FullyShardedModule::Shard(model.text_encoder.ptr(),
-                                                                                model.text_encoder->blocks(),
-                                                                                group, sharding));
+                                                           model.transformer->blocks()->end());
+    DRAY_ASSIGN_OR_RETURN(
+        state->transformer_shards,
+        FullyShardedModule::Shard(model.transformer.ptr(), blocks, group, sharding));
+    DRAY_ASSIGN_OR_RETURN(state->text_encoder_shards,
+                          FullyShardedModule::Shard(model.text_encoder.ptr(),
+                                                    model.text_encoder->blocks(), group, sharding));
     model.transformer->set_unit_hooks(state->transformer_shards.get());
     model.text_encoder->set_unit_hooks(state->text_encoder_shards.get());
     if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
     if (dtype != at::kFloat) model.vae->to(dtype);
   } else if (sends) {
-    for (const auto& module : WholeModels(model)) DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
+    for (const auto& module : WholeModels(model))
+      DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
   }
   state->config = std::move(config);
   state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));
-  log(state->transformer_shards ? "sharded" : sends ? "received" : "ready", state->ParameterBytes());
+  log(state->transformer_shards ? "sharded"
+      : sends                   ? "received"
+                                : "ready",
+      state->ParameterBytes());
   if (state->config.enable_cpu_offload) {
     DRAY_RETURN_IF_ERROR(state->MoveParameters(at::kCPU));
     log("offloaded to CPU", state->ParameterBytes());
@@ -171,16 +183,20 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
 }
 
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
-  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before editing images");
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before editing images");
   // DP_COMPUTE_PROTO gives every rank an equal chunk: rank r's rows start at r * size.
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows,
                         DecodeEditRows(batch, rank() * batch.size(), state_->config.seed));
-  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(state_->config, batch.meta_info()));
-  if (state_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(state_->MoveParameters(state_->device));
+  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
+                        EditOptionsFor(state_->config, batch.meta_info()));
+  if (state_->config.enable_cpu_offload)
+    DRAY_RETURN_IF_ERROR(state_->MoveParameters(state_->device));
   std::vector<Image> edited;
   const size_t micro_batch = static_cast<size_t>(state_->config.batch_size);
   const int64_t steps = options.num_inference_steps;
-  const int64_t total_steps = steps * static_cast<int64_t>((rows.size() + micro_batch - 1) / micro_batch);
+  const int64_t total_steps =
+      steps * static_cast<int64_t>((rows.size() + micro_batch - 1) / micro_batch);
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
     std::vector<qwen_image::EditInput> inputs;
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
@@ -193,8 +209,8 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
                           }));
     for (const at::Tensor& image : images) {
       DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));
-      edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)), static_cast<int32_t>(image.size(0)),
-                        3, Bytes(std::move(png))});
+      edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)),
+                        static_cast<int32_t>(image.size(0)), 3, Bytes(std::move(png))});
     }
   }
   if (state_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(state_->MoveParameters(at::kCPU));

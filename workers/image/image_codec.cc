@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <csetjmp>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 
 #include <jpeglib.h>
 #include <png.h>
@@ -18,8 +18,8 @@ namespace dray {
 namespace {
 
 absl::Status TooLarge(int64_t width, int64_t height, int64_t max_pixels) {
-  return absl::InvalidArgumentError(absl::StrCat("image is ", width, "x", height, "; at most ", max_pixels,
-                                                 " pixels are accepted"));
+  return absl::InvalidArgumentError(absl::StrCat("image is ", width, "x", height, "; at most ",
+                                                 max_pixels, " pixels are accepted"));
 }
 
 absl::StatusOr<at::Tensor> DecodePng(absl::string_view bytes, int64_t max_pixels) {
@@ -81,7 +81,8 @@ absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixel
   pixels = static_cast<uint8_t*>(std::malloc(stride * info.output_height));
   if (pixels == nullptr) {
     jpeg_destroy_decompress(&info);
-    return absl::ResourceExhaustedError(absl::StrCat("no memory for a ", width, "x", height, " image"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no memory for a ", width, "x", height, " image"));
   }
   while (info.output_scanline < info.output_height) {
     JSAMPROW row = pixels + info.output_scanline * stride;
@@ -90,28 +91,33 @@ absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixel
   const int64_t out_height = info.output_height, out_width = info.output_width;
   jpeg_finish_decompress(&info);
   jpeg_destroy_decompress(&info);
-  return at::from_blob(pixels, {out_height, out_width, 3}, [](void* data) { std::free(data); }, at::kByte);
+  return at::from_blob(
+      pixels, {out_height, out_width, 3}, [](void* data) { std::free(data); }, at::kByte);
 }
 
 }  // namespace
 
 bool IsJpeg(absl::string_view bytes) {
   return bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
-         static_cast<unsigned char>(bytes[1]) == 0xD8 && static_cast<unsigned char>(bytes[2]) == 0xFF;
+         static_cast<unsigned char>(bytes[1]) == 0xD8 &&
+         static_cast<unsigned char>(bytes[2]) == 0xFF;
 }
 
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels) {
-  if (bytes.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {
+  if (bytes.size() >= 8 &&
+      png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {
     return DecodePng(bytes, max_pixels);
   }
   if (IsJpeg(bytes)) return DecodeJpeg(bytes, max_pixels);
-  return absl::InvalidArgumentError(absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
 }
 
 absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
   if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || rgb.numel() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("PNG encoding needs a non-empty uint8 [H, W, 3] image, got ",
-                                                   c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("PNG encoding needs a non-empty uint8 [H, W, 3] image, got ",
+                     c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
   }
   const at::Tensor pixels = rgb.contiguous();
   png_image image{};
@@ -120,11 +126,13 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
   image.height = static_cast<png_uint_32>(pixels.size(0));
   image.format = PNG_FORMAT_RGB;
   png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data_ptr<uint8_t>(), 0, nullptr)) {
+  if (!png_image_write_to_memory(&image, nullptr, &size, 0, pixels.data_ptr<uint8_t>(), 0,
+                                 nullptr)) {
     return absl::InternalError(absl::StrCat("PNG encoding failed: ", image.message));
   }
   std::string png(size, '\0');
-  if (!png_image_write_to_memory(&image, png.data(), &size, 0, pixels.data_ptr<uint8_t>(), 0, nullptr)) {
+  if (!png_image_write_to_memory(&image, png.data(), &size, 0, pixels.data_ptr<uint8_t>(), 0,
+                                 nullptr)) {
     return absl::InternalError(absl::StrCat("PNG encoding failed: ", image.message));
   }
   png.resize(size);
@@ -134,7 +142,8 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
 absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   absl::StatusOr<at::Tensor> image = DecodeImage(bytes);
-  if (!image.ok()) return absl::Status(image.status().code(), absl::StrCat(path, ": ", image.status().message()));
+  if (!image.ok())
+    return absl::Status(image.status().code(), absl::StrCat(path, ": ", image.status().message()));
   return image;
 }
 

@@ -28,7 +28,8 @@ inline constexpr int64_t kDefaultMaxPixels = int64_t{64} << 20;
 bool IsJpeg(absl::string_view bytes);
 
 // DecodeImage reads PNG or JPEG bytes (recognized by their signature).
-absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels = kDefaultMaxPixels);
+absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes,
+                                       int64_t max_pixels = kDefaultMaxPixels);
 
 // EncodePng writes an RGB image (uint8 [H, W, 3]) as PNG.
 absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb);

@@ -7,12 +7,12 @@
 #include <map>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
 #include <unicode/unorm2.h>
 #include <unicode/uregex.h>
 #include <unicode/ustring.h>
 #include <unicode/utext.h>
 #include <unicode/utf8.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +25,8 @@ namespace {
 
 using nlohmann::json;
 
-constexpr char kGpt2Pattern[] = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 std::string Utf8(UChar32 c) {
   char buffer[4];
@@ -40,7 +41,8 @@ const std::array<std::string, 256>& ByteSymbols() {
     std::array<std::string, 256> table;
     int next = 256;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       table[b] = Utf8(printable ? b : next++);
     }
     return table;
@@ -106,7 +108,8 @@ std::u16string ToUtf16(absl::string_view text) {
   u_strFromUTF8(nullptr, 0, &length, text.data(), static_cast<int32_t>(text.size()), &status);
   std::u16string out(length, u'\0');
   status = U_ZERO_ERROR;
-  u_strFromUTF8(out.data(), length, &length, text.data(), static_cast<int32_t>(text.size()), &status);
+  u_strFromUTF8(out.data(), length, &length, text.data(), static_cast<int32_t>(text.size()),
+                &status);
   return out;
 }
 
@@ -122,21 +125,24 @@ std::string ToUtf8(const std::u16string& text) {
 
 // Nfc returns valid UTF-8 `text` in Normalization Form C.
 std::string Nfc(absl::string_view text) {
-  if (std::all_of(text.begin(), text.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+  if (std::all_of(text.begin(), text.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
     return std::string(text);
   }
   UErrorCode status = U_ZERO_ERROR;
   const UNormalizer2* nfc = unorm2_getNFCInstance(&status);
   const std::u16string utf16 = ToUtf16(text);
-  if (U_FAILURE(status) ||
-      unorm2_quickCheck(nfc, utf16.data(), static_cast<int32_t>(utf16.size()), &status) == UNORM_YES) {
+  if (U_FAILURE(status) || unorm2_quickCheck(nfc, utf16.data(), static_cast<int32_t>(utf16.size()),
+                                             &status) == UNORM_YES) {
     return std::string(text);
   }
   status = U_ZERO_ERROR;
-  int32_t length = unorm2_normalize(nfc, utf16.data(), static_cast<int32_t>(utf16.size()), nullptr, 0, &status);
+  int32_t length =
+      unorm2_normalize(nfc, utf16.data(), static_cast<int32_t>(utf16.size()), nullptr, 0, &status);
   std::u16string normalized(length, u'\0');
   status = U_ZERO_ERROR;
-  unorm2_normalize(nfc, utf16.data(), static_cast<int32_t>(utf16.size()), normalized.data(), length, &status);
+  unorm2_normalize(nfc, utf16.data(), static_cast<int32_t>(utf16.size()), normalized.data(), length,
+                   &status);
   return U_FAILURE(status) ? std::string(text) : ToUtf8(normalized);
 }
 
@@ -163,11 +169,12 @@ absl::StatusOr<Regex> CompilePattern(const std::string& rust_pattern) {
   const std::u16string pattern = ToUtf16(IcuPattern(rust_pattern));
   UErrorCode status = U_ZERO_ERROR;
   UParseError error;
-  Regex regex(uregex_open(reinterpret_cast<const UChar*>(pattern.data()), static_cast<int32_t>(pattern.size()), 0,
-                          &error, &status));
+  Regex regex(uregex_open(reinterpret_cast<const UChar*>(pattern.data()),
+                          static_cast<int32_t>(pattern.size()), 0, &error, &status));
   if (U_FAILURE(status)) {
-    return absl::InvalidArgumentError(absl::StrCat("pre-tokenizer pattern does not compile (", u_errorName(status),
-                                                   " at offset ", error.offset, "): ", rust_pattern));
+    return absl::InvalidArgumentError(absl::StrCat("pre-tokenizer pattern does not compile (",
+                                                   u_errorName(status), " at offset ", error.offset,
+                                                   "): ", rust_pattern));
   }
   return regex;
 }
@@ -250,7 +257,8 @@ struct BpeTokenizer::State {
     while (!text.empty()) {
       const size_t valid = ValidUtf8Prefix(text);
       if (valid > 0) {
-        AppendValid(model.nfc ? Nfc(text.substr(0, valid)) : std::string(text.substr(0, valid)), ids);
+        AppendValid(model.nfc ? Nfc(text.substr(0, valid)) : std::string(text.substr(0, valid)),
+                    ids);
       }
       if (valid < text.size()) AppendBpe(text.substr(valid, 1), ids);  // an invalid byte
       text.remove_prefix(std::min(text.size(), valid + 1));
@@ -271,7 +279,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
   auto state = std::make_unique<State>();
   int64_t size = 0;
   for (const auto& [token, id] : model.vocab) {
-    if (id < 0) return absl::InvalidArgumentError(absl::StrCat("vocabulary token '", token, "' has negative id ", id));
+    if (id < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocabulary token '", token, "' has negative id ", id));
     size = std::max(size, id + 1);
   }
   for (const AddedToken& added : model.added_tokens) size = std::max(size, added.id + 1);
@@ -279,7 +289,8 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
   state->special.assign(size, false);
   for (const auto& [token, id] : model.vocab) {
     if (!state->tokens[id].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("id ", id, " is used by both '", state->tokens[id], "' and '", token, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("id ", id, " is used by both '", state->tokens[id], "' and '", token, "'"));
     }
     state->tokens[id] = token;
   }
@@ -293,26 +304,33 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
   }
   for (size_t rank = 0; rank < model.merges.size(); ++rank) {
     const auto& [left, right] = model.merges[rank];
-    auto l = model.vocab.find(left), r = model.vocab.find(right), m = model.vocab.find(left + right);
+    auto l = model.vocab.find(left), r = model.vocab.find(right),
+         m = model.vocab.find(left + right);
     if (l == model.vocab.end() || r == model.vocab.end() || m == model.vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("merge ", rank, " ('", left, "' '", right,
-                                                     "') uses or makes a token not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge ", rank, " ('", left, "' '", right,
+                       "') uses or makes a token not in the vocabulary"));
     }
-    state->merges.emplace(PairKey(l->second, r->second), State::Merge{static_cast<int64_t>(rank), m->second});
+    state->merges.emplace(PairKey(l->second, r->second),
+                          State::Merge{static_cast<int64_t>(rank), m->second});
   }
   for (const AddedToken& added : model.added_tokens) {
-    if (added.content.empty()) return absl::InvalidArgumentError(absl::StrCat("added token ", added.id, " is empty"));
+    if (added.content.empty())
+      return absl::InvalidArgumentError(absl::StrCat("added token ", added.id, " is empty"));
     auto in_vocab = model.vocab.find(added.content);
-    if (in_vocab == model.vocab.end() ? !state->tokens[added.id].empty() : in_vocab->second != added.id) {
-      return absl::InvalidArgumentError(absl::StrCat("added token '", added.content, "' has id ", added.id,
-                                                     " which the vocabulary gives to another token"));
+    if (in_vocab == model.vocab.end() ? !state->tokens[added.id].empty()
+                                      : in_vocab->second != added.id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("added token '", added.content, "' has id ", added.id,
+                       " which the vocabulary gives to another token"));
     }
     state->tokens[added.id] = added.content;
     state->special[added.id] = added.special;
     state->added.push_back(added);
   }
-  std::stable_sort(state->added.begin(), state->added.end(),
-                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  std::stable_sort(
+      state->added.begin(), state->added.end(),
+      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
 
   DRAY_ASSIGN_OR_RETURN(state->regex, CompilePattern(model.pattern));
   state->model = std::move(model);
@@ -376,27 +394,32 @@ const BpeTokenizer::Model& BpeTokenizer::model() const { return state_->model; }
 namespace {
 
 absl::Status Unsupported(const std::string& name, const std::string& what, const json& value) {
-  return absl::UnimplementedError(absl::StrCat(name, ": ", what, " ", value.dump(), " is not supported"));
+  return absl::UnimplementedError(
+      absl::StrCat(name, ": ", what, " ", value.dump(), " is not supported"));
 }
 
 // ReadPreTokenizer accepts Sequence[Split(regex, Isolated), ByteLevel(no
 // regex)] (Qwen2) or ByteLevel with its regex (GPT-2).
-absl::Status ReadPreTokenizer(const json& pre, const std::string& name, BpeTokenizer::Model& model) {
+absl::Status ReadPreTokenizer(const json& pre, const std::string& name,
+                              BpeTokenizer::Model& model) {
   auto byte_level = [&](const json& p, bool regex) {
-    return p.is_object() && p.value("type", "") == "ByteLevel" && !p.value("add_prefix_space", false) &&
-           p.value("use_regex", true) == regex;
+    return p.is_object() && p.value("type", "") == "ByteLevel" &&
+           !p.value("add_prefix_space", false) && p.value("use_regex", true) == regex;
   };
   if (byte_level(pre, true)) {
     model.pattern = kGpt2Pattern;
     return absl::OkStatus();
   }
-  const json* steps = pre.is_object() && pre.value("type", "") == "Sequence" ? &pre["pretokenizers"] : nullptr;
-  if (steps == nullptr || !steps->is_array() || steps->size() != 2 || !byte_level((*steps)[1], false)) {
+  const json* steps =
+      pre.is_object() && pre.value("type", "") == "Sequence" ? &pre["pretokenizers"] : nullptr;
+  if (steps == nullptr || !steps->is_array() || steps->size() != 2 ||
+      !byte_level((*steps)[1], false)) {
     return Unsupported(name, "pre_tokenizer", pre);
   }
   const json& split = (*steps)[0];
-  if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" || split.value("invert", false) ||
-      !split.contains("pattern") || !split["pattern"].contains("Regex")) {
+  if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" ||
+      split.value("invert", false) || !split.contains("pattern") ||
+      !split["pattern"].contains("Regex")) {
     return Unsupported(name, "pre_tokenizer step", split);
   }
   model.pattern = split["pattern"]["Regex"].get<std::string>();
@@ -406,11 +429,14 @@ absl::Status ReadPreTokenizer(const json& pre, const std::string& name, BpeToken
 absl::Status ReadBpeModel(const json& bpe, const std::string& name, BpeTokenizer::Model& model) {
   if (!bpe.is_object() || bpe.value("type", "BPE") != "BPE" || !bpe["vocab"].is_object() ||
       !bpe["merges"].is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": \"model\" must be a BPE model with vocab and merges"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": \"model\" must be a BPE model with vocab and merges"));
   }
-  for (const char* off : {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
+  for (const char* off :
+       {"dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"}) {
     const json& value = bpe.contains(off) ? bpe[off] : json();
-    if (!value.is_null() && value != "") return Unsupported(name, absl::StrCat("model.", off), value);
+    if (!value.is_null() && value != "")
+      return Unsupported(name, absl::StrCat("model.", off), value);
   }
   if (bpe.value("byte_fallback", false)) return Unsupported(name, "model.byte_fallback", true);
   for (const auto& [token, id] : bpe["vocab"].items()) model.vocab[token] = id.get<int64_t>();
@@ -421,7 +447,8 @@ absl::Status ReadBpeModel(const json& bpe, const std::string& name, BpeTokenizer
     }
     const std::string text = merge.get<std::string>();
     const size_t space = text.find(' ');
-    if (space == std::string::npos) return absl::InvalidArgumentError(absl::StrCat(name, ": bad merge '", text, "'"));
+    if (space == std::string::npos)
+      return absl::InvalidArgumentError(absl::StrCat(name, ": bad merge '", text, "'"));
     model.merges.emplace_back(text.substr(0, space), text.substr(space + 1));
   }
   return absl::OkStatus();
@@ -432,9 +459,11 @@ absl::StatusOr<AddedToken> ReadAddedToken(const json& token, const std::string& 
     return absl::InvalidArgumentError(absl::StrCat(name, ": bad added token ", token.dump()));
   }
   for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
-    if (token.value(flag, false)) return Unsupported(name, absl::StrCat("added token option ", flag), token);
+    if (token.value(flag, false))
+      return Unsupported(name, absl::StrCat("added token option ", flag), token);
   }
-  return AddedToken{token["id"].get<int64_t>(), token["content"].get<std::string>(), token.value("special", false)};
+  return AddedToken{token["id"].get<int64_t>(), token["content"].get<std::string>(),
+                    token.value("special", false)};
 }
 
 absl::StatusOr<json> ParseJson(absl::string_view text, const std::string& name) {
@@ -447,15 +476,18 @@ absl::StatusOr<json> ParseJson(absl::string_view text, const std::string& name) 
 
 }  // namespace
 
-absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text, const std::string& name) {
+absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text,
+                                                    const std::string& name) {
   DRAY_ASSIGN_OR_RETURN(json file, ParseJson(text, name));
   Model model;
   try {
     const json& normalizer = file.contains("normalizer") ? file["normalizer"] : json();
     model.nfc = normalizer.is_object() && normalizer.value("type", "") == "NFC";
     if (!normalizer.is_null() && !model.nfc) return Unsupported(name, "normalizer", normalizer);
-    DRAY_RETURN_IF_ERROR(ReadPreTokenizer(file.contains("pre_tokenizer") ? file["pre_tokenizer"] : json(), name, model));
-    DRAY_RETURN_IF_ERROR(ReadBpeModel(file.contains("model") ? file["model"] : json(), name, model));
+    DRAY_RETURN_IF_ERROR(ReadPreTokenizer(
+        file.contains("pre_tokenizer") ? file["pre_tokenizer"] : json(), name, model));
+    DRAY_RETURN_IF_ERROR(
+        ReadBpeModel(file.contains("model") ? file["model"] : json(), name, model));
     for (const json& token : file.value("added_tokens", json::array())) {
       DRAY_ASSIGN_OR_RETURN(AddedToken added, ReadAddedToken(token, name));
       model.added_tokens.push_back(std::move(added));
@@ -464,7 +496,8 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text, cons
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", e.what()));
   }
   absl::StatusOr<BpeTokenizer> tokenizer = Build(std::move(model));
-  if (!tokenizer.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", tokenizer.status().message()));
+  if (!tokenizer.ok())
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", tokenizer.status().message()));
   return tokenizer;
 }
 
@@ -477,14 +510,20 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
     return FromJson(text, path);
   }
   if (!fs::exists(root / "vocab.json") || !fs::exists(root / "merges.txt")) {
-    return absl::NotFoundError(absl::StrCat(dir, " holds no tokenizer: neither tokenizer.json nor vocab.json + merges.txt"));
+    return absl::NotFoundError(absl::StrCat(
+        dir, " holds no tokenizer: neither tokenizer.json nor vocab.json + merges.txt"));
   }
-  json file = {{"normalizer", {{"type", "NFC"}}},
-               {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({
-                   {{"type", "Split"}, {"pattern", {{"Regex", kQwen2PreTokenizerPattern}}}, {"behavior", "Isolated"}},
-                   {{"type", "ByteLevel"}, {"use_regex", false}}})}}}};
+  json file = {
+      {"normalizer", {{"type", "NFC"}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers", json::array({{{"type", "Split"},
+                                        {"pattern", {{"Regex", kQwen2PreTokenizerPattern}}},
+                                        {"behavior", "Isolated"}},
+                                       {{"type", "ByteLevel"}, {"use_regex", false}}})}}}};
   DRAY_ASSIGN_OR_RETURN(std::string vocab_text, ReadFile((root / "vocab.json").string()));
-  DRAY_ASSIGN_OR_RETURN(file["model"]["vocab"], ParseJson(vocab_text, (root / "vocab.json").string()));
+  DRAY_ASSIGN_OR_RETURN(file["model"]["vocab"],
+                        ParseJson(vocab_text, (root / "vocab.json").string()));
   DRAY_ASSIGN_OR_RETURN(std::string merges_text, ReadFile((root / "merges.txt").string()));
   file["model"]["merges"] = json::array();
   std::istringstream lines(merges_text);
@@ -502,7 +541,8 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
       json added = token;
       int64_t number = 0;
       if (!absl::SimpleAtoi(id, &number)) {
-        return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": added token id '", id, "' is not a number"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(config_path.string(), ": added token id '", id, "' is not a number"));
       }
       added["id"] = number;
       file["added_tokens"].push_back(added);
@@ -515,27 +555,46 @@ std::string BpeTokenizer::ToJson() const {
   const Model& model = state_->model;
   json added = json::array();
   for (const AddedToken& token : model.added_tokens) {
-    added.push_back({{"id", token.id}, {"content", token.content}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", token.special}});
+    added.push_back({{"id", token.id},
+                     {"content", token.content},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", token.special}});
   }
   json merges = json::array();
   for (const auto& [left, right] : model.merges) merges.push_back(left + " " + right);
-  json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  json byte_level = {{"type", "ByteLevel"},
+                     {"add_prefix_space", false},
+                     {"trim_offsets", false},
+                     {"use_regex", false}};
   json file = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
       {"normalizer", model.nfc ? json{{"type", "NFC"}} : json()},
-      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({
-          {{"type", "Split"}, {"pattern", {{"Regex", model.pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-          byte_level})}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers", json::array({{{"type", "Split"},
+                                        {"pattern", {{"Regex", model.pattern}}},
+                                        {"behavior", "Isolated"},
+                                        {"invert", false}},
+                                       byte_level})}}},
       {"post_processor", byte_level},
       {"decoder", byte_level},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false},
-                 {"ignore_merges", false}, {"vocab", json(std::map<std::string, int64_t>(model.vocab.begin(), model.vocab.end()))},
-                 {"merges", merges}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", json(std::map<std::string, int64_t>(model.vocab.begin(), model.vocab.end()))},
+        {"merges", merges}}},
   };
   return file.dump(2);
 }
@@ -548,11 +607,12 @@ BpeTokenizer::Model LearnBpeMerges(absl::string_view corpus, int num_merges) {
   // Words as symbol strings, with their counts, split by the pre-tokenizer.
   std::map<std::vector<std::string>, int64_t> words;
   absl::StatusOr<Regex> regex = CompilePattern(model.pattern);
-  ForEachPiece(regex->get(), corpus.substr(0, ValidUtf8Prefix(corpus)), [&](absl::string_view piece) {
-    std::vector<std::string> word;
-    for (char c : piece) word.push_back(ByteSymbols()[static_cast<unsigned char>(c)]);
-    ++words[word];
-  });
+  ForEachPiece(regex->get(), corpus.substr(0, ValidUtf8Prefix(corpus)),
+               [&](absl::string_view piece) {
+                 std::vector<std::string> word;
+                 for (char c : piece) word.push_back(ByteSymbols()[static_cast<unsigned char>(c)]);
+                 ++words[word];
+               });
 
   for (int merge = 0; merge < num_merges; ++merge) {
     std::map<std::pair<std::string, std::string>, int64_t> pairs;

@@ -14,19 +14,22 @@ absl::StatusOr<Checkpoint> OpenComponentWeights(const std::string& dir) {
   std::vector<std::string> indexes;
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
-    if (absl::EndsWith(entry.path().string(), ".safetensors.index.json")) indexes.push_back(entry.path().string());
+    if (absl::EndsWith(entry.path().string(), ".safetensors.index.json"))
+      indexes.push_back(entry.path().string());
   }
   if (indexes.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, " holds ", indexes.size(), " *.safetensors.index.json files; expected one"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, " holds ", indexes.size(), " *.safetensors.index.json files; expected one"));
   }
   if (indexes.size() == 1) return Checkpoint::Open(indexes[0]);
   for (const char* name : {"diffusion_pytorch_model.safetensors", "model.safetensors"}) {
     const fs::path file = fs::path(dir) / name;
     if (fs::exists(file, error)) return Checkpoint::Open(file.string());
   }
-  return absl::NotFoundError(absl::StrCat(
-      dir, " holds no *.safetensors.index.json, diffusion_pytorch_model.safetensors or model.safetensors"));
+  return absl::NotFoundError(
+      absl::StrCat(dir,
+                   " holds no *.safetensors.index.json, diffusion_pytorch_model.safetensors or "
+                   "model.safetensors"));
 }
 
 }  // namespace dray

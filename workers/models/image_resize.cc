@@ -72,8 +72,8 @@ uint8_t Clip8(int64_t value) {
 
 // ResizeAxis resamples `in` ([rows, in_size, channels] in memory, uint8)
 // along its middle axis.
-std::vector<uint8_t> ResizeAxis(const std::vector<uint8_t>& in, int rows, int in_size, int out_size, int channels,
-                                Resample resample) {
+std::vector<uint8_t> ResizeAxis(const std::vector<uint8_t>& in, int rows, int in_size, int out_size,
+                                int channels, Resample resample) {
   const Taps taps = ComputeTaps(in_size, out_size, resample);
   std::vector<uint8_t> out(static_cast<size_t>(rows) * out_size * channels);
   for (int r = 0; r < rows; ++r) {
@@ -82,7 +82,9 @@ std::vector<uint8_t> ResizeAxis(const std::vector<uint8_t>& in, int rows, int in
       for (int c = 0; c < channels; ++c) {
         int64_t sum = int64_t{1} << (kPrecisionBits - 1);
         for (size_t k = 0; k < weights.size(); ++k) {
-          sum += static_cast<int64_t>(in[(static_cast<size_t>(r) * in_size + taps.first[o] + k) * channels + c]) * weights[k];
+          sum += static_cast<int64_t>(
+                     in[(static_cast<size_t>(r) * in_size + taps.first[o] + k) * channels + c]) *
+                 weights[k];
         }
         out[(static_cast<size_t>(r) * out_size + o) * channels + c] = Clip8(sum);
       }
@@ -93,24 +95,35 @@ std::vector<uint8_t> ResizeAxis(const std::vector<uint8_t>& in, int rows, int in
 
 }  // namespace
 
-absl::StatusOr<at::Tensor> ResizeImage(const at::Tensor& image, int64_t height, int64_t width, Resample resample) {
-  if (image.dim() != 3 || image.scalar_type() != at::kByte || image.size(0) < 1 || image.size(1) < 1) {
+absl::StatusOr<at::Tensor> ResizeImage(const at::Tensor& image, int64_t height, int64_t width,
+                                       Resample resample) {
+  if (image.dim() != 3 || image.scalar_type() != at::kByte || image.size(0) < 1 ||
+      image.size(1) < 1) {
     return absl::InvalidArgumentError(absl::StrCat("resize: image must be uint8 [H, W, C], got ",
-                                                   c10::toString(image.scalar_type()), " ", ShapeString(image.sizes())));
+                                                   c10::toString(image.scalar_type()), " ",
+                                                   ShapeString(image.sizes())));
   }
   if (height < 1 || width < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("resize: target size ", width, "x", height, " must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("resize: target size ", width, "x", height, " must be positive"));
   }
-  const int h = static_cast<int>(image.size(0)), w = static_cast<int>(image.size(1)), c = static_cast<int>(image.size(2));
+  const int h = static_cast<int>(image.size(0)), w = static_cast<int>(image.size(1)),
+            c = static_cast<int>(image.size(2));
   const at::Tensor contiguous = image.contiguous();
-  std::vector<uint8_t> pixels(contiguous.data_ptr<uint8_t>(), contiguous.data_ptr<uint8_t>() + contiguous.numel());
+  std::vector<uint8_t> pixels(contiguous.data_ptr<uint8_t>(),
+                              contiguous.data_ptr<uint8_t>() + contiguous.numel());
   if (width != w) pixels = ResizeAxis(pixels, h, w, static_cast<int>(width), c, resample);
   if (height != h) {
     // The vertical pass: treat columns as rows by transposing through a tensor.
-    at::Tensor rows = at::from_blob(pixels.data(), {h, width, c}, at::kByte).transpose(0, 1).contiguous();
-    std::vector<uint8_t> transposed(rows.data_ptr<uint8_t>(), rows.data_ptr<uint8_t>() + rows.numel());
-    transposed = ResizeAxis(transposed, static_cast<int>(width), h, static_cast<int>(height), c, resample);
-    return at::from_blob(transposed.data(), {width, height, c}, at::kByte).transpose(0, 1).contiguous();
+    at::Tensor rows =
+        at::from_blob(pixels.data(), {h, width, c}, at::kByte).transpose(0, 1).contiguous();
+    std::vector<uint8_t> transposed(rows.data_ptr<uint8_t>(),
+                                    rows.data_ptr<uint8_t>() + rows.numel());
+    transposed =
+        ResizeAxis(transposed, static_cast<int>(width), h, static_cast<int>(height), c, resample);
+    return at::from_blob(transposed.data(), {width, height, c}, at::kByte)
+        .transpose(0, 1)
+        .contiguous();
   }
   return at::from_blob(pixels.data(), {height, width, c}, at::kByte).clone();
 }

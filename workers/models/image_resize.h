@@ -23,7 +23,8 @@ enum class Resample {
 };
 
 // ResizeImage resizes `image` (uint8 [H, W, C]) to height x width.
-absl::StatusOr<at::Tensor> ResizeImage(const at::Tensor& image, int64_t height, int64_t width, Resample resample);
+absl::StatusOr<at::Tensor> ResizeImage(const at::Tensor& image, int64_t height, int64_t width,
+                                       Resample resample);
 
 }  // namespace dray
 

@@ -125,7 +125,8 @@ absl::StatusOr<JsonConfig> JsonConfig::Object(const char* key) {
   if (!field.is_null() && !field.is_object()) return WrongType(key, "an object");
   JsonConfig object;
   object.name_ = absl::StrCat(name_, ": ", key);
-  object.json_ = std::make_shared<nlohmann::json>(field.is_null() ? nlohmann::json::object() : field);
+  object.json_ =
+      std::make_shared<nlohmann::json>(field.is_null() ? nlohmann::json::object() : field);
   return object;
 }
 
@@ -146,9 +147,9 @@ absl::Status JsonConfig::Finish() const {
     if (key.rfind('_', 0) != 0 && known_.count(key) == 0) unknown.push_back(key);
   }
   if (unknown.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(name_, ": unknown key", unknown.size() > 1 ? "s " : " ",
-                                                 absl::StrJoin(unknown, ", "), "; known keys: ",
-                                                 absl::StrJoin(known_, ", ")));
+  return absl::InvalidArgumentError(
+      absl::StrCat(name_, ": unknown key", unknown.size() > 1 ? "s " : " ",
+                   absl::StrJoin(unknown, ", "), "; known keys: ", absl::StrJoin(known_, ", ")));
 }
 
 }  // namespace dray

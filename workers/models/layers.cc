@@ -2,10 +2,10 @@
 
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/matmul.h>
-#include <ATen/ops/softmax.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/matmul.h>
 #include <ATen/ops/rsqrt.h>
+#include <ATen/ops/softmax.h>
 
 #include <cmath>
 #include <limits>
@@ -28,7 +28,8 @@ constexpr size_t kMaxListed = 8;
 std::string ListNames(const std::vector<std::string>& names) {
   std::vector<std::string> shown(names.begin(), names.begin() + std::min(names.size(), kMaxListed));
   std::string text = absl::StrJoin(shown, ", ");
-  if (names.size() > kMaxListed) absl::StrAppend(&text, " and ", names.size() - kMaxListed, " more");
+  if (names.size() > kMaxListed)
+    absl::StrAppend(&text, " and ", names.size() - kMaxListed, " more");
   return text;
 }
 
@@ -47,8 +48,10 @@ at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options)
 }
 
 LinearImpl::LinearImpl(const Options& options) {
-  weight = register_parameter("weight", NewParameter({options.out_features, options.in_features}, options.tensor));
-  if (options.bias) bias = register_parameter("bias", NewParameter({options.out_features}, options.tensor));
+  weight = register_parameter(
+      "weight", NewParameter({options.out_features, options.in_features}, options.tensor));
+  if (options.bias)
+    bias = register_parameter("bias", NewParameter({options.out_features}, options.tensor));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
@@ -74,12 +77,15 @@ at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(
 
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& allowed) {
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (allowed.defined()) scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (allowed.defined())
+    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
   return at::matmul(at::softmax(scores, -1), v);
 }
 
-std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, const std::string& path,
+std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root,
+                                                    const std::string& path,
                                                     std::shared_ptr<torch::nn::Module> module) {
   const size_t dot = path.find('.');
   if (dot == std::string::npos) return root.register_module(path, std::move(module));
@@ -105,7 +111,8 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
         has_fan_in ? 1.0 / std::sqrt(static_cast<double>(weight->numel() / weight->size(0))) : 0;
     for (const auto& parameter : parameters) {
       at::Tensor tensor = parameter.value();
-      if (!HasStorage(tensor)) continue;  // shape-only (DeferredAllocation): filled by sharding instead
+      if (!HasStorage(tensor))
+        continue;  // shape-only (DeferredAllocation): filled by sharding instead
       if (has_fan_in) {
         tensor.uniform_(-bound, bound, generator);
       } else {
@@ -114,7 +121,8 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
     }
   };
   initialize(module);  // works during construction, before a shared_ptr owns `module`
-  for (const auto& child : module.named_modules("", /*include_self=*/false)) initialize(*child.value());
+  for (const auto& child : module.named_modules("", /*include_self=*/false))
+    initialize(*child.value());
 }
 
 absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,
@@ -130,7 +138,8 @@ absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoi
       missing.push_back(name);
       continue;
     }
-    absl::StatusOr<at::Tensor> loaded = checkpoint.Load(name, parameter.sizes(), parameter.scalar_type());
+    absl::StatusOr<at::Tensor> loaded =
+        checkpoint.Load(name, parameter.sizes(), parameter.scalar_type());
     if (!loaded.ok()) {
       mismatched.push_back(std::string(loaded.status().message()));
       continue;
@@ -143,12 +152,13 @@ absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoi
   }
   if (!mismatched.empty()) return absl::InvalidArgumentError(ListNames(mismatched));
   if (!missing.empty()) {
-    return absl::NotFoundError(absl::StrCat("the checkpoint lacks ", missing.size(), " parameters: ",
-                                            ListNames(missing)));
+    return absl::NotFoundError(
+        absl::StrCat("the checkpoint lacks ", missing.size(), " parameters: ", ListNames(missing)));
   }
   if (!unexpected.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the checkpoint has ", unexpected.size(),
-                                                   " tensors the model does not: ", ListNames(unexpected)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint has ", unexpected.size(),
+                     " tensors the model does not: ", ListNames(unexpected)));
   }
   return absl::OkStatus();
 }

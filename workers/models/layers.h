@@ -100,7 +100,8 @@ at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const a
 // RegisterAt registers `module` under the dotted `path` below `root`
 // ("attn.to_out.0"), creating parameter-free parents on the way, so that
 // parameter names match a checkpoint's without placeholder modules.
-std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root, const std::string& path,
+std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root,
+                                                    const std::string& path,
                                                     std::shared_ptr<torch::nn::Module> module);
 
 template <typename Holder>

@@ -5,7 +5,8 @@
 // patches ordered so each 2x2 merge group is contiguous. The prompt's one
 // <|image_pad|> then stands for grid_h * grid_w / 4 tokens.
 //
-//   DRAY_ASSIGN_OR_RETURN(auto config, ImageProcessorConfig::FromFile("processor/preprocessor_config.json"));
+//   DRAY_ASSIGN_OR_RETURN(auto config,
+//   ImageProcessorConfig::FromFile("processor/preprocessor_config.json"));
 //   DRAY_ASSIGN_OR_RETURN(ProcessedImage processed, ProcessImage(rgb, config));
 //   int64_t tokens = processed.tokens(config);
 #ifndef DRAY_WORKERS_MODELS_QWEN2_VL_IMAGE_PROCESSOR_H_
@@ -56,7 +57,8 @@ struct ProcessedImage {
 };
 
 // ProcessImage turns an RGB image (uint8 [H, W, 3]) into patches.
-absl::StatusOr<ProcessedImage> ProcessImage(const at::Tensor& image, const ImageProcessorConfig& config);
+absl::StatusOr<ProcessedImage> ProcessImage(const at::Tensor& image,
+                                            const ImageProcessorConfig& config);
 
 }  // namespace dray::qwen2_vl
 

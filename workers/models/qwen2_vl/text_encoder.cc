@@ -20,15 +20,17 @@ constexpr double kVisionNormEps = 1e-6;
 constexpr double kVisionRopeTheta = 10000;
 
 // Bookkeeping keys of transformers configs that change nothing here.
-#define DRAY_IGNORED_CONFIG_KEYS                                                                         \
-  "architectures", "attention_dropout", "initializer_range", "max_position_embeddings", "max_window_layers", \
-      "sliding_window", "torch_dtype", "dtype", "transformers_version", "use_cache", "layer_types",        \
-      "pad_token_id", "model_type", "attention_bias", "name_or_path"
+#define DRAY_IGNORED_CONFIG_KEYS                                                             \
+  "architectures", "attention_dropout", "initializer_range", "max_position_embeddings",      \
+      "max_window_layers", "sliding_window", "torch_dtype", "dtype", "transformers_version", \
+      "use_cache", "layer_types", "pad_token_id", "model_type", "attention_bias", "name_or_path"
 
 absl::Status RequireSilu(JsonConfig& json) {
   std::string act = "silu";
   DRAY_RETURN_IF_ERROR(json.Get("hidden_act", &act));
-  if (act != "silu") return absl::UnimplementedError(absl::StrCat("hidden_act '", act, "' is not supported (silu only)"));
+  if (act != "silu")
+    return absl::UnimplementedError(
+        absl::StrCat("hidden_act '", act, "' is not supported (silu only)"));
   return absl::OkStatus();
 }
 
@@ -52,8 +54,9 @@ absl::StatusOr<VisionConfig> ReadVision(JsonConfig json) {
   DRAY_RETURN_IF_ERROR(json.Finish());
   const int64_t window_units = c.window_size / c.spatial_merge_size / c.patch_size;
   if (c.hidden_size % c.num_heads != 0 || c.head_dim() % 4 != 0 || window_units < 1) {
-    return absl::InvalidArgumentError("vision_config: hidden_size must split into heads of a multiple of 4, and "
-                                      "window_size must hold at least one merged patch");
+    return absl::InvalidArgumentError(
+        "vision_config: hidden_size must split into heads of a multiple of 4, and "
+        "window_size must hold at least one merged patch");
   }
   return c;
 }
@@ -64,12 +67,18 @@ absl::Status ReadTextFields(JsonConfig& json, TextEncoderConfig& c) {
   DRAY_RETURN_IF_ERROR(RequireSilu(json));
   DRAY_RETURN_IF_ERROR(json.Unsupported("use_sliding_window"));
   for (auto [key, value] : std::initializer_list<std::pair<const char*, int64_t*>>{
-           {"vocab_size", &c.vocab_size}, {"hidden_size", &c.hidden_size},
-           {"intermediate_size", &c.intermediate_size}, {"num_hidden_layers", &c.num_hidden_layers},
-           {"num_attention_heads", &c.num_attention_heads}, {"num_key_value_heads", &c.num_key_value_heads},
-           {"image_token_id", &c.image_token_id}, {"video_token_id", &c.video_token_id},
-           {"vision_start_token_id", &c.vision_start_token_id}, {"vision_end_token_id", &c.vision_end_token_id},
-           {"vision_token_id", &c.vision_token_id}, {"bos_token_id", &c.bos_token_id},
+           {"vocab_size", &c.vocab_size},
+           {"hidden_size", &c.hidden_size},
+           {"intermediate_size", &c.intermediate_size},
+           {"num_hidden_layers", &c.num_hidden_layers},
+           {"num_attention_heads", &c.num_attention_heads},
+           {"num_key_value_heads", &c.num_key_value_heads},
+           {"image_token_id", &c.image_token_id},
+           {"video_token_id", &c.video_token_id},
+           {"vision_start_token_id", &c.vision_start_token_id},
+           {"vision_end_token_id", &c.vision_end_token_id},
+           {"vision_token_id", &c.vision_token_id},
+           {"bos_token_id", &c.bos_token_id},
            {"eos_token_id", &c.eos_token_id}}) {
     DRAY_RETURN_IF_ERROR(json.Get(key, value));
   }
@@ -83,22 +92,28 @@ absl::Status ReadTextFields(JsonConfig& json, TextEncoderConfig& c) {
   DRAY_RETURN_IF_ERROR(rope.Get("mrope_section", &c.mrope_section));
   DRAY_RETURN_IF_ERROR(rope.Finish());
   for (const std::string& t : {type, rope_type}) {
-    if (t != "default" && t != "mrope") return absl::UnimplementedError(absl::StrCat("rope_scaling type '", t, "' is not supported"));
+    if (t != "default" && t != "mrope")
+      return absl::UnimplementedError(absl::StrCat("rope_scaling type '", t, "' is not supported"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Validate(const TextEncoderConfig& c) {
-  if (c.hidden_size % c.num_attention_heads != 0 || c.num_attention_heads % c.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError("hidden_size must divide into num_attention_heads, and those into num_key_value_heads");
+  if (c.hidden_size % c.num_attention_heads != 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(
+        "hidden_size must divide into num_attention_heads, and those into num_key_value_heads");
   }
   if (c.mrope_section.size() != 3 ||
-      std::accumulate(c.mrope_section.begin(), c.mrope_section.end(), int64_t{0}) * 2 != c.head_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("rope_scaling.mrope_section [", absl::StrJoin(c.mrope_section, ", "),
-                                                   "] must be 3 numbers summing to head_dim / 2 = ", c.head_dim() / 2));
+      std::accumulate(c.mrope_section.begin(), c.mrope_section.end(), int64_t{0}) * 2 !=
+          c.head_dim()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rope_scaling.mrope_section [", absl::StrJoin(c.mrope_section, ", "),
+                     "] must be 3 numbers summing to head_dim / 2 = ", c.head_dim() / 2));
   }
   if (c.vision.out_hidden_size != c.hidden_size) {
-    return absl::InvalidArgumentError(absl::StrCat("vision_config.out_hidden_size ", c.vision.out_hidden_size,
+    return absl::InvalidArgumentError(absl::StrCat("vision_config.out_hidden_size ",
+                                                   c.vision.out_hidden_size,
                                                    " must equal hidden_size ", c.hidden_size));
   }
   return absl::OkStatus();
@@ -109,18 +124,22 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-// InverseFrequencies: 1 / theta^(2i / dim) for i < dim / 2, in float32 as transformers computes them.
+// InverseFrequencies: 1 / theta^(2i / dim) for i < dim / 2, in float32 as transformers computes
+// them.
 at::Tensor InverseFrequencies(int64_t dim, double theta) {
-  return 1.0 / at::pow(theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim));
+  return 1.0 /
+         at::pow(theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim));
 }
 
 // TextRotary: cos and sin [B, S, head_dim] for positions [3, B, S], each
 // frequency band taking its axis from mrope_section.
-std::pair<at::Tensor, at::Tensor> TextRotary(const at::Tensor& positions, const TextEncoderConfig& config,
+std::pair<at::Tensor, at::Tensor> TextRotary(const at::Tensor& positions,
+                                             const TextEncoderConfig& config,
                                              at::ScalarType dtype) {
-  const at::Tensor inv_freq = InverseFrequencies(config.head_dim(), config.rope_theta).to(positions.device());
+  const at::Tensor inv_freq =
+      InverseFrequencies(config.head_dim(), config.rope_theta).to(positions.device());
   const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [3, B, S, D/2]
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);                           // [3, B, S, D]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);                          // [3, B, S, D]
   std::vector<int64_t> sections = config.mrope_section;
   sections.insert(sections.end(), config.mrope_section.begin(), config.mrope_section.end());
   std::vector<at::Tensor> cos_parts, sin_parts;
@@ -166,7 +185,8 @@ std::pair<std::vector<int64_t>, std::vector<int64_t>> Windows(const std::vector<
         for (int64_t c0 = 0; c0 < w; c0 += units) {
           int64_t count = 0;
           for (int64_t r = r0; r < std::min(h, r0 + units); ++r) {
-            for (int64_t c = c0; c < std::min(w, c0 + units); ++c, ++count) order.push_back(offset + (t * h + r) * w + c);
+            for (int64_t c = c0; c < std::min(w, c0 + units); ++c, ++count)
+              order.push_back(offset + (t * h + r) * w + c);
           }
           lengths.push_back(count * merge * merge);
         }
@@ -184,7 +204,8 @@ absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromJson(JsonConfig json) {
   std::string model_type = "qwen2_5_vl";
   DRAY_RETURN_IF_ERROR(json.Get("model_type", &model_type));
   if (model_type != "qwen2_5_vl") {
-    return absl::UnimplementedError(absl::StrCat("model_type '", model_type, "' is not supported (qwen2_5_vl only)"));
+    return absl::UnimplementedError(
+        absl::StrCat("model_type '", model_type, "' is not supported (qwen2_5_vl only)"));
   }
   json.Ignore({DRAY_IGNORED_CONFIG_KEYS});
   DRAY_RETURN_IF_ERROR(ReadTextFields(json, c));
@@ -202,35 +223,57 @@ absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromJson(JsonConfig json) {
 absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromFile(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
   absl::StatusOr<TextEncoderConfig> config = FromJson(std::move(json));
-  if (!config.ok()) return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  if (!config.ok())
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
   return config;
 }
 
 std::string TextEncoderConfig::ToJson() const {
-  const nlohmann::json vision_json = {
-      {"depth", vision.depth}, {"hidden_act", "silu"}, {"hidden_size", vision.hidden_size},
-      {"intermediate_size", vision.intermediate_size}, {"num_heads", vision.num_heads},
-      {"in_chans", vision.in_chans}, {"out_hidden_size", vision.out_hidden_size},
-      {"patch_size", vision.patch_size}, {"spatial_merge_size", vision.spatial_merge_size},
-      {"spatial_patch_size", vision.patch_size}, {"temporal_patch_size", vision.temporal_patch_size},
-      {"window_size", vision.window_size}, {"fullatt_block_indexes", vision.fullatt_block_indexes},
-      {"tokens_per_second", vision.tokens_per_second}, {"model_type", "qwen2_5_vl"}};
+  const nlohmann::json vision_json = {{"depth", vision.depth},
+                                      {"hidden_act", "silu"},
+                                      {"hidden_size", vision.hidden_size},
+                                      {"intermediate_size", vision.intermediate_size},
+                                      {"num_heads", vision.num_heads},
+                                      {"in_chans", vision.in_chans},
+                                      {"out_hidden_size", vision.out_hidden_size},
+                                      {"patch_size", vision.patch_size},
+                                      {"spatial_merge_size", vision.spatial_merge_size},
+                                      {"spatial_patch_size", vision.patch_size},
+                                      {"temporal_patch_size", vision.temporal_patch_size},
+                                      {"window_size", vision.window_size},
+                                      {"fullatt_block_indexes", vision.fullatt_block_indexes},
+                                      {"tokens_per_second", vision.tokens_per_second},
+                                      {"model_type", "qwen2_5_vl"}};
   const nlohmann::json json = {
-      {"architectures", {"Qwen2_5_VLForConditionalGeneration"}}, {"model_type", "qwen2_5_vl"},
-      {"hidden_act", "silu"}, {"vocab_size", vocab_size}, {"hidden_size", hidden_size},
-      {"intermediate_size", intermediate_size}, {"num_hidden_layers", num_hidden_layers},
-      {"num_attention_heads", num_attention_heads}, {"num_key_value_heads", num_key_value_heads},
-      {"rms_norm_eps", rms_norm_eps}, {"rope_theta", rope_theta},
+      {"architectures", {"Qwen2_5_VLForConditionalGeneration"}},
+      {"model_type", "qwen2_5_vl"},
+      {"hidden_act", "silu"},
+      {"vocab_size", vocab_size},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
       {"rope_scaling", {{"type", "mrope"}, {"mrope_section", mrope_section}}},
-      {"tie_word_embeddings", tie_word_embeddings}, {"use_sliding_window", false},
-      {"image_token_id", image_token_id}, {"video_token_id", video_token_id},
-      {"vision_start_token_id", vision_start_token_id}, {"vision_end_token_id", vision_end_token_id},
-      {"vision_token_id", vision_token_id}, {"bos_token_id", bos_token_id}, {"eos_token_id", eos_token_id},
-      {"torch_dtype", "float32"}, {"vision_config", vision_json}};
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"use_sliding_window", false},
+      {"image_token_id", image_token_id},
+      {"video_token_id", video_token_id},
+      {"vision_start_token_id", vision_start_token_id},
+      {"vision_end_token_id", vision_end_token_id},
+      {"vision_token_id", vision_token_id},
+      {"bos_token_id", bos_token_id},
+      {"eos_token_id", eos_token_id},
+      {"torch_dtype", "float32"},
+      {"vision_config", vision_json}};
   return json.dump(2);
 }
 
-absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids,
+                                               const at::Tensor& attention_mask,
                                                const std::vector<ImageGrid>& grids,
                                                const TextEncoderConfig& config) {
   const at::Tensor ids = input_ids.to(at::kCPU, at::kLong).contiguous();
@@ -258,17 +301,21 @@ absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids, cons
       }
     };
     for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-      if (tokens[i] != config.vision_start_token_id || tokens[i + 1] != config.image_token_id) continue;
+      if (tokens[i] != config.vision_start_token_id || tokens[i + 1] != config.image_token_id)
+        continue;
       if (image >= grids.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("the prompts hold more images than the ", grids.size(), " given"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("the prompts hold more images than the ", grids.size(), " given"));
       }
       const ImageGrid& grid = grids[image++];
       const int64_t h = grid[1] / merge, w = grid[2] / merge, count = grid[0] * h * w;
-      const size_t first = std::find(tokens.begin() + done, tokens.end(), config.image_token_id) - tokens.begin();
+      const size_t first =
+          std::find(tokens.begin() + done, tokens.end(), config.image_token_id) - tokens.begin();
       place_text(first);
       if (first + count > tokens.size()) {
-        return absl::InvalidArgumentError(absl::StrCat("sample ", b, ": image ", image - 1, " needs ", count,
-                                                       " <|image_pad|> tokens; the prompt ends first"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sample ", b, ": image ", image - 1, " needs ", count,
+                         " <|image_pad|> tokens; the prompt ends first"));
       }
       for (int64_t k = 0; k < count; ++k, ++done) {
         const int64_t column = columns[done];
@@ -282,7 +329,8 @@ absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids, cons
     place_text(tokens.size());
   }
   if (image != grids.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(grids.size(), " images were given; the prompts place ", image));
+    return absl::InvalidArgumentError(
+        absl::StrCat(grids.size(), " images were given; the prompts place ", image));
   }
   return positions.to(input_ids.device());
 }
@@ -303,18 +351,25 @@ DecoderLayerImpl::DecoderLayerImpl(const TextEncoderConfig& config, at::TensorOp
     : heads_(config.num_attention_heads), kv_heads_(config.num_key_value_heads) {
   const int64_t dim = config.hidden_size, head_dim = config.head_dim();
   input_norm_ = RegisterAt(*this, "input_layernorm", RMSNorm(dim, config.rms_norm_eps, options));
-  q_ = RegisterAt(*this, "self_attn.q_proj", Linear(Linear::Impl::Options{dim, heads_ * head_dim, true, options}));
-  k_ = RegisterAt(*this, "self_attn.k_proj", Linear(Linear::Impl::Options{dim, kv_heads_ * head_dim, true, options}));
-  v_ = RegisterAt(*this, "self_attn.v_proj", Linear(Linear::Impl::Options{dim, kv_heads_ * head_dim, true, options}));
-  o_ = RegisterAt(*this, "self_attn.o_proj", Linear(Linear::Impl::Options{heads_ * head_dim, dim, false, options}));
-  post_attention_norm_ = RegisterAt(*this, "post_attention_layernorm", RMSNorm(dim, config.rms_norm_eps, options));
+  q_ = RegisterAt(*this, "self_attn.q_proj",
+                  Linear(Linear::Impl::Options{dim, heads_ * head_dim, true, options}));
+  k_ = RegisterAt(*this, "self_attn.k_proj",
+                  Linear(Linear::Impl::Options{dim, kv_heads_ * head_dim, true, options}));
+  v_ = RegisterAt(*this, "self_attn.v_proj",
+                  Linear(Linear::Impl::Options{dim, kv_heads_ * head_dim, true, options}));
+  o_ = RegisterAt(*this, "self_attn.o_proj",
+                  Linear(Linear::Impl::Options{heads_ * head_dim, dim, false, options}));
+  post_attention_norm_ =
+      RegisterAt(*this, "post_attention_layernorm", RMSNorm(dim, config.rms_norm_eps, options));
   mlp_ = RegisterAt(*this, "mlp", GatedMlp(dim, config.intermediate_size, /*bias=*/false, options));
 }
 
-at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                     const at::Tensor& allowed) {
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                     const at::Tensor& sin, const at::Tensor& allowed) {
   const at::Tensor h = input_norm_->forward(x);
-  auto heads = [](const at::Tensor& t, int64_t n) { return t.unflatten(-1, {n, -1}).transpose(1, 2); };  // [B, n, S, D]
+  auto heads = [](const at::Tensor& t, int64_t n) {
+    return t.unflatten(-1, {n, -1}).transpose(1, 2);
+  };  // [B, n, S, D]
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   at::Tensor q = heads(q_->forward(h), heads_), k = heads(k_->forward(h), kv_heads_);
   q = q * c + RotateHalf(q) * s;
@@ -327,7 +382,8 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return y + mlp_->forward(post_attention_norm_->forward(y));
 }
 
-VisionBlockImpl::VisionBlockImpl(const VisionConfig& config, at::TensorOptions options) : heads_(config.num_heads) {
+VisionBlockImpl::VisionBlockImpl(const VisionConfig& config, at::TensorOptions options)
+    : heads_(config.num_heads) {
   const int64_t dim = config.hidden_size;
   norm1_ = RegisterAt(*this, "norm1", RMSNorm(dim, kVisionNormEps, options));
   norm2_ = RegisterAt(*this, "norm2", RMSNorm(dim, kVisionNormEps, options));
@@ -336,16 +392,20 @@ VisionBlockImpl::VisionBlockImpl(const VisionConfig& config, at::TensorOptions o
   mlp_ = RegisterAt(*this, "mlp", GatedMlp(dim, config.intermediate_size, /*bias=*/true, options));
 }
 
-at::Tensor VisionBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                    const std::vector<int64_t>& segments) {
+at::Tensor VisionBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                    const at::Tensor& sin, const std::vector<int64_t>& segments) {
   const int64_t n = x.size(0);
-  const std::vector<at::Tensor> qkv = qkv_->forward(norm1_->forward(x)).reshape({n, 3, heads_, -1}).unbind(1);
+  const std::vector<at::Tensor> qkv =
+      qkv_->forward(norm1_->forward(x)).reshape({n, 3, heads_, -1}).unbind(1);
   // Rotary in float32, as transformers applies it to the vision tower.
   auto rotate = [&](const at::Tensor& t) {
     const at::Tensor f = t.to(at::kFloat);
-    return (f * cos.unsqueeze(1) + RotateHalf(f) * sin.unsqueeze(1)).to(t.scalar_type()).transpose(0, 1);
+    return (f * cos.unsqueeze(1) + RotateHalf(f) * sin.unsqueeze(1))
+        .to(t.scalar_type())
+        .transpose(0, 1);
   };
-  const at::Tensor q = rotate(qkv[0]), k = rotate(qkv[1]), v = qkv[2].transpose(0, 1);  // [heads, N, D]
+  const at::Tensor q = rotate(qkv[0]), k = rotate(qkv[1]),
+                   v = qkv[2].transpose(0, 1);  // [heads, N, D]
   std::vector<at::Tensor> outputs;
   int64_t start = 0;
   for (int64_t length : segments) {
@@ -358,32 +418,41 @@ at::Tensor VisionBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos, 
   return y + mlp_->forward(norm2_->forward(y));
 }
 
-Qwen25VLTextEncoderImpl::Qwen25VLTextEncoderImpl(TextEncoderConfig config, at::TensorOptions options,
-                                                 WeightLayout layout)
+Qwen25VLTextEncoderImpl::Qwen25VLTextEncoderImpl(TextEncoderConfig config,
+                                                 at::TensorOptions options, WeightLayout layout)
     : config_(std::move(config)) {
   const std::string lm = layout == WeightLayout::kLegacy ? "model." : "model.language_model.";
   const std::string visual = layout == WeightLayout::kLegacy ? "visual." : "model.visual.";
   const VisionConfig& vision = config_.vision;
-  embed_tokens_ = RegisterAt(*this, lm + "embed_tokens", Embedding(config_.vocab_size, config_.hidden_size, options));
+  embed_tokens_ = RegisterAt(*this, lm + "embed_tokens",
+                             Embedding(config_.vocab_size, config_.hidden_size, options));
   layers_ = RegisterAt(*this, lm + "layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) layers_->push_back(DecoderLayer(config_, options));
-  norm_ = RegisterAt(*this, lm + "norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps, options));
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i)
+    layers_->push_back(DecoderLayer(config_, options));
+  norm_ =
+      RegisterAt(*this, lm + "norm", RMSNorm(config_.hidden_size, config_.rms_norm_eps, options));
   if (!config_.tie_word_embeddings) {
-    lm_head_ = RegisterAt(*this, "lm_head",
-                          Linear(Linear::Impl::Options{config_.hidden_size, config_.vocab_size, false, options}));
+    lm_head_ = RegisterAt(
+        *this, "lm_head",
+        Linear(Linear::Impl::Options{config_.hidden_size, config_.vocab_size, false, options}));
   }
   auto patch_embed = std::make_shared<torch::nn::Module>();
   patch_embed_ = patch_embed->register_parameter(
-      "weight", NewParameter({vision.hidden_size, vision.in_chans, vision.temporal_patch_size, vision.patch_size,
-                              vision.patch_size}, options));
+      "weight", NewParameter({vision.hidden_size, vision.in_chans, vision.temporal_patch_size,
+                              vision.patch_size, vision.patch_size},
+                             options));
   RegisterModuleAt(*this, visual + "patch_embed.proj", patch_embed);
   vision_blocks_ = RegisterAt(*this, visual + "blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < vision.depth; ++i) vision_blocks_->push_back(VisionBlock(vision, options));
+  for (int64_t i = 0; i < vision.depth; ++i)
+    vision_blocks_->push_back(VisionBlock(vision, options));
   const int64_t merged = vision.hidden_size * vision.spatial_merge_size * vision.spatial_merge_size;
-  merger_norm_ = RegisterAt(*this, visual + "merger.ln_q", RMSNorm(vision.hidden_size, kVisionNormEps, options));
-  merger_fc1_ = RegisterAt(*this, visual + "merger.mlp.0", Linear(Linear::Impl::Options{merged, merged, true, options}));
-  merger_fc2_ = RegisterAt(*this, visual + "merger.mlp.2",
-                           Linear(Linear::Impl::Options{merged, vision.out_hidden_size, true, options}));
+  merger_norm_ = RegisterAt(*this, visual + "merger.ln_q",
+                            RMSNorm(vision.hidden_size, kVisionNormEps, options));
+  merger_fc1_ = RegisterAt(*this, visual + "merger.mlp.0",
+                           Linear(Linear::Impl::Options{merged, merged, true, options}));
+  merger_fc2_ =
+      RegisterAt(*this, visual + "merger.mlp.2",
+                 Linear(Linear::Impl::Options{merged, vision.out_hidden_size, true, options}));
 }
 
 std::vector<std::shared_ptr<torch::nn::Module>> Qwen25VLTextEncoderImpl::blocks() const {
@@ -400,26 +469,31 @@ at::Tensor Qwen25VLTextEncoderImpl::RunUnit(size_t index, const std::function<at
   return out;
 }
 
-absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EncodeImages(const at::Tensor& patches,
-                                                                 const std::vector<ImageGrid>& grids) {
+absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EncodeImages(
+    const at::Tensor& patches, const std::vector<ImageGrid>& grids) {
   const VisionConfig& vision = config_.vision;
   const int64_t merge = vision.spatial_merge_size, unit = merge * merge;
   int64_t total = 0;
   for (const ImageGrid& grid : grids) {
-    if (grid[0] < 1 || grid[1] % merge != 0 || grid[2] % merge != 0 || grid[1] < merge || grid[2] < merge) {
-      return absl::InvalidArgumentError(absl::StrCat("image grid (", absl::StrJoin(grid, ", "),
-                                                     ") must be positive with height and width multiples of ", merge));
+    if (grid[0] < 1 || grid[1] % merge != 0 || grid[2] % merge != 0 || grid[1] < merge ||
+        grid[2] < merge) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("image grid (", absl::StrJoin(grid, ", "),
+                       ") must be positive with height and width multiples of ", merge));
     }
     total += grid[0] * grid[1] * grid[2];
   }
   if (patches.dim() != 2 || patches.size(0) != total || patches.size(1) != vision.patch_dim()) {
-    return absl::InvalidArgumentError(absl::StrCat("image patches must be [", total, ", ", vision.patch_dim(),
-                                                   "] for the given grids, got ", ShapeString(patches.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("image patches must be [", total, ", ", vision.patch_dim(),
+                     "] for the given grids, got ", ShapeString(patches.sizes())));
   }
   const at::Device device = patch_embed_.device();
   at::Tensor x = at::conv3d(patches.to(device, patch_embed_.scalar_type())
-                                .view({-1, vision.in_chans, vision.temporal_patch_size, vision.patch_size, vision.patch_size}),
-                            patch_embed_, {}, {vision.temporal_patch_size, vision.patch_size, vision.patch_size})
+                                .view({-1, vision.in_chans, vision.temporal_patch_size,
+                                       vision.patch_size, vision.patch_size}),
+                            patch_embed_, {},
+                            {vision.temporal_patch_size, vision.patch_size, vision.patch_size})
                      .view({total, vision.hidden_size});
 
   // Rotary angles from each patch's (row, column).
@@ -435,22 +509,28 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EncodeImages(const at::Tenso
   const at::Tensor table = at::arange(largest, at::kFloat).unsqueeze(1) *
                            InverseFrequencies(vision.head_dim() / 2, kVisionRopeTheta).unsqueeze(0);
   at::Tensor angles = at::cat({table.index_select(0, at::tensor(rows, at::kLong)),
-                               table.index_select(0, at::tensor(columns, at::kLong))}, 1);  // [N, head_dim / 2]
+                               table.index_select(0, at::tensor(columns, at::kLong))},
+                              1);  // [N, head_dim / 2]
 
   // Window order: merged groups of patches regrouped window by window.
   const auto [order, window_lengths] = Windows(grids, vision);
   const at::Tensor window_index = at::tensor(order, at::kLong);
-  x = x.view({total / unit, unit, -1}).index_select(0, window_index.to(device)).reshape({total, -1});
+  x = x.view({total / unit, unit, -1})
+          .index_select(0, window_index.to(device))
+          .reshape({total, -1});
   angles = angles.view({total / unit, unit, -1}).index_select(0, window_index).reshape({total, -1});
   const at::Tensor emb = at::cat({angles, angles}, -1).to(device);
   const at::Tensor cos = emb.cos(), sin = emb.sin();
   std::vector<int64_t> image_lengths;
-  for (const ImageGrid& grid : grids) image_lengths.insert(image_lengths.end(), grid[0], grid[1] * grid[2]);
+  for (const ImageGrid& grid : grids)
+    image_lengths.insert(image_lengths.end(), grid[0], grid[1] * grid[2]);
   const std::vector<int64_t>& full = vision.fullatt_block_indexes;
   for (int64_t i = 0; i < vision.depth; ++i) {
     const bool whole_images = std::find(full.begin(), full.end(), i) != full.end();
     auto block = vision_blocks_->ptr<VisionBlockImpl>(i);
-    x = RunUnit(i, [&] { return block->forward(x, cos, sin, whole_images ? image_lengths : window_lengths); });
+    x = RunUnit(i, [&] {
+      return block->forward(x, cos, sin, whole_images ? image_lengths : window_lengths);
+    });
   }
   const at::Tensor merged = merger_fc2_->forward(
       at::gelu(merger_fc1_->forward(merger_norm_->forward(x).view({total / unit, -1}))));
@@ -462,12 +542,15 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
                                                             const at::Tensor& patches,
                                                             const std::vector<ImageGrid>& grids) {
   if (input_ids.dim() != 2 || attention_mask.sizes() != input_ids.sizes()) {
-    return absl::InvalidArgumentError(absl::StrCat("text encoder: input_ids [B, S] and an attention_mask of the same "
-                                                   "shape expected, got ", ShapeString(input_ids.sizes()), " and ",
-                                                   ShapeString(attention_mask.sizes())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("text encoder: input_ids [B, S] and an attention_mask of the same "
+                     "shape expected, got ",
+                     ShapeString(input_ids.sizes()), " and ", ShapeString(attention_mask.sizes())));
   }
-  if (input_ids.numel() > 0 && (input_ids.min().item<int64_t>() < 0 || input_ids.max().item<int64_t>() >= config_.vocab_size)) {
-    return absl::InvalidArgumentError(absl::StrCat("text encoder: token ids must lie in [0, ", config_.vocab_size, ")"));
+  if (input_ids.numel() > 0 && (input_ids.min().item<int64_t>() < 0 ||
+                                input_ids.max().item<int64_t>() >= config_.vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text encoder: token ids must lie in [0, ", config_.vocab_size, ")"));
   }
   if (unit_hooks_ != nullptr) unit_hooks_->BeforeForward();
   const at::Device device = embed_tokens_->weight.device();
@@ -476,22 +559,28 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
   const at::Tensor is_image = ids.eq(config_.image_token_id);
   const int64_t image_tokens = is_image.sum().item<int64_t>();
   int64_t expected = 0;
-  for (const ImageGrid& grid : grids) expected += grid[0] * grid[1] * grid[2] / (config_.vision.spatial_merge_size * config_.vision.spatial_merge_size);
+  for (const ImageGrid& grid : grids)
+    expected += grid[0] * grid[1] * grid[2] /
+                (config_.vision.spatial_merge_size * config_.vision.spatial_merge_size);
   if (image_tokens != expected) {
     return absl::InvalidArgumentError(absl::StrCat("text encoder: the prompts hold ", image_tokens,
-                                                   " <|image_pad|> tokens; the images make ", expected));
+                                                   " <|image_pad|> tokens; the images make ",
+                                                   expected));
   }
   if (!grids.empty()) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor image_embeds, EncodeImages(patches, grids));
     x = x.masked_scatter(is_image.unsqueeze(-1).expand_as(x), image_embeds.to(x.scalar_type()));
   }
-  DRAY_ASSIGN_OR_RETURN(at::Tensor positions, MultimodalPositions(ids, attention_mask, grids, config_));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor positions,
+                        MultimodalPositions(ids, attention_mask, grids, config_));
   const auto [cos, sin] = TextRotary(positions, config_, x.scalar_type());
   const int64_t length = ids.size(1);
-  const at::Tensor causal = at::ones({length, length}, at::TensorOptions(at::kBool).device(device)).tril();
+  const at::Tensor causal =
+      at::ones({length, length}, at::TensorOptions(at::kBool).device(device)).tril();
   const at::Tensor keys = attention_mask.to(device).ne(0).view({ids.size(0), 1, 1, length});
   // A query may always see itself, so padding rows never go all -inf.
-  const at::Tensor allowed = (causal & keys) | at::eye(length, at::TensorOptions(at::kBool).device(device));
+  const at::Tensor allowed =
+      (causal & keys) | at::eye(length, at::TensorOptions(at::kBool).device(device));
   const size_t first = static_cast<size_t>(config_.vision.depth);
   for (size_t i = 0; i < layers_->size(); ++i) {
     auto layer = layers_->ptr<DecoderLayerImpl>(i);
@@ -500,9 +589,10 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
   return norm_->forward(x);
 }
 
-absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options,
-                                                    Weights weights) {
-  DRAY_ASSIGN_OR_RETURN(TextEncoderConfig config, TextEncoderConfig::FromFile(dir + "/config.json"));
+absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir,
+                                                    at::TensorOptions options, Weights weights) {
+  DRAY_ASSIGN_OR_RETURN(TextEncoderConfig config,
+                        TextEncoderConfig::FromFile(dir + "/config.json"));
   DRAY_ASSIGN_OR_RETURN(Checkpoint checkpoint, OpenComponentWeights(dir));
   const WeightLayout layout = checkpoint.contains("model.language_model.embed_tokens.weight")
                                   ? WeightLayout::kLanguageModel

@@ -47,9 +47,9 @@ struct VisionConfig {
   int64_t patch_size = 14;
   int64_t spatial_merge_size = 2;  // 2x2 patches become one token
   int64_t temporal_patch_size = 2;
-  int64_t window_size = 112;       // pixels per side of an attention window
+  int64_t window_size = 112;  // pixels per side of an attention window
   std::vector<int64_t> fullatt_block_indexes = {7, 15, 23, 31};
-  int64_t tokens_per_second = 2;   // video only
+  int64_t tokens_per_second = 2;  // video only
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   // patch_dim: values per patch: channels x temporal x patch x patch.
@@ -97,7 +97,8 @@ using ImageGrid = std::array<int64_t, 3>;
 // column) from the text position before them, and text resumes after the
 // image's largest index. Padding gets 1, as in transformers. The images
 // appear in `grids` in prompt order; a count mismatch is INVALID_ARGUMENT.
-absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids,
+                                               const at::Tensor& attention_mask,
                                                const std::vector<ImageGrid>& grids,
                                                const TextEncoderConfig& config);
 
@@ -117,7 +118,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const TextEncoderConfig& config, at::TensorOptions options);
   // x [B, S, hidden]; cos, sin [B, S, head_dim]; allowed bool [B, 1, S, S].
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const at::Tensor& allowed);
 
  private:
   int64_t heads_, kv_heads_;
@@ -160,7 +162,8 @@ class Qwen25VLTextEncoderImpl : public torch::nn::Module {
   // (1 = token, 0 = padding); each <|image_pad|> token takes the next image
   // token from `patches` / `grids` (empty when the prompts have no image).
   absl::StatusOr<at::Tensor> forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
-                                     const at::Tensor& patches, const std::vector<ImageGrid>& grids);
+                                     const at::Tensor& patches,
+                                     const std::vector<ImageGrid>& grids);
 
   const TextEncoderConfig& config() const { return config_; }
   // blocks: the sharding units in the order they run: vision blocks, then
@@ -171,7 +174,8 @@ class Qwen25VLTextEncoderImpl : public torch::nn::Module {
  private:
   // EncodeImages runs the vision tower: patches [N, patch_dim] in the image
   // processor's order, `grids` per image -> tokens [N / merge^2, hidden].
-  absl::StatusOr<at::Tensor> EncodeImages(const at::Tensor& patches, const std::vector<ImageGrid>& grids);
+  absl::StatusOr<at::Tensor> EncodeImages(const at::Tensor& patches,
+                                          const std::vector<ImageGrid>& grids);
   // RunUnit runs sharding unit `index` between its hooks.
   at::Tensor RunUnit(size_t index, const std::function<at::Tensor()>& run);
 
@@ -192,7 +196,8 @@ TORCH_MODULE(Qwen25VLTextEncoder);
 // directory: config.json and safetensors) in `options` and loads its
 // weights, whichever WeightLayout they use (or, with Weights::kShapeOnly,
 // builds it shape-only in the checkpoint's layout).
-absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir, at::TensorOptions options,
+absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir,
+                                                    at::TensorOptions options,
                                                     Weights weights = Weights::kRead);
 
 }  // namespace dray::qwen2_vl

@@ -21,28 +21,35 @@ namespace {
 int64_t TemplateTokensDropped(const BpeTokenizer* tokenizer) {
   if (tokenizer == nullptr) return 0;
   const absl::string_view prefix(kEditPromptPrefix);
-  const size_t end = prefix.find(kEditPromptDroppedUpTo) + absl::string_view(kEditPromptDroppedUpTo).size();
+  const size_t end =
+      prefix.find(kEditPromptDroppedUpTo) + absl::string_view(kEditPromptDroppedUpTo).size();
   return static_cast<int64_t>(tokenizer->Encode(prefix.substr(0, end)).size());
 }
 
 absl::Status CheckOptions(const EditOptions& options) {
   if (options.num_inference_steps < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("num_inference_steps must be at least 1, got ", options.num_inference_steps));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_inference_steps must be at least 1, got ", options.num_inference_steps));
   }
   if (!(options.true_cfg_scale >= 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("true_cfg_scale must be >= 0, got ", options.true_cfg_scale));
+    return absl::InvalidArgumentError(
+        absl::StrCat("true_cfg_scale must be >= 0, got ", options.true_cfg_scale));
   }
-  if (options.image_size < 16) return absl::InvalidArgumentError(absl::StrCat("image_size must be >= 16, got ", options.image_size));
+  if (options.image_size < 16)
+    return absl::InvalidArgumentError(
+        absl::StrCat("image_size must be >= 16, got ", options.image_size));
   for (const auto& side : {options.width, options.height}) {
-    if (side.has_value() && *side < 1) return absl::InvalidArgumentError("output width and height must be positive");
+    if (side.has_value() && *side < 1)
+      return absl::InvalidArgumentError("output width and height must be positive");
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckImage(const at::Tensor& image, size_t row) {
-  if (!image.defined() || image.dim() != 3 || image.size(2) != 3 || image.scalar_type() != at::kByte ||
-      image.size(0) < 1 || image.size(1) < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image must be RGB uint8 [H, W, 3]"));
+  if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
+      image.scalar_type() != at::kByte || image.size(0) < 1 || image.size(1) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row ", row, ": the image must be RGB uint8 [H, W, 3]"));
   }
   return absl::OkStatus();
 }
@@ -71,13 +78,14 @@ int64_t QwenImageEditPipeline::vae_scale_factor() const {
   return int64_t{1} << model_.vae->config().temperal_downsample.size();
 }
 
-absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(const std::vector<std::string>& instructions,
-                                                                      const std::vector<at::Tensor>& images) {
+absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
+    const std::vector<std::string>& instructions, const std::vector<at::Tensor>& images) {
   if (model_.tokenizer == nullptr || !model_.text_encoder) {
     return absl::FailedPreconditionError("the model has no tokenizer or text encoder loaded");
   }
   if (instructions.size() != images.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(instructions.size(), " instructions for ", images.size(), " images"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(instructions.size(), " instructions for ", images.size(), " images"));
   }
   const qwen2_vl::TextEncoderConfig& config = model_.text_encoder->config();
   const int64_t pad_id = model_.tokenizer->TokenId("<|endoftext|>").value_or(0);
@@ -86,7 +94,8 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(const std:
   std::vector<qwen2_vl::ImageGrid> grids;
   int64_t longest = 0;
   for (size_t i = 0; i < instructions.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(qwen2_vl::ProcessedImage processed, qwen2_vl::ProcessImage(images[i], model_.image_processor));
+    DRAY_ASSIGN_OR_RETURN(qwen2_vl::ProcessedImage processed,
+                          qwen2_vl::ProcessImage(images[i], model_.image_processor));
     std::vector<int64_t> ids;
     int pads = 0;
     for (int64_t id : model_.tokenizer->Encode(FormatEditPrompt(instructions[i]))) {
@@ -95,10 +104,12 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(const std:
         continue;
       }
       ++pads;
-      ids.insert(ids.end(), processed.tokens(model_.image_processor), id);  // the processor's expansion
+      ids.insert(ids.end(), processed.tokens(model_.image_processor),
+                 id);  // the processor's expansion
     }
     if (pads != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("instruction ", i, " must not contain image placeholder tokens"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("instruction ", i, " must not contain image placeholder tokens"));
     }
     longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
     prompts.push_back(std::move(ids));
@@ -114,10 +125,12 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(const std:
     mask[b].narrow(0, 0, length).fill_(1);
   }
   torch::NoGradGuard no_grad;
-  DRAY_ASSIGN_OR_RETURN(at::Tensor hidden, model_.text_encoder->forward(ids, mask, at::cat(patches), grids));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor hidden,
+                        model_.text_encoder->forward(ids, mask, at::cat(patches), grids));
   // Each prompt's own tokens after the template's system turn, right-padded with zeros.
   const int64_t kept = longest - dropped_tokens_;
-  PromptEmbeddings out{at::zeros({batch, kept, hidden.size(2)}, hidden.options()), at::zeros({batch, kept}, at::kLong)};
+  PromptEmbeddings out{at::zeros({batch, kept, hidden.size(2)}, hidden.options()),
+                       at::zeros({batch, kept}, at::kLong)};
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t length = static_cast<int64_t>(prompts[b].size()) - dropped_tokens_;
     out.embeds[b].narrow(0, 0, length).copy_(hidden[b].narrow(0, dropped_tokens_, length));
@@ -129,9 +142,9 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(const std:
   return out;
 }
 
-absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(const std::vector<EditInput>& inputs,
-                                                                    const EditOptions& options,
-                                                                    const ProgressCallback& progress) {
+absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
+    const std::vector<EditInput>& inputs, const EditOptions& options,
+    const ProgressCallback& progress) {
   DRAY_RETURN_IF_ERROR(CheckOptions(options));
   std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_size;  // rows sharing an image size
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -148,36 +161,43 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(const std::v
   return results;
 }
 
-absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(const std::vector<const EditInput*>& rows,
-                                                                         const EditOptions& options,
-                                                                         const ProgressCallback& progress) {
+absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
+    const std::vector<const EditInput*>& rows, const EditOptions& options,
+    const ProgressCallback& progress) {
   torch::NoGradGuard no_grad;
   const int64_t scale = vae_scale_factor();
   const int64_t image_height = rows[0]->image.size(0), image_width = rows[0]->image.size(1);
   const double area = static_cast<double>(options.image_size * options.image_size);
-  const auto [condition_width, condition_height] =
-      CalculateDimensions(area, static_cast<double>(image_width) / static_cast<double>(image_height));
-  const auto [width, height] = EditOutputSize(image_width, image_height, options.width, options.height, scale, area);
-  if (width < 2 * scale || height < 2 * scale || condition_width < 2 * scale || condition_height < 2 * scale) {
-    return absl::InvalidArgumentError(absl::StrCat("image ", image_width, "x", image_height, ": output ", width, "x",
-                                                   height, " is smaller than one latent token"));
+  const auto [condition_width, condition_height] = CalculateDimensions(
+      area, static_cast<double>(image_width) / static_cast<double>(image_height));
+  const auto [width, height] =
+      EditOutputSize(image_width, image_height, options.width, options.height, scale, area);
+  if (width < 2 * scale || height < 2 * scale || condition_width < 2 * scale ||
+      condition_height < 2 * scale) {
+    return absl::InvalidArgumentError(absl::StrCat("image ", image_width, "x", image_height,
+                                                   ": output ", width, "x", height,
+                                                   " is smaller than one latent token"));
   }
 
   std::vector<at::Tensor> resized;
   std::vector<std::string> instructions;
   for (const EditInput* row : rows) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(row->image, condition_height, condition_width, Resample::kLanczos));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(row->image, condition_height,
+                                                        condition_width, Resample::kLanczos));
     resized.push_back(image);
     instructions.push_back(row->instruction);
   }
   DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompt, EncodePrompts(instructions, resized));
   std::optional<PromptEmbeddings> negative;
   if (options.negative_prompt.has_value() && options.true_cfg_scale > 1) {
-    DRAY_ASSIGN_OR_RETURN(negative, EncodePrompts(std::vector<std::string>(rows.size(), *options.negative_prompt), resized));
+    DRAY_ASSIGN_OR_RETURN(
+        negative,
+        EncodePrompts(std::vector<std::string>(rows.size(), *options.negative_prompt), resized));
   }
 
   const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
-  DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded, model_.vae->Encode(ToPixels(resized, model_options)));
+  DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
+                        model_.vae->Encode(ToPixels(resized, model_options)));
   DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
 
   // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
@@ -193,37 +213,40 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(const s
   const std::vector<SampleImages> shapes(
       rows.size(), SampleImages{{1, latent_h / 2, latent_w / 2},
                                 {1, condition_height / scale / 2, condition_width / scale / 2}});
-  DRAY_ASSIGN_OR_RETURN(latents, Denoise(latents, image_latents, prompt, negative ? &*negative : nullptr, shapes,
-                                         options, progress));
+  DRAY_ASSIGN_OR_RETURN(
+      latents, Denoise(latents, image_latents, prompt, negative ? &*negative : nullptr, shapes,
+                       options, progress));
   DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked, UnpackLatents(latents, height, width, scale));
   DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(model_.vae->Denormalize(unpacked)));
   return ToImages(decoded.select(2, 0));
 }
 
-absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(at::Tensor latents, const at::Tensor& image_latents,
-                                                          const PromptEmbeddings& prompt,
-                                                          const PromptEmbeddings* negative,
-                                                          const std::vector<SampleImages>& shapes,
-                                                          const EditOptions& options,
-                                                          const ProgressCallback& progress) {
+absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(
+    at::Tensor latents, const at::Tensor& image_latents, const PromptEmbeddings& prompt,
+    const PromptEmbeddings* negative, const std::vector<SampleImages>& shapes,
+    const EditOptions& options, const ProgressCallback& progress) {
   const FlowMatchEulerConfig& config = model_.scheduler;
   FlowMatchEulerScheduler scheduler(config);
   const int steps = options.num_inference_steps;
-  const double mu = CalculateShift(latents.size(1), config.base_image_seq_len, config.max_image_seq_len,
-                                   config.base_shift, config.max_shift);
+  const double mu = CalculateShift(latents.size(1), config.base_image_seq_len,
+                                   config.max_image_seq_len, config.base_shift, config.max_shift);
   DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
   const int64_t noisy = latents.size(1);
-  auto predict = [&](const PromptEmbeddings& text, const at::Tensor& timestep) -> absl::StatusOr<at::Tensor> {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor out, model_.transformer->forward(at::cat({latents, image_latents}, 1), text.embeds,
-                                                                      text.mask, timestep, shapes));
+  auto predict = [&](const PromptEmbeddings& text,
+                     const at::Tensor& timestep) -> absl::StatusOr<at::Tensor> {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor out,
+                          model_.transformer->forward(at::cat({latents, image_latents}, 1),
+                                                      text.embeds, text.mask, timestep, shapes));
     return out.narrow(1, 0, noisy);
   };
   for (int i = 0; i < steps; ++i) {
-    const at::Tensor timestep = (scheduler.timesteps()[i].expand({latents.size(0)}) / 1000).to(latents.options());
+    const at::Tensor timestep =
+        (scheduler.timesteps()[i].expand({latents.size(0)}) / 1000).to(latents.options());
     DRAY_ASSIGN_OR_RETURN(at::Tensor noise_pred, predict(prompt, timestep));
     if (negative != nullptr) {
       DRAY_ASSIGN_OR_RETURN(at::Tensor negative_pred, predict(*negative, timestep));
-      const at::Tensor combined = negative_pred + options.true_cfg_scale * (noise_pred - negative_pred);
+      const at::Tensor combined =
+          negative_pred + options.true_cfg_scale * (noise_pred - negative_pred);
       noise_pred = combined * (noise_pred.norm(2, {-1}, true) / combined.norm(2, {-1}, true));
     }
     DRAY_ASSIGN_OR_RETURN(latents, scheduler.Step(noise_pred, latents));

@@ -15,7 +15,8 @@
 //
 //   DRAY_ASSIGN_OR_RETURN(QwenImageModel model, LoadQwenImageModel(dir, at::kFloat));
 //   QwenImageEditPipeline pipeline(std::move(model));
-//   DRAY_ASSIGN_OR_RETURN(auto images, pipeline.Edit({{rgb, "make the sky green", /*seed=*/7}}, options));
+//   DRAY_ASSIGN_OR_RETURN(auto images, pipeline.Edit({{rgb, "make the sky green", /*seed=*/7}},
+//   options));
 //
 // Each row's noise comes from its own seed, so a row's result does not
 // depend on which rows share its batch. Rows with images of one size are
@@ -76,7 +77,8 @@ class QwenImageEditPipeline {
                                                  const std::vector<at::Tensor>& images);
 
   // Edit returns one uint8 [height, width, 3] image per input, in order.
-  absl::StatusOr<std::vector<at::Tensor>> Edit(const std::vector<EditInput>& inputs, const EditOptions& options,
+  absl::StatusOr<std::vector<at::Tensor>> Edit(const std::vector<EditInput>& inputs,
+                                               const EditOptions& options,
                                                const ProgressCallback& progress = nullptr);
 
   QwenImageModel& model() { return model_; }
@@ -86,12 +88,14 @@ class QwenImageEditPipeline {
  private:
   // EditBatch edits rows whose images share one size.
   absl::StatusOr<std::vector<at::Tensor>> EditBatch(const std::vector<const EditInput*>& rows,
-                                                    const EditOptions& options, const ProgressCallback& progress);
+                                                    const EditOptions& options,
+                                                    const ProgressCallback& progress);
   // Denoise runs the flow-matching loop from packed noise.
   absl::StatusOr<at::Tensor> Denoise(at::Tensor latents, const at::Tensor& image_latents,
-                                     const PromptEmbeddings& prompt, const PromptEmbeddings* negative,
-                                     const std::vector<SampleImages>& shapes, const EditOptions& options,
-                                     const ProgressCallback& progress);
+                                     const PromptEmbeddings& prompt,
+                                     const PromptEmbeddings* negative,
+                                     const std::vector<SampleImages>& shapes,
+                                     const EditOptions& options, const ProgressCallback& progress);
 
   QwenImageModel model_;
   int64_t dropped_tokens_;  // template tokens whose hidden states are dropped

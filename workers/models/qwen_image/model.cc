@@ -6,8 +6,8 @@
 #include <fstream>
 #include <optional>
 
-#include <ATen/core/Generator.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -38,22 +38,23 @@ constexpr Component kComponents[] = {
     {"processor", "transformers", "Qwen2VLProcessor"},
 };
 
-
 // CheckModelIndex verifies that model_index.json names the components dray loads.
 absl::Status CheckModelIndex(const std::string& dir) {
   const std::string path = (fs::path(dir) / "model_index.json").string();
   std::ifstream in(path);
   if (!in) {
-    return absl::NotFoundError(absl::StrCat(dir, " is not a diffusers model directory: no model_index.json"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, " is not a diffusers model directory: no model_index.json"));
   }
   const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  if (index.is_discarded() || !index.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   for (const Component& component : kComponents) {
     const nlohmann::json expected = {component.library, component.class_name};
     if (!index.contains(component.folder) || index[component.folder] != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": component '", component.folder, "' must be ",
-                                                     expected.dump(), ", found ",
-                                                     index.contains(component.folder) ? index[component.folder].dump() : "nothing"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": component '", component.folder, "' must be ", expected.dump(), ", found ",
+          index.contains(component.folder) ? index[component.folder].dump() : "nothing"));
     }
   }
   return absl::OkStatus();
@@ -65,35 +66,42 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
 
 absl::Status WriteWeights(const fs::path& file, torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& parameter : module.named_parameters()) tensors.emplace_back(parameter.key(), parameter.value());
+  for (const auto& parameter : module.named_parameters())
+    tensors.emplace_back(parameter.key(), parameter.value());
   return WriteSafetensors(file.string(), tensors, {{"format", "pt"}});
 }
 
 // kSpecialTokens: Qwen2's added tokens, in id order.
 constexpr const char* kSpecialTokens[] = {
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>"};
+    "<|endoftext|>",      "<|im_start|>",     "<|im_end|>",     "<|object_ref_start|>",
+    "<|object_ref_end|>", "<|box_start|>",    "<|box_end|>",    "<|quad_start|>",
+    "<|quad_end|>",       "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>",      "<|video_pad|>"};
 
 // kInstructionSamples: with the edit template, what the written tokenizer
 // learns its merges from.
 constexpr char kInstructionSamples[] =
-    " Make the sky blue. Turn the cat into a dog. Add a red hat. Remove the background. Change the color of "
+    " Make the sky blue. Turn the cat into a dog. Add a red hat. Remove the background. Change the "
+    "color of "
     "the car to green. Make it look like a painting.";
 
 // WriteTokenizer writes a learned byte-level tokenizer with Qwen2's special
 // tokens and points the text encoder's vocabulary and token ids at it.
-absl::Status WriteTokenizer(const fs::path& dir, int merges, qwen2_vl::TextEncoderConfig& text_encoder) {
+absl::Status WriteTokenizer(const fs::path& dir, int merges,
+                            qwen2_vl::TextEncoderConfig& text_encoder) {
   BpeTokenizer::Model model = LearnBpeMerges(FormatEditPrompt(kInstructionSamples), merges);
   int64_t id = static_cast<int64_t>(model.vocab.size());
   for (const char* token : kSpecialTokens) model.added_tokens.push_back({id++, token, true});
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer, BpeTokenizer::Build(std::move(model)));
   text_encoder.vocab_size = tokenizer.vocab_size();
   for (auto [token, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
-           {"<|endoftext|>", &text_encoder.bos_token_id}, {"<|im_end|>", &text_encoder.eos_token_id},
-           {"<|image_pad|>", &text_encoder.image_token_id}, {"<|video_pad|>", &text_encoder.video_token_id},
+           {"<|endoftext|>", &text_encoder.bos_token_id},
+           {"<|im_end|>", &text_encoder.eos_token_id},
+           {"<|image_pad|>", &text_encoder.image_token_id},
+           {"<|video_pad|>", &text_encoder.video_token_id},
            {"<|vision_start|>", &text_encoder.vision_start_token_id},
-           {"<|vision_end|>", &text_encoder.vision_end_token_id}, {"<|vision_pad|>", &text_encoder.vision_token_id}}) {
+           {"<|vision_end|>", &text_encoder.vision_end_token_id},
+           {"<|vision_pad|>", &text_encoder.vision_token_id}}) {
     DRAY_ASSIGN_OR_RETURN(*field, tokenizer.TokenId(token));
   }
   return WriteText(dir / "tokenizer.json", tokenizer.ToJson());
@@ -103,8 +111,8 @@ absl::Status WriteTokenizer(const fs::path& dir, int merges, qwen2_vl::TextEncod
 // layers and two vision blocks (the second with full attention), MLPs twice
 // as wide as their blocks.
 qwen2_vl::TextEncoderConfig ReducedTextEncoder(int64_t hidden, int64_t heads, int64_t kv_heads,
-                                               std::vector<int64_t> mrope_section, int64_t vision_hidden,
-                                               int64_t window_size) {
+                                               std::vector<int64_t> mrope_section,
+                                               int64_t vision_hidden, int64_t window_size) {
   qwen2_vl::TextEncoderConfig text;
   text.num_hidden_layers = 2;
   text.hidden_size = text.vision.out_hidden_size = hidden;
@@ -128,14 +136,18 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
   DRAY_RETURN_IF_ERROR(CheckModelIndex(dir));
   const fs::path root(dir);
   QwenImageModel model;
-  DRAY_ASSIGN_OR_RETURN(model.scheduler,
-                        FlowMatchEulerConfig::FromFile((root / "scheduler" / "scheduler_config.json").string()));
-  DRAY_ASSIGN_OR_RETURN(TransformerConfig transformer,
-                        TransformerConfig::FromFile((root / "transformer" / "config.json").string()));
-  DRAY_ASSIGN_OR_RETURN(VaeConfig vae, VaeConfig::FromFile((root / "vae" / "config.json").string()));
+  DRAY_ASSIGN_OR_RETURN(
+      model.scheduler,
+      FlowMatchEulerConfig::FromFile((root / "scheduler" / "scheduler_config.json").string()));
+  DRAY_ASSIGN_OR_RETURN(
+      TransformerConfig transformer,
+      TransformerConfig::FromFile((root / "transformer" / "config.json").string()));
+  DRAY_ASSIGN_OR_RETURN(VaeConfig vae,
+                        VaeConfig::FromFile((root / "vae" / "config.json").string()));
   if (transformer.out_channels != vae.z_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": the transformer predicts ", transformer.out_channels,
-                                                   " latent channels, the VAE has z_dim ", vae.z_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dir, ": the transformer predicts ", transformer.out_channels,
+                     " latent channels, the VAE has z_dim ", vae.z_dim));
   }
   {
     std::optional<DeferredAllocation> deferred;
@@ -144,23 +156,26 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
     model.vae = AutoencoderKLQwenImage(vae, options);
   }
   if (weights == Weights::kRead) {
-    DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights, OpenComponentWeights((root / "transformer").string()));
+    DRAY_ASSIGN_OR_RETURN(Checkpoint transformer_weights,
+                          OpenComponentWeights((root / "transformer").string()));
     DRAY_RETURN_IF_ERROR(LoadStateDict(*model.transformer, transformer_weights));
     DRAY_ASSIGN_OR_RETURN(Checkpoint vae_weights, OpenComponentWeights((root / "vae").string()));
     DRAY_RETURN_IF_ERROR(LoadStateDict(*model.vae, vae_weights));
   }
-  DRAY_ASSIGN_OR_RETURN(model.text_encoder,
-                        qwen2_vl::LoadTextEncoder((root / "text_encoder").string(), options, weights));
+  DRAY_ASSIGN_OR_RETURN(
+      model.text_encoder,
+      qwen2_vl::LoadTextEncoder((root / "text_encoder").string(), options, weights));
   if (model.text_encoder->config().hidden_size != transformer.joint_attention_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": the text encoder's hidden_size ",
-                                                   model.text_encoder->config().hidden_size,
-                                                   " differs from the transformer's joint_attention_dim ",
-                                                   transformer.joint_attention_dim));
+    return absl::InvalidArgumentError(absl::StrCat(
+        dir, ": the text encoder's hidden_size ", model.text_encoder->config().hidden_size,
+        " differs from the transformer's joint_attention_dim ", transformer.joint_attention_dim));
   }
-  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer, BpeTokenizer::FromDirectory((root / "tokenizer").string()));
+  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
+                        BpeTokenizer::FromDirectory((root / "tokenizer").string()));
   model.tokenizer = std::make_shared<const BpeTokenizer>(std::move(tokenizer));
-  DRAY_ASSIGN_OR_RETURN(model.image_processor, qwen2_vl::ImageProcessorConfig::FromFile(
-                                                   (root / "processor" / "preprocessor_config.json").string()));
+  DRAY_ASSIGN_OR_RETURN(model.image_processor,
+                        qwen2_vl::ImageProcessorConfig::FromFile(
+                            (root / "processor" / "preprocessor_config.json").string()));
   return model;
 }
 
@@ -190,21 +205,29 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
     preset.vae.base_dim = 12;
     return preset;
   }
-  return absl::NotFoundError(absl::StrCat("unknown model preset '", name, "'; presets: tiny, small, real"));
+  return absl::NotFoundError(
+      absl::StrCat("unknown model preset '", name, "'; presets: tiny, small, real"));
 }
 
-absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset, uint64_t seed) {
+absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
+                                       uint64_t seed) {
   const fs::path root(dir);
   std::error_code error;
   for (const Component& component : kComponents) {
     fs::create_directories(root / component.folder, error);
-    if (error) return absl::UnavailableError(absl::StrCat("cannot create ", (root / component.folder).string(), ": ", error.message()));
+    if (error)
+      return absl::UnavailableError(absl::StrCat(
+          "cannot create ", (root / component.folder).string(), ": ", error.message()));
   }
-  nlohmann::json index = {{"_class_name", "QwenImageEditPipeline"}, {"_diffusers_version", kDiffusersVersion}};
-  for (const Component& component : kComponents) index[component.folder] = {component.library, component.class_name};
+  nlohmann::json index = {{"_class_name", "QwenImageEditPipeline"},
+                          {"_diffusers_version", kDiffusersVersion}};
+  for (const Component& component : kComponents)
+    index[component.folder] = {component.library, component.class_name};
   DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", index.dump(2)));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
+  DRAY_RETURN_IF_ERROR(
+      WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
+  DRAY_RETURN_IF_ERROR(
+      WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
   DRAY_RETURN_IF_ERROR(WriteText(root / "vae" / "config.json", preset.vae.ToJson()));
   qwen2_vl::TextEncoderConfig text_encoder = preset.text_encoder;
   DRAY_RETURN_IF_ERROR(WriteTokenizer(root / "tokenizer", preset.tokenizer_merges, text_encoder));
@@ -216,7 +239,8 @@ absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   QwenImageTransformer transformer(preset.transformer, float32);
   InitializeLikePyTorch(*transformer, generator);
-  DRAY_RETURN_IF_ERROR(WriteWeights(root / "transformer" / "diffusion_pytorch_model.safetensors", *transformer));
+  DRAY_RETURN_IF_ERROR(
+      WriteWeights(root / "transformer" / "diffusion_pytorch_model.safetensors", *transformer));
   AutoencoderKLQwenImage vae(preset.vae, float32);
   InitializeLikePyTorch(*vae, generator);
   DRAY_RETURN_IF_ERROR(WriteWeights(root / "vae" / "diffusion_pytorch_model.safetensors", *vae));

@@ -58,7 +58,8 @@ struct ModelPreset {
   FlowMatchEulerConfig scheduler;
   qwen2_vl::TextEncoderConfig text_encoder;  // vocab and special ids follow the tokenizer written
   qwen2_vl::ImageProcessorConfig image_processor;
-  int tokenizer_merges = 0;  // merges learned for the tokenizer written (no released vocabulary here)
+  int tokenizer_merges =
+      0;  // merges learned for the tokenizer written (no released vocabulary here)
 };
 
 // PresetNamed returns "tiny" (runs anywhere in seconds), "small" (the
@@ -70,7 +71,8 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
 // random weights (float32), deterministic for `seed`, and a byte-level BPE
 // tokenizer with Qwen2's special tokens whose merges are learned from the
 // edit prompt template.
-absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset, uint64_t seed);
+absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
+                                       uint64_t seed);
 
 }  // namespace dray::qwen_image
 

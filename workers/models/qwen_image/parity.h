@@ -38,13 +38,13 @@ struct ParityCase {
 struct ParityResult {
   std::string component;
   std::string case_name;
-  std::string output;    // e.g. "sample", "sigmas"
-  double max_abs = 0;    // max |dray - reference|
-  double max_rel = 0;    // max |dray - reference| / |reference|, where |reference| > atol
+  std::string output;  // e.g. "sample", "sigmas"
+  double max_abs = 0;  // max |dray - reference|
+  double max_rel = 0;  // max |dray - reference| / |reference|, where |reference| > atol
   double atol = 0;
   double rtol = 0;
-  bool passed = false;   // |dray - reference| <= atol + rtol |reference| everywhere
-  std::string error;     // why the case could not run (then passed is false)
+  bool passed = false;  // |dray - reference| <= atol + rtol |reference| everywhere
+  std::string error;    // why the case could not run (then passed is false)
 };
 
 // ListParityCases finds every case under `dir`, sorted by component and name.

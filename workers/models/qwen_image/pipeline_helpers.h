@@ -25,8 +25,9 @@ std::pair<int64_t, int64_t> CalculateDimensions(double target_area, double ratio
 // floored to a multiple of 2 * vae_scale_factor (one packed latent token).
 // diffusers' target area is 1024 * 1024.
 std::pair<int64_t, int64_t> EditOutputSize(int64_t image_width, int64_t image_height,
-                                           std::optional<int64_t> width, std::optional<int64_t> height,
-                                           int64_t vae_scale_factor, double target_area = 1024.0 * 1024.0);
+                                           std::optional<int64_t> width,
+                                           std::optional<int64_t> height, int64_t vae_scale_factor,
+                                           double target_area = 1024.0 * 1024.0);
 
 // PackLatents turns latents [B, C, 1, H, W] (H, W even) into tokens
 // [B, (H/2)(W/2), 4C], each token a 2x2 patch in channel-major order.

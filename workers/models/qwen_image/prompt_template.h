@@ -16,9 +16,12 @@ namespace dray::qwen_image {
 // kEditPromptPrefix: everything before the instruction; its tokens up to
 // kEditPromptDroppedUpTo (the user header's end) are dropped.
 inline constexpr char kEditPromptPrefix[] =
-    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, "
-    "background), then explain how the user's text instruction should alter or modify the image. Generate a new "
-    "image that meets the user's requirements while maintaining consistency with the original input where "
+    "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, "
+    "texture, objects, "
+    "background), then explain how the user's text instruction should alter or modify the image. "
+    "Generate a new "
+    "image that meets the user's requirements while maintaining consistency with the original "
+    "input where "
     "appropriate.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>";
 inline constexpr char kEditPromptSuffix[] = "<|im_end|>\n<|im_start|>assistant\n";
 inline constexpr char kEditPromptDroppedUpTo[] = "<|im_start|>user\n";

@@ -61,10 +61,13 @@ absl::StatusOr<FlowMatchEulerConfig> FlowMatchEulerConfig::FromJson(JsonConfig j
   }
   DRAY_RETURN_IF_ERROR(json.Finish());
   if (train_steps < 1 || base_len >= max_len) {
-    return absl::InvalidArgumentError("scheduler config: needs num_train_timesteps >= 1 and base_image_seq_len < max_image_seq_len");
+    return absl::InvalidArgumentError(
+        "scheduler config: needs num_train_timesteps >= 1 and base_image_seq_len < "
+        "max_image_seq_len");
   }
   if (config.time_shift_type != "exponential" && config.time_shift_type != "linear") {
-    return absl::InvalidArgumentError(absl::StrCat("scheduler config: time_shift_type '", config.time_shift_type,
+    return absl::InvalidArgumentError(absl::StrCat("scheduler config: time_shift_type '",
+                                                   config.time_shift_type,
                                                    "' is neither \"exponential\" nor \"linear\""));
   }
   config.num_train_timesteps = static_cast<int>(train_steps);
@@ -129,7 +132,8 @@ absl::Status FlowMatchEulerScheduler::SetSigmas(const std::vector<double>& sigma
                                                 std::optional<double> mu) {
   if (sigmas.empty()) return absl::InvalidArgumentError("SetSigmas: no sigmas");
   if (config_.use_dynamic_shifting && !mu.has_value()) {
-    return absl::InvalidArgumentError("SetSigmas: this scheduler shifts by image size and needs mu");
+    return absl::InvalidArgumentError(
+        "SetSigmas: this scheduler shifts by image size and needs mu");
   }
   // The pipeline's sigmas are cast to float32 first, so the shift runs in float32.
   std::vector<float> narrow(sigmas.begin(), sigmas.end());
@@ -140,13 +144,15 @@ absl::Status FlowMatchEulerScheduler::SetSigmas(const std::vector<double>& sigma
 absl::Status FlowMatchEulerScheduler::SetTimesteps(int steps, std::optional<double> mu) {
   if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("SetTimesteps: ", steps, " steps"));
   if (config_.use_dynamic_shifting && !mu.has_value()) {
-    return absl::InvalidArgumentError("SetTimesteps: this scheduler shifts by image size and needs mu");
+    return absl::InvalidArgumentError(
+        "SetTimesteps: this scheduler shifts by image size and needs mu");
   }
   // The training schedule's float32 extremes, then a float64 linspace between them.
   const float sigma_max = 1.0f;
   const float sigma_min = 1.0f / static_cast<float>(config_.num_train_timesteps);
   const double train = config_.num_train_timesteps;
-  std::vector<double> sigmas = Linspace(sigma_max * train, static_cast<double>(sigma_min) * train, steps);
+  std::vector<double> sigmas =
+      Linspace(sigma_max * train, static_cast<double>(sigma_min) * train, steps);
   for (double& s : sigmas) s /= train;
   const std::vector<double> shifted = ShiftSigmas(std::move(sigmas), config_, mu.value_or(0));
   Finish(std::vector<float>(shifted.begin(), shifted.end()));
@@ -154,8 +160,9 @@ absl::Status FlowMatchEulerScheduler::SetTimesteps(int steps, std::optional<doub
 }
 
 void FlowMatchEulerScheduler::Finish(const std::vector<float>& sigmas) {
-  const at::Tensor shifted =
-      at::from_blob(const_cast<float*>(sigmas.data()), {static_cast<int64_t>(sigmas.size())}, at::kFloat).clone();
+  const at::Tensor shifted = at::from_blob(const_cast<float*>(sigmas.data()),
+                                           {static_cast<int64_t>(sigmas.size())}, at::kFloat)
+                                 .clone();
   timesteps_ = shifted * static_cast<float>(config_.num_train_timesteps);
   sigmas_ = at::cat({shifted, at::zeros({1}, at::kFloat)});
   step_index_ = 0;
@@ -163,7 +170,8 @@ void FlowMatchEulerScheduler::Finish(const std::vector<float>& sigmas) {
 
 absl::StatusOr<at::Tensor> FlowMatchEulerScheduler::Step(const at::Tensor& model_output,
                                                          const at::Tensor& sample) {
-  if (!sigmas_.defined()) return absl::FailedPreconditionError("Step before SetSigmas or SetTimesteps");
+  if (!sigmas_.defined())
+    return absl::FailedPreconditionError("Step before SetSigmas or SetTimesteps");
   if (step_index_ + 1 >= sigmas_.size(0)) {
     return absl::FailedPreconditionError(
         absl::StrCat("Step: all ", sigmas_.size(0) - 1, " steps of the schedule are done"));

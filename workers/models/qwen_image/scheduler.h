@@ -2,9 +2,9 @@
 // to a terminal value, shifted by image size (dynamic shifting, exponential
 // time shift), stretched to end at shift_terminal, and Euler steps in float32.
 //
-//   DRAY_ASSIGN_OR_RETURN(auto config, FlowMatchEulerConfig::FromFile("scheduler/scheduler_config.json"));
-//   FlowMatchEulerScheduler scheduler(config);
-//   const double mu = CalculateShift(image_seq_len, 256, 8192, 0.5, 0.9);
+//   DRAY_ASSIGN_OR_RETURN(auto config,
+//   FlowMatchEulerConfig::FromFile("scheduler/scheduler_config.json")); FlowMatchEulerScheduler
+//   scheduler(config); const double mu = CalculateShift(image_seq_len, 256, 8192, 0.5, 0.9);
 //   DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
 //   for (int64_t i = 0; i < steps; ++i) {
 //     at::Tensor t = scheduler.timesteps()[i];                 // transformer gets t / 1000
@@ -33,13 +33,13 @@ namespace dray::qwen_image {
 // FlowMatchEulerConfig: diffusers' scheduler_config.json keys and defaults.
 struct FlowMatchEulerConfig {
   int num_train_timesteps = 1000;
-  double shift = 1.0;                  // static shift, without dynamic shifting
-  bool use_dynamic_shifting = false;   // shift by image size (mu)
+  double shift = 1.0;                 // static shift, without dynamic shifting
+  bool use_dynamic_shifting = false;  // shift by image size (mu)
   double base_shift = 0.5;
   double max_shift = 1.15;
   int base_image_seq_len = 256;
   int max_image_seq_len = 4096;
-  std::optional<double> shift_terminal;  // stretch the schedule to end here
+  std::optional<double> shift_terminal;         // stretch the schedule to end here
   std::string time_shift_type = "exponential";  // or "linear"
 
   // FromJson reads a diffusers scheduler_config.json; an unknown key, a
@@ -55,9 +55,8 @@ struct FlowMatchEulerConfig {
 
 // CalculateShift: mu for an image of `image_seq_len` latent tokens, linear
 // between (base_seq_len, base_shift) and (max_seq_len, max_shift).
-double CalculateShift(int64_t image_seq_len, int64_t base_seq_len = 256,
-                      int64_t max_seq_len = 4096, double base_shift = 0.5,
-                      double max_shift = 1.15);
+double CalculateShift(int64_t image_seq_len, int64_t base_seq_len = 256, int64_t max_seq_len = 4096,
+                      double base_shift = 0.5, double max_shift = 1.15);
 
 // Linspace: numpy.linspace(start, stop, n), value for value.
 std::vector<double> Linspace(double start, double stop, int n);

@@ -37,7 +37,8 @@ at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& freqs) {
   std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end() - 1);
   pairs.push_back(-1);
   pairs.push_back(2);
-  const at::Tensor rotated = at::view_as_complex(x.to(at::kFloat).reshape(pairs)) * freqs.unsqueeze(1);
+  const at::Tensor rotated =
+      at::view_as_complex(x.to(at::kFloat).reshape(pairs)) * freqs.unsqueeze(1);
   return at::view_as_real(rotated).flatten(3).to(x.scalar_type());
 }
 
@@ -84,9 +85,11 @@ absl::StatusOr<TransformerConfig> TransformerConfig::FromJson(JsonConfig json) {
     DRAY_RETURN_IF_ERROR(json.Unsupported(key));
   }
   DRAY_RETURN_IF_ERROR(json.Finish());
-  const int64_t rope_dims = std::accumulate(config.axes_dims_rope.begin(), config.axes_dims_rope.end(), int64_t{0});
+  const int64_t rope_dims =
+      std::accumulate(config.axes_dims_rope.begin(), config.axes_dims_rope.end(), int64_t{0});
   if (config.axes_dims_rope.size() != 3 || rope_dims != config.attention_head_dim ||
-      config.axes_dims_rope[0] % 2 || config.axes_dims_rope[1] % 2 || config.axes_dims_rope[2] % 2) {
+      config.axes_dims_rope[0] % 2 || config.axes_dims_rope[1] % 2 ||
+      config.axes_dims_rope[2] % 2) {
     return absl::InvalidArgumentError(absl::StrCat(
         "transformer config: axes_dims_rope [", absl::StrJoin(config.axes_dims_rope, ", "),
         "] must be three even sizes summing to attention_head_dim ", config.attention_head_dim));
@@ -140,15 +143,22 @@ at::Tensor Rope::ImageFrequencies(const ImageShape& shape, int64_t index) const 
   const std::vector<at::Tensor> neg = negative_.split_with_sizes(split, 1);
   // Centred rows and columns: -(n - n/2) .. n/2 - 1; the image's frame index.
   auto centred = [](const at::Tensor& neg_axis, const at::Tensor& pos_axis, int64_t n) {
-    return at::cat({neg_axis.slice(0, kRopePositions - (n - n / 2)), pos_axis.slice(0, 0, n / 2)}, 0);
+    return at::cat({neg_axis.slice(0, kRopePositions - (n - n / 2)), pos_axis.slice(0, 0, n / 2)},
+                   0);
   };
-  const at::Tensor frame = pos[0].slice(0, index, index + frames).view({frames, 1, 1, -1}).expand({frames, height, width, -1});
-  const at::Tensor rows = centred(neg[1], pos[1], height).view({1, height, 1, -1}).expand({frames, height, width, -1});
-  const at::Tensor cols = centred(neg[2], pos[2], width).view({1, 1, width, -1}).expand({frames, height, width, -1});
+  const at::Tensor frame = pos[0]
+                               .slice(0, index, index + frames)
+                               .view({frames, 1, 1, -1})
+                               .expand({frames, height, width, -1});
+  const at::Tensor rows =
+      centred(neg[1], pos[1], height).view({1, height, 1, -1}).expand({frames, height, width, -1});
+  const at::Tensor cols =
+      centred(neg[2], pos[2], width).view({1, 1, width, -1}).expand({frames, height, width, -1});
   return at::cat({frame, rows, cols}, -1).reshape({Tokens(shape), -1});
 }
 
-std::pair<at::Tensor, at::Tensor> Rope::Frequencies(const SampleImages& images, int64_t text_length) const {
+std::pair<at::Tensor, at::Tensor> Rope::Frequencies(const SampleImages& images,
+                                                    int64_t text_length) const {
   std::vector<at::Tensor> image_freqs;
   int64_t max_extent = 0;
   for (size_t i = 0; i < images.size(); ++i) {
@@ -194,26 +204,33 @@ std::pair<at::Tensor, at::Tensor> JointAttentionImpl::forward(const at::Tensor& 
   const at::Tensor img_q = ApplyRope(norm_q_->forward(heads(to_q_->forward(image))), image_freqs);
   const at::Tensor img_k = ApplyRope(norm_k_->forward(heads(to_k_->forward(image))), image_freqs);
   const at::Tensor img_v = heads(to_v_->forward(image));
-  const at::Tensor txt_q = ApplyRope(norm_added_q_->forward(heads(add_q_proj_->forward(text))), text_freqs);
-  const at::Tensor txt_k = ApplyRope(norm_added_k_->forward(heads(add_k_proj_->forward(text))), text_freqs);
+  const at::Tensor txt_q =
+      ApplyRope(norm_added_q_->forward(heads(add_q_proj_->forward(text))), text_freqs);
+  const at::Tensor txt_k =
+      ApplyRope(norm_added_k_->forward(heads(add_k_proj_->forward(text))), text_freqs);
   const at::Tensor txt_v = heads(add_v_proj_->forward(text));
 
   // Joint attention over [text, image]: [B, H, S, D].
   const at::Tensor q = at::cat({txt_q, img_q}, 1).permute({0, 2, 1, 3});
   const at::Tensor k = at::cat({txt_k, img_k}, 1).permute({0, 2, 1, 3});
   const at::Tensor v = at::cat({txt_v, img_v}, 1).permute({0, 2, 1, 3});
-  const at::Tensor allowed = mask.defined() ? mask.view({mask.size(0), 1, 1, mask.size(1)}) : at::Tensor();
-  const at::Tensor joint = DotProductAttention(q, k, v, allowed).permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
+  const at::Tensor allowed =
+      mask.defined() ? mask.view({mask.size(0), 1, 1, mask.size(1)}) : at::Tensor();
+  const at::Tensor joint =
+      DotProductAttention(q, k, v, allowed).permute({0, 2, 1, 3}).flatten(2, 3).to(q.scalar_type());
   const int64_t text_length = text.size(1);
-  return {to_out_->forward(joint.slice(1, text_length)), to_add_out_->forward(joint.slice(1, 0, text_length))};
+  return {to_out_->forward(joint.slice(1, text_length)),
+          to_add_out_->forward(joint.slice(1, 0, text_length))};
 }
 
-TransformerBlockImpl::TransformerBlockImpl(const TransformerConfig& config, at::TensorOptions options)
+TransformerBlockImpl::TransformerBlockImpl(const TransformerConfig& config,
+                                           at::TensorOptions options)
     : zero_cond_t_(config.zero_cond_t) {
   const int64_t dim = config.inner_dim();
   img_mod_ = RegisterAt(*this, "img_mod.1", Linear(LinearOptions(dim, 6 * dim, options)));
-  attn_ = RegisterAt(*this, "attn",
-                     JointAttention(dim, config.num_attention_heads, config.attention_head_dim, options));
+  attn_ = RegisterAt(
+      *this, "attn",
+      JointAttention(dim, config.num_attention_heads, config.attention_head_dim, options));
   img_mlp_ = RegisterAt(*this, "img_mlp", FeedForward(dim, options));
   txt_mod_ = RegisterAt(*this, "txt_mod.1", Linear(LinearOptions(dim, 6 * dim, options)));
   txt_mlp_ = RegisterAt(*this, "txt_mlp", FeedForward(dim, options));
@@ -244,12 +261,14 @@ std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward(
   return {txt, img};
 }
 
-QwenImageTransformerImpl::QwenImageTransformerImpl(TransformerConfig config, at::TensorOptions options)
+QwenImageTransformerImpl::QwenImageTransformerImpl(TransformerConfig config,
+                                                   at::TensorOptions options)
     : config_(std::move(config)), rope_(config_.axes_dims_rope) {
   const int64_t dim = config_.inner_dim();
   img_in_ = RegisterAt(*this, "img_in", Linear(LinearOptions(config_.in_channels, dim, options)));
   txt_norm_ = RegisterAt(*this, "txt_norm", RMSNorm(config_.joint_attention_dim, kEps, options));
-  txt_in_ = RegisterAt(*this, "txt_in", Linear(LinearOptions(config_.joint_attention_dim, dim, options)));
+  txt_in_ =
+      RegisterAt(*this, "txt_in", Linear(LinearOptions(config_.joint_attention_dim, dim, options)));
   time_linear_1_ = RegisterAt(*this, "time_text_embed.timestep_embedder.linear_1",
                               Linear(LinearOptions(kTimestepChannels, dim, options)));
   time_linear_2_ = RegisterAt(*this, "time_text_embed.timestep_embedder.linear_2",
@@ -258,41 +277,55 @@ QwenImageTransformerImpl::QwenImageTransformerImpl(TransformerConfig config, at:
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     transformer_blocks_->push_back(TransformerBlock(config_, options));
   }
-  norm_out_linear_ = RegisterAt(*this, "norm_out.linear", Linear(LinearOptions(dim, 2 * dim, options)));
-  proj_out_ = RegisterAt(*this, "proj_out",
-                         Linear(LinearOptions(dim, config_.patch_size * config_.patch_size * config_.out_channels, options)));
+  norm_out_linear_ =
+      RegisterAt(*this, "norm_out.linear", Linear(LinearOptions(dim, 2 * dim, options)));
+  proj_out_ = RegisterAt(
+      *this, "proj_out",
+      Linear(LinearOptions(dim, config_.patch_size * config_.patch_size * config_.out_channels,
+                           options)));
 }
 
-at::Tensor QwenImageTransformerImpl::TimestepEmbedding(const at::Tensor& timestep, at::ScalarType dtype) {
+at::Tensor QwenImageTransformerImpl::TimestepEmbedding(const at::Tensor& timestep,
+                                                       at::ScalarType dtype) {
   // Sinusoidal embedding of t * 1000 (cos half first), then a 2-layer MLP.
   const int64_t half = kTimestepChannels / 2;
   const at::Tensor exponent = at::arange(0, half, at::kFloat) * -std::log(10000.0) / half;
-  const at::Tensor angles = timestep.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0) * 1000;
+  const at::Tensor angles =
+      timestep.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0) * 1000;
   const at::Tensor projected = at::cat({at::cos(angles), at::sin(angles)}, -1);
   return time_linear_2_->forward(at::silu(time_linear_1_->forward(projected.to(dtype))));
 }
 
 absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_states,
                                                    const at::Tensor& encoder_hidden_states,
-                                                   const at::Tensor& text_mask, const at::Tensor& timestep,
+                                                   const at::Tensor& text_mask,
+                                                   const at::Tensor& timestep,
                                                    const std::vector<SampleImages>& images) const {
-  auto shape = [](const at::Tensor& t) { return t.defined() ? ShapeString(t.sizes()) : std::string("undefined"); };
-  if (!hidden_states.defined() || hidden_states.dim() != 3 || hidden_states.size(2) != config_.in_channels) {
-    return absl::InvalidArgumentError(absl::StrCat("transformer: hidden_states must be [B, S, ", config_.in_channels,
-                                                   "], got ", shape(hidden_states)));
+  auto shape = [](const at::Tensor& t) {
+    return t.defined() ? ShapeString(t.sizes()) : std::string("undefined");
+  };
+  if (!hidden_states.defined() || hidden_states.dim() != 3 ||
+      hidden_states.size(2) != config_.in_channels) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: hidden_states must be [B, S, ",
+                                                   config_.in_channels, "], got ",
+                                                   shape(hidden_states)));
   }
   const int64_t batch = hidden_states.size(0);
   if (!encoder_hidden_states.defined() || encoder_hidden_states.dim() != 3 ||
-      encoder_hidden_states.size(0) != batch || encoder_hidden_states.size(2) != config_.joint_attention_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("transformer: encoder_hidden_states must be [", batch, ", L, ",
-                                                   config_.joint_attention_dim, "], got ", shape(encoder_hidden_states)));
+      encoder_hidden_states.size(0) != batch ||
+      encoder_hidden_states.size(2) != config_.joint_attention_dim) {
+    return absl::InvalidArgumentError(absl::StrCat("transformer: encoder_hidden_states must be [",
+                                                   batch, ", L, ", config_.joint_attention_dim,
+                                                   "], got ", shape(encoder_hidden_states)));
   }
   if (text_mask.defined() && text_mask.sizes() != encoder_hidden_states.sizes().slice(0, 2)) {
     return absl::InvalidArgumentError(absl::StrCat("transformer: text mask must be [", batch, ", ",
-                                                   encoder_hidden_states.size(1), "], got ", shape(text_mask)));
+                                                   encoder_hidden_states.size(1), "], got ",
+                                                   shape(text_mask)));
   }
   if (!timestep.defined() || timestep.dim() != 1 || timestep.size(0) != batch) {
-    return absl::InvalidArgumentError(absl::StrCat("transformer: timestep must be [", batch, "], got ", shape(timestep)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("transformer: timestep must be [", batch, "], got ", shape(timestep)));
   }
   if (static_cast<int64_t>(images.size()) != batch) {
     return absl::InvalidArgumentError(absl::StrCat("transformer: image shapes for ", images.size(),
@@ -303,8 +336,9 @@ absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_stat
     for (const ImageShape& image : images[i]) {
       if (image[0] < 1 || image[1] < 1 || image[2] < 1 || image[1] / 2 >= kRopePositions ||
           image[2] / 2 >= kRopePositions) {
-        return absl::InvalidArgumentError(absl::StrCat("transformer: sample ", i, " has an image of ",
-                                                       image[0], "x", image[1], "x", image[2], " tokens"));
+        return absl::InvalidArgumentError(absl::StrCat("transformer: sample ", i,
+                                                       " has an image of ", image[0], "x", image[1],
+                                                       "x", image[2], " tokens"));
       }
       tokens += Tokens(image);
     }
@@ -317,12 +351,12 @@ absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_stat
   return absl::OkStatus();
 }
 
-absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& hidden_states,
-                                                             const at::Tensor& encoder_hidden_states,
-                                                             const at::Tensor& text_mask,
-                                                             const at::Tensor& timestep,
-                                                             const std::vector<SampleImages>& images) {
-  DRAY_RETURN_IF_ERROR(CheckInputs(hidden_states, encoder_hidden_states, text_mask, timestep, images));
+absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
+    const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
+    const at::Tensor& text_mask, const at::Tensor& timestep,
+    const std::vector<SampleImages>& images) {
+  DRAY_RETURN_IF_ERROR(
+      CheckInputs(hidden_states, encoder_hidden_states, text_mask, timestep, images));
   if (unit_hooks_ != nullptr) unit_hooks_->BeforeForward();
   // Compute in the parameters' dtype (e.g. bfloat16 under mixed precision).
   const at::ScalarType dtype = img_in_->weight.scalar_type();
@@ -340,7 +374,8 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
   const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1));
   at::Tensor mask;
   if (text_mask.defined()) {
-    mask = at::cat({text_mask.to(at::kBool), at::ones({image.size(0), image.size(1)}, at::kBool)}, 1);
+    mask =
+        at::cat({text_mask.to(at::kBool), at::ones({image.size(0), image.size(1)}, at::kBool)}, 1);
   }
   for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
     if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
@@ -348,20 +383,24 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(const at::Tensor& h
     if (checkpoint_blocks_) {
       // Captured by value: the recomputation runs in backward, after forward returned.
       const std::vector<at::Tensor> outputs = CheckpointedForward(
-          [block, image_rope = image_freqs, text_rope = text_freqs, mask, modulate_index](const std::vector<at::Tensor>& in) {
-            const auto [txt, img] = block->forward(in[0], in[1], in[2], image_rope, text_rope, mask, modulate_index);
+          [block, image_rope = image_freqs, text_rope = text_freqs, mask,
+           modulate_index](const std::vector<at::Tensor>& in) {
+            const auto [txt, img] =
+                block->forward(in[0], in[1], in[2], image_rope, text_rope, mask, modulate_index);
             return std::vector<at::Tensor>{txt, img};
           },
           {image, text, temb});
       text = outputs[0];
       image = outputs[1];
     } else {
-      std::tie(text, image) = block->forward(image, text, temb, image_freqs, text_freqs, mask, modulate_index);
+      std::tie(text, image) =
+          block->forward(image, text, temb, image_freqs, text_freqs, mask, modulate_index);
     }
     if (unit_hooks_ != nullptr) unit_hooks_->AfterUnit(i, {text, image});
   }
   if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];
-  const std::vector<at::Tensor> scale_shift = norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
+  const std::vector<at::Tensor> scale_shift =
+      norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
   image = LayerNorm(image) * (1 + scale_shift[0]).unsqueeze(1) + scale_shift[1].unsqueeze(1);
   return proj_out_->forward(image);
 }

@@ -41,12 +41,12 @@ namespace dray::qwen_image {
 // TransformerConfig: diffusers' config.json keys; defaults are the real model.
 struct TransformerConfig {
   int64_t patch_size = 2;
-  int64_t in_channels = 64;     // packed latent channels (4 x VAE z_dim)
-  int64_t out_channels = 16;    // VAE z_dim
+  int64_t in_channels = 64;   // packed latent channels (4 x VAE z_dim)
+  int64_t out_channels = 16;  // VAE z_dim
   int64_t num_layers = 60;
   int64_t attention_head_dim = 128;
   int64_t num_attention_heads = 24;
-  int64_t joint_attention_dim = 3584;  // text encoder width
+  int64_t joint_attention_dim = 3584;                  // text encoder width
   std::vector<int64_t> axes_dims_rope = {16, 56, 56};  // frame, height, width
   // Condition-image tokens modulated with t = 0 (later Qwen-Image-Edit releases).
   bool zero_cond_t = false;
@@ -70,7 +70,8 @@ class Rope {
   Rope(const std::vector<int64_t>& axes_dims, double theta = 10000);
   // Frequencies (complex64) for the image tokens of `images` and for
   // `text_length` text tokens: {[S_img, head_dim/2], [S_txt, head_dim/2]}.
-  std::pair<at::Tensor, at::Tensor> Frequencies(const SampleImages& images, int64_t text_length) const;
+  std::pair<at::Tensor, at::Tensor> Frequencies(const SampleImages& images,
+                                                int64_t text_length) const;
 
  private:
   at::Tensor ImageFrequencies(const ImageShape& shape, int64_t index) const;
@@ -97,8 +98,8 @@ class JointAttentionImpl : public torch::nn::Module {
   JointAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, at::TensorOptions options);
   // Returns {image output, text output}. `mask`: bool [B, S_txt + S_img] or undefined.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
-                                            const at::Tensor& image_freqs, const at::Tensor& text_freqs,
-                                            const at::Tensor& mask);
+                                            const at::Tensor& image_freqs,
+                                            const at::Tensor& text_freqs, const at::Tensor& mask);
 
  private:
   int64_t heads_;

@@ -58,8 +58,10 @@ class CausalConv3dImpl : public torch::nn::Module {
  public:
   CausalConv3dImpl(int64_t in, int64_t out, Triple kernel, Triple stride, Triple padding,
                    at::TensorOptions options)
-      : stride_(stride), padding_{padding[2], padding[2], padding[1], padding[1], 2 * padding[0], 0} {
-    weight = register_parameter("weight", NewParameter({out, in, kernel[0], kernel[1], kernel[2]}, options));
+      : stride_(stride), padding_{padding[2], padding[2],     padding[1],
+                                  padding[1], 2 * padding[0], 0} {
+    weight = register_parameter("weight",
+                                NewParameter({out, in, kernel[0], kernel[1], kernel[2]}, options));
     bias = register_parameter("bias", NewParameter({out}, options));
   }
 
@@ -95,7 +97,8 @@ namespace {
 
 class Conv2dImpl : public torch::nn::Module {
  public:
-  Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, at::TensorOptions options)
+  Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+             at::TensorOptions options)
       : stride_(stride), padding_(padding) {
     weight = register_parameter("weight", NewParameter({out, in, kernel, kernel}, options));
     bias = register_parameter("bias", NewParameter({out}, options));
@@ -141,11 +144,15 @@ class ResidualBlockImpl : public BlockImpl {
  public:
   ResidualBlockImpl(int64_t in, int64_t out, at::TensorOptions options) {
     norm1_ = register_module("norm1", ChannelRMSNorm(in, false, options));
-    conv1_ = register_module("conv1", CausalConv3d(in, out, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    conv1_ = register_module(
+        "conv1", CausalConv3d(in, out, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
     norm2_ = register_module("norm2", ChannelRMSNorm(out, false, options));
-    conv2_ = register_module("conv2", CausalConv3d(out, out, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    conv2_ = register_module("conv2", CausalConv3d(out, out, Triple{3, 3, 3}, Triple{1, 1, 1},
+                                                   Triple{1, 1, 1}, options));
     if (in != out) {
-      shortcut_ = register_module("conv_shortcut", CausalConv3d(in, out, Triple{1, 1, 1}, Triple{1, 1, 1}, Triple{0, 0, 0}, options));
+      shortcut_ = register_module(
+          "conv_shortcut",
+          CausalConv3d(in, out, Triple{1, 1, 1}, Triple{1, 1, 1}, Triple{0, 0, 0}, options));
     }
   }
   at::Tensor Run(const at::Tensor& x, FeatureCache& cache) override {
@@ -171,10 +178,13 @@ class AttentionBlockImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
     const at::Tensor frames = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
-    const at::Tensor qkv =
-        to_qkv_->forward(norm_->forward(frames)).reshape({b * t, 1, 3 * c, -1}).permute({0, 1, 3, 2}).contiguous();
+    const at::Tensor qkv = to_qkv_->forward(norm_->forward(frames))
+                               .reshape({b * t, 1, 3 * c, -1})
+                               .permute({0, 1, 3, 2})
+                               .contiguous();
     const std::vector<at::Tensor> parts = qkv.chunk(3, -1);
-    const at::Tensor scores = at::matmul(parts[0], parts[1].transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(c)));
+    const at::Tensor scores = at::matmul(parts[0], parts[1].transpose(-2, -1)) *
+                              (1.0 / std::sqrt(static_cast<double>(c)));
     at::Tensor out = at::matmul(at::softmax(scores, -1), parts[2]);
     out = proj_->forward(out.squeeze(1).permute({0, 2, 1}).reshape({b * t, c, h, w}));
     return out.view({b, t, c, h, w}).permute({0, 2, 1, 3, 4}) + x;
@@ -194,11 +204,17 @@ class ResampleImpl : public BlockImpl {
 
   ResampleImpl(int64_t dim, Mode mode, at::TensorOptions options) : mode_(mode) {
     const bool up = mode == Mode::kUpsample2d || mode == Mode::kUpsample3d;
-    conv_ = RegisterAt(*this, "resample.1", up ? Conv2d(dim, dim / 2, 3, 1, 1, options) : Conv2d(dim, dim, 3, 2, 0, options));
+    conv_ = RegisterAt(
+        *this, "resample.1",
+        up ? Conv2d(dim, dim / 2, 3, 1, 1, options) : Conv2d(dim, dim, 3, 2, 0, options));
     if (mode == Mode::kUpsample3d) {
-      time_conv_ = register_module("time_conv", CausalConv3d(dim, 2 * dim, Triple{3, 1, 1}, Triple{1, 1, 1}, Triple{1, 0, 0}, options));
+      time_conv_ = register_module(
+          "time_conv",
+          CausalConv3d(dim, 2 * dim, Triple{3, 1, 1}, Triple{1, 1, 1}, Triple{1, 0, 0}, options));
     } else if (mode == Mode::kDownsample3d) {
-      time_conv_ = register_module("time_conv", CausalConv3d(dim, dim, Triple{3, 1, 1}, Triple{2, 1, 1}, Triple{0, 0, 0}, options));
+      time_conv_ = register_module(
+          "time_conv",
+          CausalConv3d(dim, dim, Triple{3, 1, 1}, Triple{2, 1, 1}, Triple{0, 0, 0}, options));
     }
   }
 
@@ -209,12 +225,14 @@ class ResampleImpl : public BlockImpl {
     const int64_t t = x.size(2), h = x.size(3), w = x.size(4);
     at::Tensor frames = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     if (mode_ == Mode::kUpsample2d || mode_ == Mode::kUpsample3d) {
-      frames = at::_upsample_nearest_exact2d(frames.to(at::kFloat), {2 * h, 2 * w}, 2.0, 2.0).to(x.scalar_type());
+      frames = at::_upsample_nearest_exact2d(frames.to(at::kFloat), {2 * h, 2 * w}, 2.0, 2.0)
+                   .to(x.scalar_type());
     } else {
       frames = at::constant_pad_nd(frames, {0, 1, 0, 1}, 0);
     }
     frames = conv_->forward(frames);
-    x = frames.view({b, t, frames.size(1), frames.size(2), frames.size(3)}).permute({0, 2, 1, 3, 4});
+    x = frames.view({b, t, frames.size(1), frames.size(2), frames.size(3)})
+            .permute({0, 2, 1, 3, 4});
     if (mode_ == Mode::kDownsample3d) x = DownsampleTime(x, cache);
     return x;
   }
@@ -229,9 +247,13 @@ class ResampleImpl : public BlockImpl {
     }
     at::Tensor last = x.slice(2, std::max<int64_t>(0, x.size(2) - kCacheFrames)).clone();
     if (last.size(2) < kCacheFrames) {
-      last = at::cat({entry.repeat ? at::zeros_like(last) : entry.frames.slice(2, entry.frames.size(2) - 1), last}, 2);
+      last = at::cat(
+          {entry.repeat ? at::zeros_like(last) : entry.frames.slice(2, entry.frames.size(2) - 1),
+           last},
+          2);
     }
-    const at::Tensor doubled = entry.repeat ? time_conv_->forward(x) : time_conv_->forward(x, entry.frames);
+    const at::Tensor doubled =
+        entry.repeat ? time_conv_->forward(x) : time_conv_->forward(x, entry.frames);
     entry.frames = last;
     entry.repeat = false;
     const int64_t b = x.size(0), c = x.size(1), t = x.size(2), h = x.size(3), w = x.size(4);
@@ -247,7 +269,8 @@ class ResampleImpl : public BlockImpl {
       return x;
     }
     at::Tensor last = x.slice(2, x.size(2) - 1).clone();
-    at::Tensor out = time_conv_->forward(at::cat({entry.frames.slice(2, entry.frames.size(2) - 1), x}, 2));
+    at::Tensor out =
+        time_conv_->forward(at::cat({entry.frames.slice(2, entry.frames.size(2) - 1), x}, 2));
     entry.frames = std::move(last);
     return out;
   }
@@ -263,7 +286,8 @@ class MidBlockImpl : public torch::nn::Module {
   MidBlockImpl(int64_t dim, at::TensorOptions options) {
     first_ = RegisterAt(*this, "resnets.0", std::make_shared<ResidualBlockImpl>(dim, dim, options));
     attention_ = RegisterAt(*this, "attentions.0", AttentionBlock(dim, options));
-    second_ = RegisterAt(*this, "resnets.1", std::make_shared<ResidualBlockImpl>(dim, dim, options));
+    second_ =
+        RegisterAt(*this, "resnets.1", std::make_shared<ResidualBlockImpl>(dim, dim, options));
   }
   at::Tensor Run(const at::Tensor& x, FeatureCache& cache) {
     return second_->Run(attention_->forward(first_->Run(x, cache)), cache);
@@ -275,7 +299,8 @@ class MidBlockImpl : public torch::nn::Module {
 };
 
 // Head: norm_out, SiLU, conv_out (cached): the end of encoder and decoder.
-at::Tensor Head(ChannelRMSNormImpl& norm, CausalConv3dImpl& conv, const at::Tensor& x, FeatureCache& cache) {
+at::Tensor Head(ChannelRMSNormImpl& norm, CausalConv3dImpl& conv, const at::Tensor& x,
+                FeatureCache& cache) {
   return conv.Cached(at::silu(norm.forward(x)), cache);
 }
 
@@ -286,7 +311,9 @@ class EncoderImpl : public torch::nn::Module {
   EncoderImpl(const VaeConfig& config, at::TensorOptions options) {
     std::vector<int64_t> dims = {config.base_dim};
     for (int64_t mult : config.dim_mult) dims.push_back(config.base_dim * mult);
-    conv_in_ = RegisterAt(*this, "conv_in", CausalConv3d(config.input_channels, dims[0], Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    conv_in_ = RegisterAt(*this, "conv_in",
+                          CausalConv3d(config.input_channels, dims[0], Triple{3, 3, 3},
+                                       Triple{1, 1, 1}, Triple{1, 1, 1}, options));
     down_blocks_ = register_module("down_blocks", torch::nn::ModuleList());
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
       int64_t in = dims[i];
@@ -296,18 +323,24 @@ class EncoderImpl : public torch::nn::Module {
       }
       if (i != config.dim_mult.size() - 1) {
         down_blocks_->push_back(std::make_shared<ResampleImpl>(
-            dims[i + 1], config.temperal_downsample[i] ? ResampleImpl::Mode::kDownsample3d : ResampleImpl::Mode::kDownsample2d,
+            dims[i + 1],
+            config.temperal_downsample[i] ? ResampleImpl::Mode::kDownsample3d
+                                          : ResampleImpl::Mode::kDownsample2d,
             options));
       }
     }
-    mid_block_ = RegisterAt(*this, "mid_block", std::make_shared<MidBlockImpl>(dims.back(), options));
+    mid_block_ =
+        RegisterAt(*this, "mid_block", std::make_shared<MidBlockImpl>(dims.back(), options));
     norm_out_ = RegisterAt(*this, "norm_out", ChannelRMSNorm(dims.back(), false, options));
-    conv_out_ = RegisterAt(*this, "conv_out", CausalConv3d(dims.back(), 2 * config.z_dim, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    conv_out_ = RegisterAt(*this, "conv_out",
+                           CausalConv3d(dims.back(), 2 * config.z_dim, Triple{3, 3, 3},
+                                        Triple{1, 1, 1}, Triple{1, 1, 1}, options));
   }
 
   at::Tensor Run(const at::Tensor& x, FeatureCache& cache) {
     at::Tensor h = conv_in_->Cached(x, cache);
-    for (const auto& block : *down_blocks_) h = std::dynamic_pointer_cast<BlockImpl>(block)->Run(h, cache);
+    for (const auto& block : *down_blocks_)
+      h = std::dynamic_pointer_cast<BlockImpl>(block)->Run(h, cache);
     return Head(*norm_out_, *conv_out_, mid_block_->Run(h, cache), cache);
   }
 
@@ -322,28 +355,36 @@ class DecoderImpl : public torch::nn::Module {
  public:
   DecoderImpl(const VaeConfig& config, at::TensorOptions options) {
     std::vector<int64_t> dims = {config.base_dim * config.dim_mult.back()};
-    for (auto it = config.dim_mult.rbegin(); it != config.dim_mult.rend(); ++it) dims.push_back(config.base_dim * *it);
-    conv_in_ = RegisterAt(*this, "conv_in", CausalConv3d(config.z_dim, dims[0], Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    for (auto it = config.dim_mult.rbegin(); it != config.dim_mult.rend(); ++it)
+      dims.push_back(config.base_dim * *it);
+    conv_in_ = RegisterAt(*this, "conv_in",
+                          CausalConv3d(config.z_dim, dims[0], Triple{3, 3, 3}, Triple{1, 1, 1},
+                                       Triple{1, 1, 1}, options));
     mid_block_ = RegisterAt(*this, "mid_block", std::make_shared<MidBlockImpl>(dims[0], options));
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
       int64_t in = i > 0 ? dims[i] / 2 : dims[i];
       std::vector<std::shared_ptr<BlockImpl>> up_block;
       for (int64_t r = 0; r <= config.num_res_blocks; ++r) {
-        up_block.push_back(RegisterAt(*this, absl::StrCat("up_blocks.", i, ".resnets.", r),
-                                      std::make_shared<ResidualBlockImpl>(in, dims[i + 1], options)));
+        up_block.push_back(
+            RegisterAt(*this, absl::StrCat("up_blocks.", i, ".resnets.", r),
+                       std::make_shared<ResidualBlockImpl>(in, dims[i + 1], options)));
         in = dims[i + 1];
       }
       if (i != config.dim_mult.size() - 1) {
         const bool temporal = config.temperal_downsample[config.temperal_downsample.size() - 1 - i];
-        up_block.push_back(RegisterAt(*this, absl::StrCat("up_blocks.", i, ".upsamplers.0"),
-                                      std::make_shared<ResampleImpl>(
-                                          dims[i + 1], temporal ? ResampleImpl::Mode::kUpsample3d : ResampleImpl::Mode::kUpsample2d,
-                                          options)));
+        up_block.push_back(
+            RegisterAt(*this, absl::StrCat("up_blocks.", i, ".upsamplers.0"),
+                       std::make_shared<ResampleImpl>(dims[i + 1],
+                                                      temporal ? ResampleImpl::Mode::kUpsample3d
+                                                               : ResampleImpl::Mode::kUpsample2d,
+                                                      options)));
       }
       up_blocks_.push_back(std::move(up_block));
     }
     norm_out_ = RegisterAt(*this, "norm_out", ChannelRMSNorm(dims.back(), false, options));
-    conv_out_ = RegisterAt(*this, "conv_out", CausalConv3d(dims.back(), 3, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
+    conv_out_ = RegisterAt(
+        *this, "conv_out",
+        CausalConv3d(dims.back(), 3, Triple{3, 3, 3}, Triple{1, 1, 1}, Triple{1, 1, 1}, options));
   }
 
   at::Tensor Run(const at::Tensor& x, FeatureCache& cache) {
@@ -376,16 +417,19 @@ absl::StatusOr<VaeConfig> VaeConfig::FromJson(JsonConfig json) {
   DRAY_RETURN_IF_ERROR(json.Get("attn_scales", &attn_scales));
   DRAY_RETURN_IF_ERROR(json.Get("dropout", &dropout));  // training only
   DRAY_RETURN_IF_ERROR(json.Finish());
-  if (!attn_scales.empty()) return absl::UnimplementedError("vae config: attn_scales other than [] are not supported");
-  if (config.dim_mult.size() < 2 || config.temperal_downsample.size() != config.dim_mult.size() - 1 ||
+  if (!attn_scales.empty())
+    return absl::UnimplementedError("vae config: attn_scales other than [] are not supported");
+  if (config.dim_mult.size() < 2 ||
+      config.temperal_downsample.size() != config.dim_mult.size() - 1 ||
       config.num_res_blocks < 1 || config.base_dim < 1 || config.z_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("vae config: needs dim_mult of at least 2 entries, temperal_downsample of ",
-                                                   "one fewer, and positive base_dim, z_dim, num_res_blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("vae config: needs dim_mult of at least 2 entries, temperal_downsample of ",
+                     "one fewer, and positive base_dim, z_dim, num_res_blocks"));
   }
   if (static_cast<int64_t>(config.latents_mean.size()) != config.z_dim ||
       static_cast<int64_t>(config.latents_std.size()) != config.z_dim) {
-    return absl::InvalidArgumentError(absl::StrCat("vae config: latents_mean and latents_std need z_dim = ",
-                                                   config.z_dim, " entries"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "vae config: latents_mean and latents_std need z_dim = ", config.z_dim, " entries"));
   }
   return config;
 }
@@ -414,12 +458,14 @@ absl::StatusOr<VaeConfig> VaeConfig::FromFile(const std::string& path) {
 AutoencoderKLQwenImageImpl::AutoencoderKLQwenImageImpl(VaeConfig config, at::TensorOptions options)
     : config_(std::move(config)) {
   encoder_ = register_module("encoder", std::make_shared<EncoderImpl>(config_, options));
-  quant_conv_ = register_module("quant_conv", std::make_shared<CausalConv3dImpl>(
-                                                  2 * config_.z_dim, 2 * config_.z_dim, Triple{1, 1, 1},
-                                                  Triple{1, 1, 1}, Triple{0, 0, 0}, options));
-  post_quant_conv_ = register_module("post_quant_conv", std::make_shared<CausalConv3dImpl>(
-                                                            config_.z_dim, config_.z_dim, Triple{1, 1, 1},
-                                                            Triple{1, 1, 1}, Triple{0, 0, 0}, options));
+  quant_conv_ = register_module(
+      "quant_conv",
+      std::make_shared<CausalConv3dImpl>(2 * config_.z_dim, 2 * config_.z_dim, Triple{1, 1, 1},
+                                         Triple{1, 1, 1}, Triple{0, 0, 0}, options));
+  post_quant_conv_ = register_module(
+      "post_quant_conv",
+      std::make_shared<CausalConv3dImpl>(config_.z_dim, config_.z_dim, Triple{1, 1, 1},
+                                         Triple{1, 1, 1}, Triple{0, 0, 0}, options));
   decoder_ = register_module("decoder", std::make_shared<DecoderImpl>(config_, options));
 }
 
@@ -427,9 +473,10 @@ absl::StatusOr<LatentDistribution> AutoencoderKLQwenImageImpl::Encode(const at::
   const int64_t scale = config_.spatial_compression();
   if (!pixels.defined() || pixels.dim() != 5 || pixels.size(1) != config_.input_channels ||
       pixels.size(3) % scale != 0 || pixels.size(4) % scale != 0 || (pixels.size(2) - 1) % 4 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VAE encode needs [B, ", config_.input_channels, ", 1 + 4k, H, W] with H and W multiples of ", scale,
-        ", got [", pixels.defined() ? absl::StrJoin(pixels.sizes(), ", ") : "undefined", "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("VAE encode needs [B, ", config_.input_channels,
+                     ", 1 + 4k, H, W] with H and W multiples of ", scale, ", got [",
+                     pixels.defined() ? absl::StrJoin(pixels.sizes(), ", ") : "undefined", "]"));
   }
   FeatureCache cache;
   std::vector<at::Tensor> chunks;
@@ -449,9 +496,9 @@ absl::StatusOr<LatentDistribution> AutoencoderKLQwenImageImpl::Encode(const at::
 
 absl::StatusOr<at::Tensor> AutoencoderKLQwenImageImpl::Decode(const at::Tensor& latents) {
   if (!latents.defined() || latents.dim() != 5 || latents.size(1) != config_.z_dim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VAE decode needs [B, ", config_.z_dim, ", T, h, w], got [",
-        latents.defined() ? absl::StrJoin(latents.sizes(), ", ") : "undefined", "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("VAE decode needs [B, ", config_.z_dim, ", T, h, w], got [",
+                     latents.defined() ? absl::StrJoin(latents.sizes(), ", ") : "undefined", "]"));
   }
   const at::Tensor x = post_quant_conv_->forward(latents);
   FeatureCache cache;
@@ -465,15 +512,19 @@ absl::StatusOr<at::Tensor> AutoencoderKLQwenImageImpl::Decode(const at::Tensor& 
 
 at::Tensor AutoencoderKLQwenImageImpl::Normalize(const at::Tensor& latents) const {
   const auto options = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor mean = at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
-  const at::Tensor std = at::tensor(config_.latents_std, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
+  const at::Tensor mean =
+      at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
+  const at::Tensor std =
+      at::tensor(config_.latents_std, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
   return (latents - mean) / std;
 }
 
 at::Tensor AutoencoderKLQwenImageImpl::Denormalize(const at::Tensor& latents) const {
   const auto options = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor mean = at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
-  const at::Tensor inverse_std = (1.0 / at::tensor(config_.latents_std, options)).to(latents.dtype()).view({1, -1, 1, 1, 1});
+  const at::Tensor mean =
+      at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
+  const at::Tensor inverse_std =
+      (1.0 / at::tensor(config_.latents_std, options)).to(latents.dtype()).view({1, -1, 1, 1, 1});
   return latents / inverse_std + mean;
 }
 

@@ -10,8 +10,9 @@
 //   DRAY_ASSIGN_OR_RETURN(auto config, VaeConfig::FromFile("vae/config.json"));
 //   AutoencoderKLQwenImage vae(config, at::TensorOptions().dtype(at::kFloat));
 //   DRAY_RETURN_IF_ERROR(LoadStateDict(*vae, checkpoint));
-//   DRAY_ASSIGN_OR_RETURN(LatentDistribution dist, vae->Encode(pixels));  // [B, 3, T, H, W] in [-1, 1]
-//   DRAY_ASSIGN_OR_RETURN(at::Tensor image, vae->Decode(dist.mean));     // clamped to [-1, 1]
+//   DRAY_ASSIGN_OR_RETURN(LatentDistribution dist, vae->Encode(pixels));  // [B, 3, T, H, W] in
+//   [-1, 1] DRAY_ASSIGN_OR_RETURN(at::Tensor image, vae->Decode(dist.mean));     // clamped to [-1,
+//   1]
 //
 // Thread-safety: not thread-safe.
 #ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_VAE_H_
@@ -37,8 +38,9 @@ struct VaeConfig {
   int64_t num_res_blocks = 2;
   std::vector<bool> temperal_downsample = {false, true, true};  // diffusers' spelling
   int64_t input_channels = 3;
-  std::vector<double> latents_mean = {-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-                                      0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921};
+  std::vector<double> latents_mean = {-0.7571, -0.7089, -0.9113, 0.1075,  -0.1745, 0.9653,
+                                      -0.1517, 1.5508,  0.4134,  -0.0715, 0.5517,  -0.3632,
+                                      -0.1922, -0.9497, 0.2503,  -0.2921};
   std::vector<double> latents_std = {2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
                                      3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916};
 
