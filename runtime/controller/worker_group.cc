@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/controller.grpc.pb.h"
 #include "dray/v1/worker.grpc.pb.h"
+#include "runtime/controller/worker_client.h"
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
 
@@ -33,53 +34,6 @@ constexpr absl::Duration kWorkerExitGrace = absl::Seconds(5);
 constexpr absl::Duration kTermGrace = absl::Seconds(2);
 
 }  // namespace
-
-struct GroupFuture::State {
-  std::vector<CallFuture> per_rank;  // of the ranks called, in rank order
-  DispatchPlan plan;
-  const DispatchMode* mode = nullptr;
-  absl::Mutex mu;
-  size_t remaining ABSL_GUARDED_BY(mu) = 0;
-  std::optional<absl::Status> first_error ABSL_GUARDED_BY(mu);
-  std::optional<absl::StatusOr<std::vector<DataProto>>> result ABSL_GUARDED_BY(mu);
-
-  // Track counts `call` down when it completes; the first error ends the wait.
-  static void Track(const std::shared_ptr<State>& state, const CallFuture& call) {
-    std::weak_ptr<State> weak = state;  // no cycle: calls do not keep the state alive
-    call->OnReady([weak, call] {
-      std::shared_ptr<State> self = weak.lock();
-      if (self == nullptr) return;
-      absl::MutexLock lock(&self->mu);
-      --self->remaining;
-      if (!call->Wait().ok() && !self->first_error.has_value()) {
-        self->first_error = call->Wait().status();
-      }
-    });
-  }
-};
-
-absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
-  absl::MutexLock lock(&state_->mu);
-  if (state_->result.has_value()) return *state_->result;
-  auto settled = [state = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
-    return state->remaining == 0 || state->first_error.has_value();
-  };
-  state_->mu.Await(absl::Condition(&settled));
-  if (state_->first_error.has_value()) {
-    state_->result = *state_->first_error;
-  } else {
-    std::vector<DataProto> outputs;
-    for (const CallFuture& call : state_->per_rank) outputs.push_back(*call->Wait());
-    state_->result = state_->mode->collect(std::move(outputs), state_->plan);
-  }
-  state_->plan.per_rank.clear();  // the inputs are no longer needed
-  return *state_->result;
-}
-
-bool GroupFuture::Ready() const {
-  absl::MutexLock lock(&state_->mu);
-  return state_->result.has_value() || state_->remaining == 0 || state_->first_error.has_value();
-}
 
 // Impl: the controller's service (registration, heartbeats), the worker
 // processes and the sessions to them.
@@ -374,9 +328,13 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceS
   auto impl = std::make_unique<Impl>(resources, std::move(options));
   DRAY_RETURN_IF_ERROR(impl->Start());  // on error, ~Impl reaps what started
   std::unique_ptr<WorkerGroup> group(new WorkerGroup(std::move(impl)));
-  group->world_size_ = resources.world_size();
   const v1::MethodTable& table = group->impl_->table(0);
-  group->methods_.assign(table.methods().begin(), table.methods().end());
+  std::vector<WorkerConnection*> workers;
+  for (int rank = 0; rank < resources.world_size(); ++rank)
+    workers.push_back(group->impl_->client(rank));
+  group->dispatcher_ = std::make_unique<MethodDispatcher>(
+      std::vector<v1::MethodInfo>(table.methods().begin(), table.methods().end()),
+      std::move(workers));
   return group;
 }
 
@@ -390,77 +348,13 @@ std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->w
 
 std::string WorkerGroup::controller_address() const { return impl_->controller_address(); }
 
-absl::StatusOr<const v1::MethodInfo*> WorkerGroup::FindMethod(absl::string_view method) const {
-  std::vector<const v1::MethodInfo*> matches;
-  std::vector<std::string> known;
-  for (const v1::MethodInfo& info : methods_) {
-    const std::string qualified = absl::StrCat(info.role(), ".", info.name());
-    if (info.name() == method || qualified == method) matches.push_back(&info);
-    known.push_back(qualified);
-  }
-  if (matches.size() == 1) return matches[0];
-  if (matches.empty()) {
-    return absl::NotFoundError(absl::StrCat("the worker group has no method '", method,
-                                            "'; it has: ", absl::StrJoin(known, ", ")));
-  }
-  std::vector<std::string> roles;
-  for (const v1::MethodInfo* info : matches) roles.push_back(info->role());
-  return absl::InvalidArgumentError(absl::StrCat("method '", method, "' exists in roles ",
-                                                 absl::StrJoin(roles, ", "), ": call it as ",
-                                                 roles[0], ".", method));
-}
-
 GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto> inputs,
                                 const CallOptions& options) {
-  GroupFuture future;
-  future.state_ = std::make_shared<GroupFuture::State>();
-  GroupFuture::State& state = *future.state_;
-  auto fail = [&](absl::Status status) {
-    absl::MutexLock lock(&state.mu);
-    state.result = std::move(status);
-    return future;
-  };
-  if (impl_->stopped())
-    return fail(absl::FailedPreconditionError("the worker group has shut down"));
-  absl::StatusOr<const v1::MethodInfo*> info = FindMethod(method);
-  if (!info.ok()) return fail(info.status());
-  absl::StatusOr<const DispatchMode*> mode =
-      DispatchRegistry::Global().Find((*info)->dispatch_mode());
-  if (!mode.ok()) return fail(mode.status());
-  absl::StatusOr<DispatchPlan> plan = (*mode)->dispatch(std::move(inputs), world_size_);
-  if (!plan.ok()) return fail(plan.status());
-  if (static_cast<int>(plan->per_rank.size()) != world_size_) {
-    return fail(absl::InternalError(absl::StrCat("dispatch mode ", (*mode)->name, " planned ",
-                                                 plan->per_rank.size(), " ranks for a group of ",
-                                                 world_size_)));
-  }
-  if ((*info)->execute_mode() == v1::EXECUTE_MODE_RANK_ZERO) {
-    for (int rank = 1; rank < world_size_; ++rank) plan->per_rank[rank] = nullptr;
+  if (impl_->stopped()) {
+    return GroupFuture::Failed(absl::FailedPreconditionError("the worker group has shut down"));
   }
   const absl::Time deadline = absl::Now() + options.timeout.value_or(impl_->call_timeout());
-  std::map<const DataProto*, std::shared_ptr<const EncodedInput>>
-      encoded;  // once per distinct input
-  for (int rank = 0; rank < world_size_; ++rank) {
-    const std::shared_ptr<const DataProto>& input = plan->per_rank[rank];
-    if (input == nullptr) continue;
-    std::shared_ptr<const EncodedInput>& wire = encoded[input.get()];
-    if (wire == nullptr) {
-      absl::StatusOr<std::shared_ptr<const EncodedInput>> encoding = EncodeInput(*input);
-      if (!encoding.ok()) return fail(encoding.status());
-      wire = *encoding;
-    }
-    state.per_rank.push_back(
-        impl_->client(rank)->Submit((*info)->role(), (*info)->name(), wire, deadline));
-  }
-  state.plan = std::move(plan).value();
-  state.mode = *mode;
-  {
-    absl::MutexLock lock(&state.mu);
-    state.remaining = state.per_rank.size();
-  }
-  for (const CallFuture& call : state.per_rank) GroupFuture::State::Track(future.state_, call);
-  if ((*info)->blocking()) future.Get().IgnoreError();
-  return future;
+  return dispatcher_->Invoke(method, std::move(inputs), deadline);
 }
 
 absl::StatusOr<std::vector<DataProto>> WorkerGroup::Call(absl::string_view method,

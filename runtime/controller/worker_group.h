@@ -47,7 +47,7 @@
 #include "dispatch/data_proto.h"
 #include "dispatch/dispatch_mode.h"
 #include "dray/v1/worker.pb.h"
-#include "runtime/controller/worker_client.h"
+#include "runtime/controller/method_dispatcher.h"
 
 namespace dray {
 
@@ -86,22 +86,6 @@ struct CallOptions {
   std::optional<absl::Duration> timeout;
 };
 
-// GroupFuture: the pending result of a call on a group.
-class GroupFuture {
- public:
-  // Get waits for every rank and returns the collected outputs (or the error
-  // of the lowest failing rank). It may be called more than once.
-  absl::StatusOr<std::vector<DataProto>> Get();
-
-  // Ready is true when Get would not wait.
-  bool Ready() const;
-
- private:
-  friend class WorkerGroup;
-  struct State;
-  std::shared_ptr<State> state_;
-};
-
 class WorkerGroup {
  public:
   static absl::StatusOr<std::unique_ptr<WorkerGroup>> Create(const ResourceSpec& resources,
@@ -110,10 +94,10 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  int world_size() const { return world_size_; }
+  int world_size() const { return dispatcher_->world_size(); }
 
   // methods returns the method table every rank published.
-  const std::vector<v1::MethodInfo>& methods() const { return methods_; }
+  const std::vector<v1::MethodInfo>& methods() const { return dispatcher_->methods(); }
 
   // Invoke calls `method` ("name", or "role.name" when roles share a name)
   // with the caller's inputs, dispatched by the method's mode. It returns
@@ -151,13 +135,8 @@ class WorkerGroup {
   class Impl;
   explicit WorkerGroup(std::unique_ptr<Impl> impl);
 
-  // FindMethod resolves "name" or "role.name"; NOT_FOUND / INVALID_ARGUMENT
-  // name the known methods.
-  absl::StatusOr<const v1::MethodInfo*> FindMethod(absl::string_view method) const;
-
   std::unique_ptr<Impl> impl_;
-  int world_size_ = 0;
-  std::vector<v1::MethodInfo> methods_;
+  std::unique_ptr<MethodDispatcher> dispatcher_;
 };
 
 }  // namespace dray

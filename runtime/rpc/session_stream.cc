@@ -1,7 +1,6 @@
 #include "runtime/rpc/session_stream.h"
 
 #include <google/protobuf/io/coded_stream.h>
-#include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/support/slice.h>
 
 #include <algorithm>

@@ -26,7 +26,6 @@
 #include <optional>
 
 #include <grpcpp/support/byte_buffer.h>
-#include <grpcpp/support/sync_stream.h>
 
 #include "absl/status/statusor.h"
 #include "dispatch/wire.h"
@@ -40,8 +39,22 @@ inline constexpr size_t kInlinePayloadBytes = size_t{64} << 10;
 // The full gRPC method name of WorkerService.Session.
 const char* SessionMethodName();
 
-using SessionReader = grpc::internal::ReaderInterface<grpc::ByteBuffer>;
-using SessionWriter = grpc::internal::WriterInterface<grpc::ByteBuffer>;
+// SessionReader: where a Session's frames come from, one at a time.
+class SessionReader {
+ public:
+  virtual ~SessionReader() = default;
+  // Read waits for the next frame; false when the stream ended or broke.
+  virtual bool Read(grpc::ByteBuffer* frame) = 0;
+};
+
+// SessionWriter: where a Session's frames go, one at a time.
+class SessionWriter {
+ public:
+  virtual ~SessionWriter() = default;
+  // Write sends `frame` (the transport may share its slices until sent);
+  // false when the stream broke.
+  virtual bool Write(const grpc::ByteBuffer& frame) = 0;
+};
 
 // WriteCallRequest writes `request`, whose input's payload was detached into
 // `payload`; false when the stream broke. The transport may reference the

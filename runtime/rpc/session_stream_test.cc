@@ -24,14 +24,8 @@ using ::testing::HasSubstr;
 // written to it.
 class FrameQueue final : public SessionReader, public SessionWriter {
  public:
-  using SessionWriter::Write;
-  bool Write(const grpc::ByteBuffer& frame, grpc::WriteOptions) override {
+  bool Write(const grpc::ByteBuffer& frame) override {
     frames.push_back(frame);
-    return true;
-  }
-  bool NextMessageSize(uint32_t* size) override {
-    if (frames.empty()) return false;
-    *size = static_cast<uint32_t>(frames.front().Length());
     return true;
   }
   bool Read(grpc::ByteBuffer* frame) override {

@@ -129,8 +129,10 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
                         WorkerHost::Create(classes, options.roles, context.rank));
 
   absl::Notification stop;
-  // An asked-for shutdown is the normal end: the worker exits quietly.
-  WorkerServiceImpl service(host.get(), context.rank, [&](std::string) {
+  // An asked-for shutdown is the normal end: the worker exits quietly. The
+  // service and the sessions' queue live until the process exits (WorkerMain
+  // ends it with _Exit), since session threads may still use them.
+  auto* service = new WorkerServiceImpl(host.get(), context.rank, [&stop](std::string) {
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   grpc::EnableDefaultHealthCheckService(true);
@@ -139,11 +141,13 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   int port = 0;
   builder.AddListeningPort(absl::StrCat(options.host, ":0"), grpc::InsecureServerCredentials(),
                            &port);
-  builder.RegisterService(&service);
+  builder.RegisterService(service);
+  grpc::ServerCompletionQueue* sessions = builder.AddCompletionQueue().release();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host));
   }
+  std::thread([service, sessions] { service->AcceptSessions(sessions); }).detach();
   StopOnSignals(&stop);
 
   std::shared_ptr<v1::ControllerService::Stub> controller =
@@ -170,8 +174,9 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   // Shutdown waits for running handlers, and a method cannot be interrupted:
   // drain on the side for at most kDrainGrace; the caller then exits.
   auto drained = std::make_shared<absl::Notification>();
-  std::thread([server = server.release(), drained] {
+  std::thread([server = server.release(), sessions, drained] {
     server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainGrace));
+    sessions->Shutdown();
     drained->Notify();
   }).detach();
   drained->WaitForNotificationWithTimeout(kDrainGrace + absl::Milliseconds(200));

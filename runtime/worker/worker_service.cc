@@ -1,6 +1,11 @@
 #include "runtime/worker/worker_service.h"
 
-#include <grpcpp/support/method_handler.h>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/support/async_stream.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,25 +21,65 @@ void SetError(const absl::Status& status, v1::CallResponse* response) {
   response->mutable_error()->set_message(std::string(status.message()));
 }
 
-using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+// SessionCall: one Session stream on the asynchronous API, with a
+// completion queue of its own that only the session's thread drives: each
+// Read and Write waits for its own completion, as the synchronous API does.
+class SessionCall final : public SessionReader, public SessionWriter {
+ public:
+  SessionCall() = default;
+  ~SessionCall() override {
+    queue.Shutdown();
+    void* tag;
+    bool ok;
+    while (queue.Next(&tag, &ok)) {
+    }
+  }
 
-// Index of Session among WorkerService's rpcs, in worker.proto's order.
-constexpr int kSessionMethodIndex = 1;
+  bool Read(grpc::ByteBuffer* frame) override {
+    stream.Read(frame, this);
+    return Completed();
+  }
+  bool Write(const grpc::ByteBuffer& frame) override {
+    stream.Write(frame, this);
+    return Completed();
+  }
+  void Finish(const grpc::Status& status) {
+    stream.Finish(status, this);
+    Completed();
+  }
+
+  grpc::ServerContext context;
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream{&context};
+  grpc::CompletionQueue queue;  // this call's operations complete here
+
+ private:
+  // Completed waits for the one operation in flight; false if it failed.
+  bool Completed() {
+    void* tag;
+    bool ok = false;
+    return queue.Next(&tag, &ok) && ok;
+  }
+};
 
 }  // namespace
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank,
                                      std::function<void(std::string reason)> on_shutdown)
-    : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {
-  // Session reads and writes raw byte buffers (session_stream.h): its handler
-  // is swapped for one on ByteBuffers, as generated code builds handlers.
-  MarkMethodStreamed(kSessionMethodIndex,
-                     new grpc::internal::BidiStreamingHandler<WorkerServiceImpl, grpc::ByteBuffer,
-                                                              grpc::ByteBuffer>(
-                         [](WorkerServiceImpl* self, grpc::ServerContext*, RawStream* stream) {
-                           return self->RunSession(stream);
-                         },
-                         this));
+    : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {}
+
+void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
+  void* tag;
+  bool ok = false;
+  while (true) {
+    auto call = std::make_unique<SessionCall>();
+    RequestSession(&call->context, &call->stream, &call->queue, queue, call.get());
+    if (!queue->Next(&tag, &ok) || !ok) break;  // the server is shutting down
+    std::thread([this, call = std::move(call)] {
+      call->Finish(RunSession(call.get(), call.get()));
+    }).detach();
+  }
+  while (queue->Next(&tag, &ok)) {
+  }  // until the queue is shut down: no request may follow
 }
 
 v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload) {
@@ -76,14 +121,14 @@ grpc::Status WorkerServiceImpl::Call(grpc::ServerContext*, const v1::CallRequest
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::RunSession(RawStream* stream) {
+grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter* writer) {
   while (true) {
-    absl::StatusOr<std::optional<v1::CallRequest>> request = ReadCallRequest(stream);
+    absl::StatusOr<std::optional<v1::CallRequest>> request = ReadCallRequest(reader);
     if (!request.ok()) return ToGrpcStatus(request.status());
     if (!request->has_value()) return grpc::Status::OK;  // the controller closed the session
     ScatteredPayload payload;
     v1::CallResponse response = Run(**request, &payload);
-    if (!WriteCallResponse(stream, std::move(response), payload)) {
+    if (!WriteCallResponse(writer, std::move(response), payload)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
     }
   }

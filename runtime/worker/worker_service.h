@@ -4,7 +4,24 @@
 // size, on raw byte buffers (session_stream.h). Kept apart from WorkerHost so
 // heavy gRPC headers stay out of worker code.
 //
-// Thread-safety: thread-safe (gRPC calls it from its own threads).
+// Session is served on gRPC's asynchronous API as a raw method (generated
+// WithRawMethod_Session), the others synchronously:
+//
+//   WorkerServiceImpl service(host, rank, on_shutdown);
+//   builder.RegisterService(&service);
+//   std::unique_ptr<grpc::ServerCompletionQueue> sessions = builder.AddCompletionQueue();
+//   auto server = builder.BuildAndStart();
+//   std::thread([&] { service.AcceptSessions(sessions.get()); });
+//   ...
+//   server->Shutdown(deadline);
+//   sessions->Shutdown();  // AcceptSessions returns
+//
+// Each session runs on a thread of its own, which alone drives that call's
+// completion queue, so reading and writing frames costs no thread hand-off.
+//
+// Thread-safety: thread-safe (gRPC calls it from its own threads). It must
+// outlive the server and every session thread; a worker process never
+// destroys it (it exits with _Exit).
 #ifndef DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
 #define DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
 
@@ -13,11 +30,13 @@
 
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
+#include "runtime/rpc/session_stream.h"
 #include "runtime/worker/worker_host.h"
 
 namespace dray {
 
-class WorkerServiceImpl final : public v1::WorkerService::Service {
+class WorkerServiceImpl final
+    : public v1::WorkerService::WithRawMethod_Session<v1::WorkerService::Service> {
  public:
   // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive this.
   WorkerServiceImpl(WorkerHost* host, int rank,
@@ -31,9 +50,14 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
                         v1::ShutdownResponse* response) override;
 
+  // AcceptSessions runs every Session stream that arrives through `queue`
+  // (the server's completion queue) on a thread of its own; it returns once
+  // the server and then the queue were shut down.
+  void AcceptSessions(grpc::ServerCompletionQueue* queue);
+
  private:
   // RunSession runs the calls of one Session stream in arrival order.
-  grpc::Status RunSession(grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>* stream);
+  grpc::Status RunSession(SessionReader* reader, SessionWriter* writer);
 
   // Run executes `request` (whose input payload is attached) and returns the
   // response with the result's payload detached into `*payload`.

@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "reflection_list.pb.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/raw_bidi_call.h"
 #include "tests/edit/edit_test_util.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_server.h"
@@ -201,32 +202,28 @@ TEST_F(ImageEditServerTest, ClientDeadlinesAreHonoured) {
 // ListServices asks the server's reflection service what it serves, as
 // grpcurl list does (raw bytes on the reflection method).
 std::vector<std::string> ListServices(const std::shared_ptr<grpc::Channel>& channel) {
-  const grpc::internal::RpcMethod method(
-      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-      grpc::internal::RpcMethod::BIDI_STREAMING);
-  grpc::ClientContext context;
-  SetDeadline(&context, absl::Seconds(5));
-  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
-      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
-          channel.get(), method, &context));
+  std::vector<std::string> services;
+  absl::StatusOr<std::unique_ptr<RawBidiCall>> call =
+      RawBidiCall::Start(channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                         absl::Now() + absl::Seconds(5));
+  if (!call.ok()) return services;
   dray::testing::reflection::ServerReflectionRequest request;
   request.set_list_services("");
   grpc::Slice slice(request.SerializeAsString());
-  EXPECT_TRUE(stream->Write(grpc::ByteBuffer(&slice, 1)));
-  stream->WritesDone();
+  EXPECT_TRUE((*call)->Write(grpc::ByteBuffer(&slice, 1)));
   grpc::ByteBuffer reply;
-  std::vector<std::string> services;
-  if (!stream->Read(&reply)) return services;
+  if (!(*call)->Read(&reply)) return services;
   std::vector<grpc::Slice> slices;
   EXPECT_TRUE(reply.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& piece : slices)
+  for (const grpc::Slice& piece : slices) {
     bytes.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+  }
   dray::testing::reflection::ServerReflectionResponse response;
   EXPECT_TRUE(response.ParseFromString(bytes));
-  for (const auto& service : response.list_services_response().service())
+  for (const auto& service : response.list_services_response().service()) {
     services.push_back(service.name());
-  EXPECT_TRUE(stream->Finish().ok());
+  }
   return services;
 }
 

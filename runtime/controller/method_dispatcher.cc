@@ -1,0 +1,146 @@
+#include "runtime/controller/method_dispatcher.h"
+
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "dispatch/dispatch_mode.h"
+
+namespace dray {
+
+struct GroupFuture::State {
+  std::vector<CallFuture> per_rank;  // of the ranks called, in rank order
+  DispatchPlan plan;
+  const DispatchMode* mode = nullptr;
+  absl::Mutex mu;
+  size_t remaining ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::Status> first_error ABSL_GUARDED_BY(mu);
+  std::optional<absl::StatusOr<std::vector<DataProto>>> result ABSL_GUARDED_BY(mu);
+
+  // Track counts `call` down when it completes; the first error ends the wait.
+  static void Track(const std::shared_ptr<State>& state, const CallFuture& call) {
+    std::weak_ptr<State> weak = state;  // no cycle: calls do not keep the state alive
+    call->OnReady([weak, call] {
+      std::shared_ptr<State> self = weak.lock();
+      if (self == nullptr) return;
+      absl::MutexLock lock(&self->mu);
+      --self->remaining;
+      if (!call->Wait().ok() && !self->first_error.has_value()) {
+        self->first_error = call->Wait().status();
+      }
+    });
+  }
+};
+
+absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
+  absl::MutexLock lock(&state_->mu);
+  if (state_->result.has_value()) return *state_->result;
+  auto settled = [state = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
+    return state->remaining == 0 || state->first_error.has_value();
+  };
+  state_->mu.Await(absl::Condition(&settled));
+  if (state_->first_error.has_value()) {
+    state_->result = *state_->first_error;
+  } else {
+    std::vector<DataProto> outputs;
+    for (const CallFuture& call : state_->per_rank) outputs.push_back(*call->Wait());
+    state_->result = state_->mode->collect(std::move(outputs), state_->plan);
+  }
+  state_->plan.per_rank.clear();  // the inputs are no longer needed
+  return *state_->result;
+}
+
+bool GroupFuture::Ready() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->result.has_value() || state_->remaining == 0 || state_->first_error.has_value();
+}
+
+GroupFuture GroupFuture::Failed(absl::Status status) {
+  GroupFuture future;
+  future.state_ = std::make_shared<State>();
+  absl::MutexLock lock(&future.state_->mu);
+  future.state_->result = std::move(status);
+  return future;
+}
+
+MethodDispatcher::MethodDispatcher(std::vector<v1::MethodInfo> methods,
+                                   std::vector<WorkerConnection*> workers)
+    : methods_(std::move(methods)), workers_(std::move(workers)) {}
+
+absl::StatusOr<const v1::MethodInfo*> MethodDispatcher::FindMethod(absl::string_view method) const {
+  std::vector<const v1::MethodInfo*> matches;
+  std::vector<std::string> known;
+  for (const v1::MethodInfo& info : methods_) {
+    const std::string qualified = absl::StrCat(info.role(), ".", info.name());
+    if (info.name() == method || qualified == method) matches.push_back(&info);
+    known.push_back(qualified);
+  }
+  if (matches.size() == 1) return matches[0];
+  if (matches.empty()) {
+    return absl::NotFoundError(absl::StrCat("the worker group has no method '", method,
+                                            "'; it has: ", absl::StrJoin(known, ", ")));
+  }
+  std::vector<std::string> roles;
+  for (const v1::MethodInfo* info : matches) roles.push_back(info->role());
+  return absl::InvalidArgumentError(absl::StrCat("method '", method, "' exists in roles ",
+                                                 absl::StrJoin(roles, ", "), ": call it as ",
+                                                 roles[0], ".", method));
+}
+
+absl::StatusOr<DispatchPlan> MethodDispatcher::Plan(const v1::MethodInfo& info,
+                                                    const DispatchMode& mode,
+                                                    std::vector<DataProto> inputs) const {
+  absl::StatusOr<DispatchPlan> plan = mode.dispatch(std::move(inputs), world_size());
+  if (!plan.ok()) return plan.status();
+  if (static_cast<int>(plan->per_rank.size()) != world_size()) {
+    return absl::InternalError(absl::StrCat("dispatch mode ", mode.name, " planned ",
+                                            plan->per_rank.size(), " ranks for a group of ",
+                                            world_size()));
+  }
+  if (info.execute_mode() == v1::EXECUTE_MODE_RANK_ZERO) {
+    for (int rank = 1; rank < world_size(); ++rank) plan->per_rank[rank] = nullptr;
+  }
+  return plan;
+}
+
+GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataProto> inputs,
+                                     absl::Time deadline) {
+  absl::StatusOr<const v1::MethodInfo*> info = FindMethod(method);
+  if (!info.ok()) return GroupFuture::Failed(info.status());
+  absl::StatusOr<const DispatchMode*> mode =
+      DispatchRegistry::Global().Find((*info)->dispatch_mode());
+  if (!mode.ok()) return GroupFuture::Failed(mode.status());
+  absl::StatusOr<DispatchPlan> plan = Plan(**info, **mode, std::move(inputs));
+  if (!plan.ok()) return GroupFuture::Failed(plan.status());
+
+  GroupFuture future;
+  future.state_ = std::make_shared<GroupFuture::State>();
+  GroupFuture::State& state = *future.state_;
+  std::map<const DataProto*, std::shared_ptr<const EncodedInput>> encoded;  // once per input
+  for (int rank = 0; rank < world_size(); ++rank) {
+    const std::shared_ptr<const DataProto>& input = plan->per_rank[rank];
+    if (input == nullptr) continue;
+    std::shared_ptr<const EncodedInput>& wire = encoded[input.get()];
+    if (wire == nullptr) {
+      absl::StatusOr<std::shared_ptr<const EncodedInput>> encoding = EncodeInput(*input);
+      if (!encoding.ok()) return GroupFuture::Failed(encoding.status());
+      wire = *encoding;
+    }
+    state.per_rank.push_back(
+        workers_[rank]->Submit((*info)->role(), (*info)->name(), wire, deadline));
+  }
+  state.plan = std::move(plan).value();
+  state.mode = *mode;
+  {
+    absl::MutexLock lock(&state.mu);
+    state.remaining = state.per_rank.size();
+  }
+  for (const CallFuture& call : state.per_rank) GroupFuture::State::Track(future.state_, call);
+  if ((*info)->blocking()) future.Get().IgnoreError();
+  return future;
+}
+
+}  // namespace dray
