@@ -164,7 +164,7 @@ int Main(int argc, char** argv) {
   std::string reference;
   parity
       ->add_option("--reference", reference,
-                   "a folder laid out like shared/reference/qwen_image (scheduler/, helpers/, "
+                   "a folder laid out like tests/data/reference/qwen_image (scheduler/, helpers/, "
                    "model folders)")
       ->required();
 

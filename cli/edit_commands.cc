@@ -107,9 +107,8 @@ int EditLocally(const EditCommands::Flags& f) {
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
-  (*controller)->set_progress_callback(ShowProgress);
-  absl::StatusOr<DataProto> edited =
-      (*controller)->EditCheckedRows(*batch);  // checked above, before any worker started
+  absl::StatusOr<DataProto> edited =  // checked above, before any worker started
+      (*controller)->EditCheckedRows(*batch, std::nullopt, ShowProgress);
   absl::StatusOr<const std::vector<Image>*> rows =
       edited.ok() ? edited->GetRows<Image>(kEditedColumn)
                   : absl::StatusOr<const std::vector<Image>*>(edited.status());

@@ -1,5 +1,6 @@
 #include "dispatch/dispatch_mode.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,25 +19,28 @@ absl::StatusOr<std::shared_ptr<const DataProto>> SingleInput(absl::string_view m
   return std::make_shared<const DataProto>(inputs.empty() ? DataProto() : std::move(inputs[0]));
 }
 
-absl::StatusOr<DispatchPlan> OneToAll(std::vector<DataProto> inputs, int world_size) {
+absl::StatusOr<DispatchPlan> OneToAll(std::vector<DataProto> inputs,
+                                      const DispatchOptions& options) {
   DRAY_ASSIGN_OR_RETURN(auto input, SingleInput(kOneToAll, std::move(inputs)));
-  return DispatchPlan{std::vector<std::shared_ptr<const DataProto>>(world_size, input), 0};
+  return DispatchPlan{std::vector<std::shared_ptr<const DataProto>>(options.world_size, input), 0};
 }
 
-absl::StatusOr<DispatchPlan> RankZero(std::vector<DataProto> inputs, int world_size) {
+absl::StatusOr<DispatchPlan> RankZero(std::vector<DataProto> inputs,
+                                      const DispatchOptions& options) {
   DRAY_ASSIGN_OR_RETURN(auto input, SingleInput(kRankZero, std::move(inputs)));
-  DispatchPlan plan{std::vector<std::shared_ptr<const DataProto>>(world_size), 0};
+  DispatchPlan plan{std::vector<std::shared_ptr<const DataProto>>(options.world_size), 0};
   plan.per_rank[0] = std::move(input);
   return plan;
 }
 
 // PerRank gives input i to rank i; `broadcast_one` also lets one input go to all.
 absl::StatusOr<DispatchPlan> PerRank(absl::string_view mode, bool broadcast_one,
-                                     std::vector<DataProto> inputs, int world_size) {
-  if (broadcast_one && inputs.size() == 1) return OneToAll(std::move(inputs), world_size);
-  if (static_cast<int>(inputs.size()) != world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(mode, " needs one input per rank (", world_size, "), got ", inputs.size()));
+                                     std::vector<DataProto> inputs,
+                                     const DispatchOptions& options) {
+  if (broadcast_one && inputs.size() == 1) return OneToAll(std::move(inputs), options);
+  if (static_cast<int>(inputs.size()) != options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(mode, " needs one input per rank (",
+                                                   options.world_size, "), got ", inputs.size()));
   }
   DispatchPlan plan;
   for (DataProto& input : inputs) {
@@ -45,9 +49,32 @@ absl::StatusOr<DispatchPlan> PerRank(absl::string_view mode, bool broadcast_one,
   return plan;
 }
 
-absl::StatusOr<DispatchPlan> SplitBatch(absl::string_view mode, std::vector<DataProto> inputs,
-                                        int world_size) {
+// SplitUnevenly gives each rank n / W consecutive rows of `input`, and the
+// first n % W ranks one more (so rank 0 always runs the most rows, and its
+// progress tells the whole call's); ranks left without rows are not called.
+absl::StatusOr<DispatchPlan> SplitUnevenly(const DataProto& input, int world_size) {
+  DispatchPlan plan;
+  const int64_t rows = input.size(), base = rows / world_size, extra = rows % world_size;
+  for (int rank = 0; rank < world_size; ++rank) {
+    const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+    const int64_t end = begin + base + (rank < extra ? 1 : 0);
+    if (begin == end) {
+      plan.per_rank.push_back(nullptr);
+      continue;
+    }
+    DRAY_ASSIGN_OR_RETURN(DataProto rows_of_rank, input.Slice(begin, end));
+    plan.per_rank.push_back(std::make_shared<const DataProto>(std::move(rows_of_rank)));
+  }
+  if (rows == 0) plan.per_rank[0] = std::make_shared<const DataProto>(input);  // keep the schema
+  return plan;
+}
+
+absl::StatusOr<DispatchPlan> SplitBatch(absl::string_view mode, bool may_split_unevenly,
+                                        std::vector<DataProto> inputs,
+                                        const DispatchOptions& options) {
+  const int world_size = options.world_size;
   DRAY_ASSIGN_OR_RETURN(auto input, SingleInput(mode, std::move(inputs)));
+  if (may_split_unevenly && options.rows_independent) return SplitUnevenly(*input, world_size);
   DRAY_ASSIGN_OR_RETURN(PaddedDataProto padded, input->PadToDivisor(world_size));
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> chunks, padded.data.Chunk(world_size));
   DispatchPlan plan;
@@ -82,9 +109,11 @@ std::vector<DispatchMode> BuiltInModes() {
       {std::string(kAllToAll), std::bind(PerRank, kAllToAll, true, _1, _2), KeepPerRank},
       {std::string(kRankZero), RankZero, KeepPerRank},
       {std::string(kDpCompute), std::bind(PerRank, kDpCompute, false, _1, _2), KeepPerRank},
-      {std::string(kDpComputeProto), std::bind(SplitBatch, kDpComputeProto, _1, _2),
+      {std::string(kDpComputeProto), std::bind(SplitBatch, kDpComputeProto, true, _1, _2),
        ConcatAndUnpad},
-      {std::string(kDpComputeMetric), std::bind(SplitBatch, kDpComputeMetric, _1, _2), KeepPerRank},
+      // Per-rank outputs (metrics) need every rank: always padded.
+      {std::string(kDpComputeMetric), std::bind(SplitBatch, kDpComputeMetric, false, _1, _2),
+       KeepPerRank},
   };
 }
 

@@ -9,13 +9,17 @@
 //   RANK_ZERO          one input, run on rank 0 only   -> 1 output
 //   DP_COMPUTE         W inputs, one per rank          -> W outputs
 //   DP_COMPUTE_PROTO   one batch, padded to a multiple of W and chunked;
-//                      outputs concatenated, padding removed -> 1 output
+//                      outputs concatenated, padding removed -> 1 output.
+//                      For a method whose rows are independent
+//                      (DispatchOptions::rows_independent): split as evenly
+//                      as the rows allow, no padding, and ranks left without
+//                      rows are not called (1 row on 4 ranks: 1 call)
 //   DP_COMPUTE_METRIC  as DP_COMPUTE_PROTO, but outputs stay per rank (W
 //                      outputs, padding rows included, never trimmed)
 //
 // Adding a mode:
 //   DRAY_RETURN_IF_ERROR(DispatchRegistry::Global().Register(DispatchMode{
-//       "FIRST_TWO", [](std::vector<DataProto> in, int w) {...},
+//       "FIRST_TWO", [](std::vector<DataProto> in, const DispatchOptions& o) {...},
 //       [](std::vector<DataProto> out, const DispatchPlan&) {...}}));
 //
 // Thread-safety: DispatchRegistry is thread-safe; modes are immutable once
@@ -45,6 +49,15 @@ inline constexpr char kDpCompute[] = "DP_COMPUTE";
 inline constexpr char kDpComputeProto[] = "DP_COMPUTE_PROTO";
 inline constexpr char kDpComputeMetric[] = "DP_COMPUTE_METRIC";
 
+// DispatchOptions: the group a call is split for, and what its method
+// declares about its rows.
+struct DispatchOptions {
+  int world_size = 1;
+  // Each output row depends on its input row alone (an edit, a rollout):
+  // DP_COMPUTE_PROTO may split the batch unevenly instead of padding it.
+  bool rows_independent = false;
+};
+
 // DispatchPlan: the input of each rank. A null entry means the rank is not
 // called. Ranks that share one pointer receive the same bytes, encoded once.
 struct DispatchPlan {
@@ -56,8 +69,9 @@ struct DispatchPlan {
 // DispatchMode: a named pair of dispatch and collect functions.
 struct DispatchMode {
   std::string name;
-  // dispatch splits the caller's inputs for `world_size` ranks.
-  std::function<absl::StatusOr<DispatchPlan>(std::vector<DataProto> inputs, int world_size)>
+  // dispatch splits the caller's inputs for `options.world_size` ranks.
+  std::function<absl::StatusOr<DispatchPlan>(std::vector<DataProto> inputs,
+                                             const DispatchOptions& options)>
       dispatch;
   // collect joins the outputs of the ranks that were called, in rank order.
   std::function<absl::StatusOr<std::vector<DataProto>>(std::vector<DataProto> outputs,

@@ -31,9 +31,11 @@ const DispatchMode& Mode(absl::string_view name) {
 // PlayMode plays a mode end to end with ranks that return their input unchanged.
 absl::StatusOr<std::vector<DataProto>> PlayMode(absl::string_view name,
                                                 std::vector<DataProto> inputs, int world_size,
-                                                int* ranks_called = nullptr) {
+                                                int* ranks_called = nullptr,
+                                                bool rows_independent = false) {
   const DispatchMode& mode = Mode(name);
-  absl::StatusOr<DispatchPlan> plan = mode.dispatch(std::move(inputs), world_size);
+  absl::StatusOr<DispatchPlan> plan =
+      mode.dispatch(std::move(inputs), {world_size, rows_independent});
   if (!plan.ok()) return plan.status();
   EXPECT_EQ(static_cast<int>(plan->per_rank.size()), world_size);
   std::vector<DataProto> outputs;
@@ -45,7 +47,7 @@ absl::StatusOr<std::vector<DataProto>> PlayMode(absl::string_view name,
 }
 
 TEST(DispatchModeTest, OneToAllSendsOneEncodingToEveryRank) {
-  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kOneToAll).dispatch({Rows(0, 3)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kOneToAll).dispatch({Rows(0, 3)}, {4}));
   for (const auto& input : plan.per_rank) EXPECT_EQ(input, plan.per_rank[0]);
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, PlayMode(kOneToAll, {Rows(0, 3)}, 4));
   ASSERT_EQ(out.size(), 4u);
@@ -81,7 +83,7 @@ TEST(DispatchModeTest, PerRankModesNeedOneInputPerRank) {
 }
 
 TEST(DispatchModeTest, DpComputeProtoPadsSplitsAndUnpads) {
-  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kDpComputeProto).dispatch({Rows(0, 10)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kDpComputeProto).dispatch({Rows(0, 10)}, {4}));
   EXPECT_EQ(plan.pad_size, 2);
   EXPECT_THAT(Values(*plan.per_rank[3]), ElementsAre(9, 0, 1));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
@@ -97,8 +99,36 @@ TEST(DispatchModeTest, DpComputeProtoPadsSplitsAndUnpads) {
   EXPECT_EQ(empty[0].size(), 0);
 }
 
+TEST(DispatchModeTest, DpComputeProtoSplitsIndependentRowsUnevenlyWithoutPadding) {
+  int called = 0;
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> one,
+                            PlayMode(kDpComputeProto, {Rows(0, 1)}, 4, &called, true));
+  EXPECT_EQ(called, 1);  // no rank runs rows it would throw away
+  EXPECT_THAT(Values(one[0]), ElementsAre(0));
+  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan,
+                            Mode(kDpComputeProto).dispatch({Rows(0, 5)}, {2, true}));
+  EXPECT_EQ(plan.pad_size, 0);
+  EXPECT_EQ(plan.per_rank[0]->size(), 3);  // the first ranks take the extra rows
+  EXPECT_EQ(plan.per_rank[1]->size(), 2);
+  DRAY_ASSERT_OK_AND_ASSIGN(plan, Mode(kDpComputeProto).dispatch({Rows(0, 1)}, {4, true}));
+  EXPECT_NE(plan.per_rank[0], nullptr);
+  EXPECT_EQ(plan.per_rank[3], nullptr);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> five,
+                            PlayMode(kDpComputeProto, {Rows(0, 5)}, 3, &called, true));
+  EXPECT_EQ(called, 3);
+  EXPECT_THAT(Values(five[0]), ElementsAre(0, 1, 2, 3, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> none,
+                            PlayMode(kDpComputeProto, {Rows(0, 0)}, 4, &called, true));
+  EXPECT_EQ(called, 1);
+  EXPECT_EQ(none[0].size(), 0);
+  // DP_COMPUTE_METRIC keeps one output per rank: it pads whatever the rows.
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> metric,
+                            PlayMode(kDpComputeMetric, {Rows(0, 1)}, 4, &called, true));
+  EXPECT_EQ(called, 4);
+}
+
 TEST(DispatchModeTest, DpComputeProtoRejectsRanksThatDropRows) {
-  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kDpComputeProto).dispatch({Rows(0, 3)}, 4));
+  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, Mode(kDpComputeProto).dispatch({Rows(0, 3)}, {4}));
   EXPECT_THAT(Mode(kDpComputeProto).collect({DataProto()}, plan),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one row per input row")));
 }
@@ -114,15 +144,16 @@ TEST(DispatchModeTest, RegistryAddsModesAndNamesUnknownOnes) {
   DispatchRegistry registry;
   DRAY_ASSERT_OK(registry.Register(DispatchMode{
       "LAST_RANK",
-      [](std::vector<DataProto> inputs, int world_size) -> absl::StatusOr<DispatchPlan> {
-        DispatchPlan plan{std::vector<std::shared_ptr<const DataProto>>(world_size), 0};
+      [](std::vector<DataProto> inputs,
+         const DispatchOptions& options) -> absl::StatusOr<DispatchPlan> {
+        DispatchPlan plan{std::vector<std::shared_ptr<const DataProto>>(options.world_size), 0};
         plan.per_rank.back() = std::make_shared<const DataProto>(inputs.at(0));
         return plan;
       },
       [](std::vector<DataProto> outputs,
          const DispatchPlan&) -> absl::StatusOr<std::vector<DataProto>> { return outputs; }}));
   DRAY_ASSERT_OK_AND_ASSIGN(const DispatchMode* mode, registry.Find("LAST_RANK"));
-  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, mode->dispatch({Rows(0, 1)}, 3));
+  DRAY_ASSERT_OK_AND_ASSIGN(DispatchPlan plan, mode->dispatch({Rows(0, 1)}, {3}));
   EXPECT_EQ(plan.per_rank[0], nullptr);
   EXPECT_NE(plan.per_rank[2], nullptr);
   EXPECT_THAT(

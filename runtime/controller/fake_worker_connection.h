@@ -35,18 +35,23 @@ class FakeWorkerConnection final : public WorkerConnection {
     std::shared_ptr<const EncodedInput> wire;  // what would have been sent
     absl::StatusOr<DataProto> input;           // `wire` decoded
     absl::Time deadline;
+    CallProgressFn on_progress;  // a test reports the call's progress through it
     CallFuture result;
   };
 
   explicit FakeWorkerConnection(Answer answer = nullptr) : answer_(std::move(answer)) {}
 
   CallFuture Submit(std::string role, std::string method, std::shared_ptr<const EncodedInput> input,
-                    absl::Time deadline) override {
+                    absl::Time deadline, CallProgressFn on_progress) override {
     v1::DataProto message = input->header;
     message.set_payload(input->payload.Flatten());
-    Call call{std::move(role), std::move(method),
-              input,           FromWire(std::move(message)),
-              deadline,        std::make_shared<CallResult>()};
+    Call call{std::move(role),
+              std::move(method),
+              input,
+              FromWire(std::move(message)),
+              deadline,
+              std::move(on_progress),
+              std::make_shared<CallResult>()};
     CallFuture result = call.result;
     {
       absl::MutexLock lock(&mu_);

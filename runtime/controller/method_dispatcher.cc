@@ -92,8 +92,10 @@ absl::StatusOr<const v1::MethodInfo*> MethodDispatcher::FindMethod(absl::string_
 
 absl::StatusOr<DispatchPlan> MethodDispatcher::Plan(const v1::MethodInfo& info,
                                                     const DispatchMode& mode,
-                                                    std::vector<DataProto> inputs) const {
-  absl::StatusOr<DispatchPlan> plan = mode.dispatch(std::move(inputs), world_size());
+                                                    std::vector<DataProto> inputs,
+                                                    bool equal_shards) const {
+  absl::StatusOr<DispatchPlan> plan =
+      mode.dispatch(std::move(inputs), {world_size(), info.rows_independent() && !equal_shards});
   if (!plan.ok()) return plan.status();
   if (static_cast<int>(plan->per_rank.size()) != world_size()) {
     return absl::InternalError(absl::StrCat("dispatch mode ", mode.name, " planned ",
@@ -107,13 +109,13 @@ absl::StatusOr<DispatchPlan> MethodDispatcher::Plan(const v1::MethodInfo& info,
 }
 
 GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataProto> inputs,
-                                     absl::Time deadline) {
+                                     absl::Time deadline, const CallOptions& options) {
   absl::StatusOr<const v1::MethodInfo*> info = FindMethod(method);
   if (!info.ok()) return GroupFuture::Failed(info.status());
   absl::StatusOr<const DispatchMode*> mode =
       DispatchRegistry::Global().Find((*info)->dispatch_mode());
   if (!mode.ok()) return GroupFuture::Failed(mode.status());
-  absl::StatusOr<DispatchPlan> plan = Plan(**info, **mode, std::move(inputs));
+  absl::StatusOr<DispatchPlan> plan = Plan(**info, **mode, std::move(inputs), options.equal_shards);
   if (!plan.ok()) return GroupFuture::Failed(plan.status());
 
   GroupFuture future;
@@ -129,8 +131,15 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
       if (!encoding.ok()) return GroupFuture::Failed(encoding.status());
       wire = *encoding;
     }
-    state.per_rank.push_back(
-        workers_[rank]->Submit((*info)->role(), (*info)->name(), wire, deadline));
+    CallProgressFn rank_progress;
+    if (options.on_progress) {
+      rank_progress = [on_progress = options.on_progress, rank](const std::string& what,
+                                                                int64_t done, int64_t total) {
+        on_progress(rank, what, done, total);
+      };
+    }
+    state.per_rank.push_back(workers_[rank]->Submit((*info)->role(), (*info)->name(), wire,
+                                                    deadline, std::move(rank_progress)));
   }
   state.plan = std::move(plan).value();
   state.mode = *mode;

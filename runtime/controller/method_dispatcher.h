@@ -13,7 +13,11 @@
 #ifndef DRAY_RUNTIME_CONTROLLER_METHOD_DISPATCHER_H_
 #define DRAY_RUNTIME_CONTROLLER_METHOD_DISPATCHER_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -47,6 +51,24 @@ class GroupFuture {
   std::shared_ptr<State> state_;
 };
 
+// GroupProgressFn receives every rank's progress reports of one call, on
+// the connections' reading threads (see CallProgressFn): keep it short.
+using GroupProgressFn =
+    std::function<void(int rank, const std::string& what, int64_t done, int64_t total)>;
+
+struct CallOptions {
+  // Deadline, from now; unset: WorkerGroupOptions::call_timeout.
+  std::optional<absl::Duration> timeout;
+  // Receives the call's Worker::ReportProgress from every rank, over each
+  // rank's Session stream, before the result (keep it short; calls from
+  // different ranks may overlap).
+  GroupProgressFn on_progress;
+  // Split even a rows_independent method's batch into equal, padded shards:
+  // for calls whose ranks must run in step (collectives inside, as with a
+  // sharded model).
+  bool equal_shards = false;
+};
+
 class MethodDispatcher {
  public:
   // `methods`: the method table every rank published; `workers`: one
@@ -54,9 +76,11 @@ class MethodDispatcher {
   MethodDispatcher(std::vector<v1::MethodInfo> methods, std::vector<WorkerConnection*> workers);
 
   // Invoke calls `method` ("name", or "role.name" when roles share a name)
-  // with the caller's inputs, each rank's call to end by `deadline`. It
-  // returns once the result is in for blocking methods, at once otherwise.
-  GroupFuture Invoke(absl::string_view method, std::vector<DataProto> inputs, absl::Time deadline);
+  // with the caller's inputs, each rank's call to end by `deadline` (the
+  // options' timeout is the caller's business). It returns once the result
+  // is in for blocking methods, at once otherwise.
+  GroupFuture Invoke(absl::string_view method, std::vector<DataProto> inputs, absl::Time deadline,
+                     const CallOptions& options = {});
 
   const std::vector<v1::MethodInfo>& methods() const { return methods_; }
   int world_size() const { return static_cast<int>(workers_.size()); }
@@ -68,7 +92,7 @@ class MethodDispatcher {
   // Plan splits `inputs` into one input per rank (none for ranks the method
   // does not run on).
   absl::StatusOr<DispatchPlan> Plan(const v1::MethodInfo& info, const DispatchMode& mode,
-                                    std::vector<DataProto> inputs) const;
+                                    std::vector<DataProto> inputs, bool equal_shards) const;
 
   const std::vector<v1::MethodInfo> methods_;
   const std::vector<WorkerConnection*> workers_;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "dispatch/dispatch_mode.h"
@@ -64,6 +65,24 @@ TEST(MethodDispatcherTest, DpComputeProtoSplitsPadsAndJoinsInOrder) {
   EXPECT_EQ(rank0.calls()[0].role, "math");
 }
 
+TEST(MethodDispatcherTest, IndependentRowsSplitUnevenlyUnlessTheCallNeedsEqualShards) {
+  std::vector<v1::MethodInfo> methods = kMethods;
+  methods[0].set_rows_independent(true);
+  FakeWorkerConnection rank0(Doubler(0)), rank1(Doubler(1)), rank2(Doubler(2));
+  MethodDispatcher dispatcher(methods, {&rank0, &rank1, &rank2});
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
+                            dispatcher.Invoke("double", {Rows(1)}, absl::InfiniteFuture()).Get());
+  EXPECT_EQ(out[0].size(), 1);
+  EXPECT_EQ(rank0.calls().size(), 1u);  // one row: one call
+  EXPECT_TRUE(rank1.calls().empty());
+  CallOptions sharded;
+  sharded.equal_shards = true;
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      out, dispatcher.Invoke("double", {Rows(1)}, absl::InfiniteFuture(), sharded).Get());
+  EXPECT_EQ(out[0].size(), 1);  // padding rows removed
+  EXPECT_EQ(rank2.calls().size(), 1u);
+}
+
 TEST(MethodDispatcherTest, OneToAllEncodesTheInputOnce) {
   FakeWorkerConnection rank0(Doubler(0)), rank1(Doubler(1)), rank2(Doubler(2));
   MethodDispatcher dispatcher(kMethods, {&rank0, &rank1, &rank2});
@@ -108,6 +127,23 @@ TEST(MethodDispatcherTest, NonBlockingMethodsReturnBeforeTheResult) {
   rank0.calls()[0].result->Set(Rows(1));
   EXPECT_TRUE(future.Ready());
   DRAY_EXPECT_OK(future.Get().status());
+}
+
+TEST(MethodDispatcherTest, ProgressReachesTheCallerWithItsRank) {
+  FakeWorkerConnection rank0, rank1;
+  MethodDispatcher dispatcher(kMethods, {&rank0, &rank1});
+  std::vector<std::string> seen;
+  CallOptions call;
+  call.on_progress = [&](int rank, const std::string& what, int64_t done, int64_t total) {
+    seen.push_back(absl::StrCat(rank, ":", what, " ", done, "/", total));
+  };
+  GroupFuture future = dispatcher.Invoke("slow", {Rows(1)}, absl::InfiniteFuture(), call);
+  rank1.calls()[0].on_progress("steps", 1, 2);
+  rank0.calls()[0].on_progress("steps", 2, 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{"1:steps 1/2", "0:steps 2/2"}));
+  // Without a listener the calls carry none.
+  dispatcher.Invoke("slow", {Rows(1)}, absl::InfiniteFuture());
+  EXPECT_FALSE(rank0.calls()[1].on_progress);
 }
 
 TEST(MethodDispatcherTest, UnknownAndAmbiguousMethodsNameTheKnownOnes) {

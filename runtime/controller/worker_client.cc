@@ -49,7 +49,8 @@ absl::Status WorkerClient::Open() {
 }
 
 CallFuture WorkerClient::Submit(std::string role, std::string method,
-                                std::shared_ptr<const EncodedInput> input, absl::Time deadline) {
+                                std::shared_ptr<const EncodedInput> input, absl::Time deadline,
+                                CallProgressFn on_progress) {
   v1::CallRequest request;
   CallFuture future = std::make_shared<CallResult>();
   // One call's frames at a time, in submission order; handing them over
@@ -63,7 +64,7 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
           absl::FailedPreconditionError(absl::StrCat("worker rank ", rank_, " is not connected")));
     }
     request.set_call_id(next_call_id_++);
-    pending_[request.call_id()] = {future, method, deadline};
+    pending_[request.call_id()] = {future, method, deadline, std::move(on_progress)};
     ++submitted_;
   }
   request.set_role(std::move(role));
@@ -73,6 +74,17 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
   WriteCallRequest(call_.get(), std::move(request),
                    input->payload);  // if broken, the reader says why
   return future;
+}
+
+void WorkerClient::Progress(const v1::CallProgress& progress) {
+  CallProgressFn on_progress;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(progress.call_id());
+    if (it == pending_.end()) return;  // already failed (deadline)
+    on_progress = it->second.on_progress;
+  }
+  if (on_progress) on_progress(progress.what(), progress.done(), progress.total());
 }
 
 void WorkerClient::Resolve(uint64_t call_id, absl::StatusOr<DataProto> result) {
@@ -108,7 +120,8 @@ void WorkerClient::ReadLoop() {
   }
   absl::Status ended = absl::OkStatus();
   while (true) {
-    absl::StatusOr<std::optional<v1::CallResponse>> next = ReadCallResponse(call_for_reading);
+    absl::StatusOr<std::optional<v1::CallResponse>> next = ReadCallResponse(
+        call_for_reading, [this](const v1::CallProgress& progress) { Progress(progress); });
     if (!next.ok()) ended = next.status();
     if (!next.ok() || !next->has_value()) break;
     v1::CallResponse& response = **next;

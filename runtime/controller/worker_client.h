@@ -12,7 +12,7 @@
 //   WorkerClient client(2, "127.0.0.1:4567", on_session_lost);
 //   DRAY_RETURN_IF_ERROR(client.Open());
 //   DRAY_ASSIGN_OR_RETURN(auto input, EncodeInput(batch));  // once, for any number of workers
-//   CallFuture future = client.Submit("", "echo", input, absl::Now() + absl::Seconds(5));
+//   CallFuture future = client.Submit("", "echo", input, absl::Now() + absl::Seconds(5), nullptr);
 //   absl::StatusOr<DataProto> result = future->Wait();
 //
 // Thread-safety: thread-safe.
@@ -55,7 +55,7 @@ class WorkerClient final : public WorkerConnection {
   absl::Status Open();
 
   CallFuture Submit(std::string role, std::string method, std::shared_ptr<const EncodedInput> input,
-                    absl::Time deadline) override;
+                    absl::Time deadline, CallProgressFn on_progress) override;
 
   // Fail resolves every pending call, and every later one, with `status`.
   // The first status wins.
@@ -72,7 +72,10 @@ class WorkerClient final : public WorkerConnection {
     CallFuture result;
     std::string method;
     absl::Time deadline;
+    CallProgressFn on_progress;
   };
+  // Progress hands a progress frame to its call's callback.
+  void Progress(const v1::CallProgress& progress);
   void ReadLoop();
   void WatchDeadlines();
   // Resolve completes pending call `call_id`, if it is still pending.

@@ -5,13 +5,15 @@
 // and collect logic.
 //
 //   DRAY_ASSIGN_OR_RETURN(auto input, EncodeInput(batch));  // once, for any number of workers
-//   CallFuture future = connection->Submit("", "echo", input, absl::Now() + absl::Seconds(5));
+//   CallFuture future =
+//       connection->Submit("", "echo", input, absl::Now() + absl::Seconds(5), nullptr);
 //   const absl::StatusOr<DataProto>& result = future->Wait();
 //
 // Thread-safety: implementations are thread-safe.
 #ifndef DRAY_RUNTIME_CONTROLLER_WORKER_CONNECTION_H_
 #define DRAY_RUNTIME_CONTROLLER_WORKER_CONNECTION_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -58,14 +60,21 @@ using EncodedInput = DetachedWire;
 
 absl::StatusOr<std::shared_ptr<const EncodedInput>> EncodeInput(const DataProto& input);
 
+// CallProgressFn receives a running call's progress reports
+// (Worker::ReportProgress), in order, before its result; on the connection's
+// reading thread, so it must be short and must not block.
+using CallProgressFn = std::function<void(const std::string& what, int64_t done, int64_t total)>;
+
 class WorkerConnection {
  public:
   virtual ~WorkerConnection() = default;
 
   // Submit queues a call of `method` (of `role`; empty: any role), to run
   // after the calls submitted before it; it never waits on the worker.
+  // `on_progress` (may be null) receives the call's progress reports.
   virtual CallFuture Submit(std::string role, std::string method,
-                            std::shared_ptr<const EncodedInput> input, absl::Time deadline) = 0;
+                            std::shared_ptr<const EncodedInput> input, absl::Time deadline,
+                            CallProgressFn on_progress) = 0;
 };
 
 }  // namespace dray

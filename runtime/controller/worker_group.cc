@@ -58,13 +58,6 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
-  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ProgressReport* report,
-                              v1::ProgressAck*) override {
-    if (options_.on_progress)
-      options_.on_progress(report->rank(), report->what(), report->done(), report->total());
-    return grpc::Status::OK;
-  }
-
   bool stopped() {
     absl::MutexLock lock(&mu_);
     return shutting_down_;
@@ -354,7 +347,7 @@ GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto>
     return GroupFuture::Failed(absl::FailedPreconditionError("the worker group has shut down"));
   }
   const absl::Time deadline = absl::Now() + options.timeout.value_or(impl_->call_timeout());
-  return dispatcher_->Invoke(method, std::move(inputs), deadline);
+  return dispatcher_->Invoke(method, std::move(inputs), deadline, options);
 }
 
 absl::StatusOr<std::vector<DataProto>> WorkerGroup::Call(absl::string_view method,

@@ -76,14 +76,6 @@ struct WorkerGroupOptions {
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
-  // Receives Worker::ReportProgress from every rank, on the controller's
-  // RPC threads (keep it short; it may run concurrently with itself).
-  std::function<void(int rank, const std::string& what, int64_t done, int64_t total)> on_progress;
-};
-
-struct CallOptions {
-  // Deadline, from now; unset: WorkerGroupOptions::call_timeout.
-  std::optional<absl::Duration> timeout;
 };
 
 class WorkerGroup {

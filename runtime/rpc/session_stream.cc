@@ -177,18 +177,30 @@ absl::Status ReadChunks(SessionReader* reader, v1::DataProto* message) {
   return assembler.Finish();
 }
 
+// IsProgress hands a progress frame to `on_progress` (a response frame on a
+// reader that takes progress); false for any other frame.
+bool IsProgress(const v1::CallRequestFrame&, const ProgressHandler&) { return false; }
+bool IsProgress(const v1::CallResponseFrame& frame, const ProgressHandler& on_progress) {
+  if (frame.frame_case() != v1::CallResponseFrame::kProgress || !on_progress) return false;
+  on_progress(frame.progress());
+  return true;
+}
+
 // ReadMessage reads one header frame and the payload of its DataProto
 // (`payload_of` picks it; null when the message has none).
 template <typename Frame, typename Header, typename PayloadOf>
-absl::StatusOr<std::optional<Header>> ReadMessage(SessionReader* reader, PayloadOf payload_of) {
-  grpc::ByteBuffer bytes;
-  if (!reader->Read(&bytes)) return std::optional<Header>();
+absl::StatusOr<std::optional<Header>> ReadMessage(SessionReader* reader, PayloadOf payload_of,
+                                                  const ProgressHandler& on_progress = nullptr) {
   Frame frame;
-  if (!grpc::SerializationTraits<Frame>::Deserialize(&bytes, &frame).ok()) {
-    return absl::InvalidArgumentError("session: a frame is not a valid protobuf message");
-  }
+  do {
+    grpc::ByteBuffer bytes;
+    if (!reader->Read(&bytes)) return std::optional<Header>();
+    if (!grpc::SerializationTraits<Frame>::Deserialize(&bytes, &frame).ok()) {
+      return absl::InvalidArgumentError("session: a frame is not a valid protobuf message");
+    }
+  } while (IsProgress(frame, on_progress));
   if (frame.frame_case() != Frame::kHeader) {
-    return absl::InvalidArgumentError("session: expected a header frame, got a payload chunk");
+    return absl::InvalidArgumentError("session: expected a header frame, got another");
   }
   Header header = std::move(*frame.mutable_header());
   if (v1::DataProto* message = payload_of(header); message != nullptr) {
@@ -227,11 +239,24 @@ absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* re
       reader, [](v1::CallRequest& request) { return request.mutable_input(); });
 }
 
-absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(SessionReader* reader) {
+bool WriteCallProgress(SessionWriter* writer, v1::CallProgress progress) {
+  v1::CallResponseFrame frame;
+  *frame.mutable_progress() = std::move(progress);
+  grpc::ByteBuffer bytes;
+  bool own_buffer = false;
+  return grpc::SerializationTraits<v1::CallResponseFrame>::Serialize(frame, &bytes, &own_buffer)
+             .ok() &&
+         writer->Write(bytes);
+}
+
+absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(
+    SessionReader* reader, const ProgressHandler& on_progress) {
   return ReadMessage<v1::CallResponseFrame, v1::CallResponse>(
-      reader, [](v1::CallResponse& response) {
+      reader,
+      [](v1::CallResponse& response) {
         return response.has_result() ? response.mutable_result() : nullptr;
-      });
+      },
+      on_progress);
 }
 
 }  // namespace dray

@@ -23,6 +23,7 @@
 #define DRAY_RUNTIME_RPC_SESSION_STREAM_H_
 
 #include <cstddef>
+#include <functional>
 #include <optional>
 
 #include <grpcpp/support/byte_buffer.h>
@@ -72,8 +73,18 @@ bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
 // malformed message, UNAVAILABLE for one cut short.
 absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader);
 
-// ReadCallResponse is ReadCallRequest for responses (payload of the result).
-absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(SessionReader* reader);
+// WriteCallProgress writes a progress frame of the running call; false when
+// the stream broke.
+bool WriteCallProgress(SessionWriter* writer, v1::CallProgress progress);
+
+// ProgressHandler receives the progress frames that precede a response.
+using ProgressHandler = std::function<void(const v1::CallProgress& progress)>;
+
+// ReadCallResponse is ReadCallRequest for responses (payload of the result),
+// handing the progress frames before it to `on_progress` (without one, a
+// progress frame is INVALID_ARGUMENT).
+absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(
+    SessionReader* reader, const ProgressHandler& on_progress = nullptr);
 
 }  // namespace dray
 

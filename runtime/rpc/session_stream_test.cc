@@ -194,6 +194,35 @@ TEST(SessionStreamTest, ErrorResponsesCarryNoPayload) {
   EXPECT_EQ(read->error().message(), "no such method");
 }
 
+TEST(SessionStreamTest, ProgressFramesPrecedeTheirResponse) {
+  FrameQueue queue;
+  for (int done = 1; done <= 2; ++done) {
+    v1::CallProgress progress;
+    progress.set_call_id(4);
+    progress.set_what("steps");
+    progress.set_done(done);
+    progress.set_total(2);
+    ASSERT_TRUE(WriteCallProgress(&queue, progress));
+  }
+  v1::CallResponse response;
+  response.set_call_id(4);
+  response.mutable_error()->set_code(1);
+  ASSERT_TRUE(WriteCallResponse(&queue, response, ScatteredPayload()));
+  const FrameQueue copy = queue;
+  std::vector<int64_t> seen;
+  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<v1::CallResponse> read,
+                            ReadCallResponse(&queue, [&](const v1::CallProgress& progress) {
+                              EXPECT_EQ(progress.call_id(), 4u);
+                              seen.push_back(progress.done());
+                            }));
+  EXPECT_EQ(read->call_id(), 4u);
+  EXPECT_EQ(seen, (std::vector<int64_t>{1, 2}));
+  // A reader that takes no progress refuses it.
+  FrameQueue unexpected = copy;
+  EXPECT_THAT(ReadCallResponse(&unexpected),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected a header frame")));
+}
+
 // Detached returns a call header announcing `payload_size` streamed bytes.
 std::string DetachedHeader(uint64_t payload_size) {
   v1::CallRequest request;

@@ -71,12 +71,16 @@ struct MethodOptions {
   ExecuteMode execute_mode = ExecuteMode::kAll;
   // Whether WorkerGroup::Invoke waits for the result (as verl's blocking).
   bool blocking = true;
+  // Each output row depends on its input row alone: DP_COMPUTE_PROTO then
+  // splits batches unevenly instead of padding them, and calls only the
+  // ranks that get rows (see DispatchOptions).
+  bool rows_independent = false;
 };
 
 using MethodFn = std::function<absl::StatusOr<DataProto>(const DataProto& input)>;
 
-// ProgressSink: where ReportProgress sends reports; the worker process
-// forwards them to the controller (WorkerGroupOptions::on_progress).
+// ProgressSink: where ReportProgress sends reports: the running call's
+// Session stream, to reach the caller's CallOptions::on_progress.
 using ProgressSink = std::function<void(const std::string& what, int64_t done, int64_t total)>;
 
 // RegisteredMethod: one method of a worker class.
@@ -108,9 +112,10 @@ class Worker {
   // build without CUDA.
   absl::StatusOr<Communicator*> device_comm();
 
-  // ReportProgress tells the controller that the running method has done
-  // `done` of `total` units of `what` (e.g. denoising steps). A no-op when no
-  // controller listens; it never fails the method.
+  // ReportProgress tells the caller that the running method has done `done`
+  // of `total` units of `what` (e.g. denoising steps). Call it from the
+  // method's thread. A no-op when no caller listens (the unary Call RPC);
+  // it never fails the method.
   void ReportProgress(const std::string& what, int64_t done, int64_t total) const {
     if (progress_sink_) progress_sink_(what, done, total);
   }

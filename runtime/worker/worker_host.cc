@@ -47,10 +47,19 @@ absl::StatusOr<std::pair<const std::string*, const RegisteredMethod*>> WorkerHos
 }
 
 absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::string_view method,
-                                              const DataProto& input) {
+                                              const DataProto& input,
+                                              const ProgressSink& progress) {
   DRAY_ASSIGN_OR_RETURN(auto found, Find(role, method));
   const std::string where = absl::StrCat("rank ", rank_, ", ", *found.first, ".", method);
   absl::MutexLock lock(&execute_mu_);
+  // This call's progress goes to its caller, and no later call's does.
+  struct SinkScope {
+    const std::vector<std::pair<std::string, std::unique_ptr<Worker>>>& workers;
+    ~SinkScope() {
+      for (const auto& [role, worker] : workers) worker->set_progress_sink(nullptr);
+    }
+  } scope{workers_};
+  for (const auto& [role, worker] : workers_) worker->set_progress_sink(progress);
   try {
     absl::StatusOr<DataProto> result = found.second->fn(input);
     if (!result.ok()) {
@@ -65,10 +74,6 @@ absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::stri
   }
 }
 
-void WorkerHost::SetProgressSink(const ProgressSink& sink) {
-  for (const auto& [role, worker] : workers_) worker->set_progress_sink(sink);
-}
-
 v1::MethodTable WorkerHost::Describe() const {
   v1::MethodTable table;
   table.set_rank(rank_);
@@ -80,6 +85,7 @@ v1::MethodTable WorkerHost::Describe() const {
       info->set_dispatch_mode(method.options.dispatch_mode);
       info->set_execute_mode(WireExecuteMode(method.options.execute_mode));
       info->set_blocking(method.options.blocking);
+      info->set_rows_independent(method.options.rows_independent);
     }
   }
   return table;

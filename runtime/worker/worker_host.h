@@ -35,15 +35,13 @@ class WorkerHost {
                                                             const std::vector<std::string>& roles,
                                                             int rank);
 
-  // Execute runs `method` of `role` (empty: whichever role has the method).
+  // Execute runs `method` of `role` (empty: whichever role has the method);
+  // the method's ReportProgress calls go to `progress` (when set).
   absl::StatusOr<DataProto> Execute(absl::string_view role, absl::string_view method,
-                                    const DataProto& input);
+                                    const DataProto& input, const ProgressSink& progress = nullptr);
 
   // Describe returns the method table of every hosted role.
   v1::MethodTable Describe() const;
-
-  // SetProgressSink gives every hosted worker's ReportProgress its sink.
-  void SetProgressSink(const ProgressSink& sink);
 
  private:
   WorkerHost(std::vector<std::pair<std::string, std::unique_ptr<Worker>>> workers, int rank)

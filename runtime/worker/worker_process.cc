@@ -35,8 +35,6 @@ constexpr absl::Duration kControllerSilenceLimit = absl::Seconds(5);
 // How long in-flight RPCs get at shutdown. A method still running then is
 // abandoned: the process exits without waiting for it.
 constexpr absl::Duration kDrainGrace = absl::Seconds(1);
-// The longest a progress report may hold up the method that sends it.
-constexpr absl::Duration kProgressTimeout = absl::Seconds(1);
 
 void Log(int rank, const std::string& message) {
   std::fprintf(stderr, "dray worker rank %d (pid %d): %s\n", rank, getpid(), message.c_str());
@@ -152,18 +150,6 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
 
   std::shared_ptr<v1::ControllerService::Stub> controller =
       v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
-  host->SetProgressSink(
-      [controller, rank = context.rank](const std::string& what, int64_t done, int64_t total) {
-        grpc::ClientContext rpc;
-        SetDeadline(&rpc, kProgressTimeout);
-        v1::ProgressReport report;
-        report.set_rank(rank);
-        report.set_what(what);
-        report.set_done(done);
-        report.set_total(total);
-        v1::ProgressAck ack;
-        controller->ReportProgress(&rpc, report, &ack).ok();  // progress is best effort
-      });
   DRAY_ASSIGN_OR_RETURN(
       v1::RegisterWorkerResponse registered,
       Register(controller.get(), context, absl::StrCat(options.host, ":", port), *host));
@@ -174,9 +160,8 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   // Shutdown waits for running handlers, and a method cannot be interrupted:
   // drain on the side for at most kDrainGrace; the caller then exits.
   auto drained = std::make_shared<absl::Notification>();
-  std::thread([server = server.release(), sessions, drained] {
-    server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainGrace));
-    sessions->Shutdown();
+  std::thread([server = server.release(), service, sessions, drained] {
+    service->StopSessions(server, sessions, absl::Now() + kDrainGrace);
     drained->Notify();
   }).detach();
   drained->WaitForNotificationWithTimeout(kDrainGrace + absl::Milliseconds(200));

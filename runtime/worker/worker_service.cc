@@ -72,17 +72,45 @@ void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
   bool ok = false;
   while (true) {
     auto call = std::make_unique<SessionCall>();
-    RequestSession(&call->context, &call->stream, &call->queue, queue, call.get());
+    {
+      absl::MutexLock lock(&accept_mu_);
+      if (stopping_) break;
+      RequestSession(&call->context, &call->stream, &call->queue, queue, call.get());
+    }
     if (!queue->Next(&tag, &ok) || !ok) break;  // the server is shutting down
-    std::thread([this, call = std::move(call)] {
+    {
+      absl::MutexLock lock(&mu_);
+      ++running_sessions_;
+    }
+    std::thread([this, call = std::move(call)]() mutable {
       call->Finish(RunSession(call.get(), call.get()));
+      call.reset();
+      absl::MutexLock lock(&mu_);
+      --running_sessions_;
     }).detach();
   }
   while (queue->Next(&tag, &ok)) {
   }  // until the queue is shut down: no request may follow
 }
 
-v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload) {
+void WorkerServiceImpl::StopSessions(grpc::Server* server, grpc::ServerCompletionQueue* queue,
+                                     absl::Time deadline) {
+  {
+    absl::MutexLock lock(&accept_mu_);
+    stopping_ = true;
+  }
+  server->Shutdown(absl::ToChronoTime(deadline));
+  queue->Shutdown();
+}
+
+void WorkerServiceImpl::WaitForSessions() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* running) { return *running == 0; }, &running_sessions_));
+}
+
+v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload,
+                                        const ProgressSink& progress) {
   v1::CallResponse response;
   response.set_call_id(request.call_id());
   const std::string what = absl::StrCat("rank ", rank_, ", ", request.method());
@@ -100,7 +128,8 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPaylo
         &response);
     return response;
   }
-  absl::StatusOr<DataProto> result = host_->Execute(request.role(), request.method(), *input);
+  absl::StatusOr<DataProto> result =
+      host_->Execute(request.role(), request.method(), *input, progress);
   absl::StatusOr<DetachedWire> encoded =
       result.ok() ? ToDetachedWire(*result) : absl::StatusOr<DetachedWire>(result.status());
   if (!encoded.ok()) {
@@ -127,7 +156,17 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
     if (!request.ok()) return ToGrpcStatus(request.status());
     if (!request->has_value()) return grpc::Status::OK;  // the controller closed the session
     ScatteredPayload payload;
-    v1::CallResponse response = Run(**request, &payload);
+    const uint64_t call_id = (*request)->call_id();
+    v1::CallResponse response =
+        Run(**request, &payload,
+            [writer, call_id](const std::string& what, int64_t done, int64_t total) {
+              v1::CallProgress progress;
+              progress.set_call_id(call_id);
+              progress.set_what(what);
+              progress.set_done(done);
+              progress.set_total(total);
+              WriteCallProgress(writer, std::move(progress));  // if broken, the next write says so
+            });
     if (!WriteCallResponse(writer, std::move(response), payload)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
     }

@@ -13,8 +13,7 @@
 //   auto server = builder.BuildAndStart();
 //   std::thread([&] { service.AcceptSessions(sessions.get()); });
 //   ...
-//   server->Shutdown(deadline);
-//   sessions->Shutdown();  // AcceptSessions returns
+//   service.StopSessions(server.get(), sessions.get(), deadline);  // AcceptSessions returns
 //
 // Each session runs on a thread of its own, which alone drives that call's
 // completion queue, so reading and writing frames costs no thread hand-off.
@@ -28,6 +27,9 @@
 #include <functional>
 #include <string>
 
+#include <grpcpp/server.h>
+
+#include "absl/synchronization/mutex.h"
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/session_stream.h"
@@ -55,17 +57,33 @@ class WorkerServiceImpl final
   // the server and then the queue were shut down.
   void AcceptSessions(grpc::ServerCompletionQueue* queue);
 
+  // StopSessions shuts `server` down (calls still running at `deadline` are
+  // cancelled), then `queue`, so that AcceptSessions returns; no session is
+  // requested once it has begun.
+  void StopSessions(grpc::Server* server, grpc::ServerCompletionQueue* queue, absl::Time deadline);
+
+  // WaitForSessions returns once every session thread has ended (after the
+  // server's shutdown, each ends when its running method returns).
+  void WaitForSessions();
+
  private:
   // RunSession runs the calls of one Session stream in arrival order.
   grpc::Status RunSession(SessionReader* reader, SessionWriter* writer);
 
   // Run executes `request` (whose input payload is attached) and returns the
-  // response with the result's payload detached into `*payload`.
-  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload);
+  // response with the result's payload detached into `*payload`; the
+  // method's progress goes to `progress`.
+  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload,
+                       const ProgressSink& progress = nullptr);
 
   WorkerHost* const host_;
   const int rank_;
   const std::function<void(std::string)> on_shutdown_;
+  absl::Mutex mu_;
+  int running_sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Held while a session is requested: gRPC refuses requests after shutdown.
+  absl::Mutex accept_mu_;
+  bool stopping_ ABSL_GUARDED_BY(accept_mu_) = false;
 };
 
 }  // namespace dray

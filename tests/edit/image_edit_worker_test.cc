@@ -45,16 +45,19 @@ TEST_F(ImageEditWorkerTest, InitModelRanOnEveryRank) {
 TEST_F(ImageEditWorkerTest, FiveImagesOverTwoWorkersKeepTheirOrder) {
   const TestBatch batch = MakeTestBatch(5);
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller_->Edit(batch.data));
-  ASSERT_EQ(edited.size(), 5);  // the padding row is not returned
+  ASSERT_EQ(edited.size(), 5);
   const std::vector<at::Tensor> expected = EditInProcess(TestConfig(), batch);
   const std::vector<at::Tensor> images = EditedImages(edited);
   for (int i = 0; i < 5; ++i) {
     EXPECT_TRUE(at::equal(images[i], expected[i]))
         << "row " << i << " differs from the same row edited here";
   }
-  // process_batch is edit_images_batch under its other name.
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> alias,
-                            controller_->group().Call("process_batch", {batch.data}));
+  // process_batch is edit_images_batch under its other name (called here
+  // past the controller, so with the seeds the controller would add).
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      std::vector<DataProto> alias,
+      controller_->group().Call("process_batch",
+                                {WithSeeds(batch.data, TestConfig().seed).value()}));
   EXPECT_TRUE(SameDataProto(alias.front(), edited));
 }
 
@@ -81,11 +84,12 @@ TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
   TestBatch batch = MakeTestBatch(4);
   std::vector<Bytes> pngs = batch.pngs;
   pngs[3] = std::string(pngs[3].view().substr(0, 40));  // truncated
-  // Straight to the workers, past the controller's checks: rank 1 holds rows 2 and 3.
-  EXPECT_THAT(
-      controller_->group().Call("edit_images_batch",
-                                {MakeEditBatch(pngs, batch.instructions).value()}),
-      StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("rank 1"), HasSubstr("row 3"))));
+  // Straight to the workers, past the controller's checks: rank 1 holds rows
+  // 2 and 3, its rows 0 and 1.
+  EXPECT_THAT(controller_->group().Call("edit_images_batch",
+                                        {MakeEditBatch(pngs, batch.instructions).value()}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("rank 1"), HasSubstr("row 1: not a readable PNG"))));
   DRAY_EXPECT_OK(controller_->Edit(batch.data).status());
 }
 

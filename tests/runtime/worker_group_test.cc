@@ -212,12 +212,15 @@ TEST_F(WorkerGroupTest, NonBlockingMethodsReturnFutures) {
 }
 
 TEST_F(WorkerGroupTest, DeadlineFailsTheCallAndLeavesTheWorkerUsable) {
-  const DataProto slow = DataProto::Make({}, {}, {{"ms", int64_t{1500}}}).value();
-  const absl::Time start = absl::Now();
-  EXPECT_THAT(group_->Call("sleep", {slow}, CallOptions{absl::Milliseconds(200)}),
+  // The workers wait for a file only this test creates, after the deadline
+  // has failed the call: the failure cannot have waited for them.
+  const std::string path = absl::StrCat(::testing::TempDir(), "deadline_passed");
+  std::remove(path.c_str());
+  const DataProto wait = DataProto::Make({}, {}, {{"path", path}}).value();
+  EXPECT_THAT(group_->Call("wait_for_file", {wait}, CallOptions{absl::Milliseconds(200)}),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("passed its deadline")));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
-  // The worker finishes the slow call, then serves the next one.
+  std::ofstream(path).put('!');
+  // The worker finishes the abandoned call, then serves the next one.
   DRAY_EXPECT_OK(group_->Call("identity", {}, CallOptions{absl::Seconds(30)}));
 }
 
@@ -344,18 +347,18 @@ TEST_F(WorkerGroupTest, SessionSpeaksPlainProtobufFramesToAnyClient) {
   EXPECT_THAT(Column(out[1], "x"), ElementsAre(0, 1, 2));
 }
 
-TEST(WorkerGroupProgressTest, ReportsReachTheControllerInOrder) {
+TEST(WorkerGroupProgressTest, ReportsReachTheCallerInOrderBeforeTheResult) {
   absl::Mutex mu;
   std::map<int, std::vector<std::string>> seen;  // by rank
-  WorkerGroupOptions options;
-  options.on_progress = [&](int rank, const std::string& what, int64_t done, int64_t total) {
+  CallOptions call;
+  call.on_progress = [&](int rank, const std::string& what, int64_t done, int64_t total) {
     absl::MutexLock lock(&mu);
     seen[rank].push_back(absl::StrCat(what, " ", done, "/", total));
   };
-  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group,
-                            StartGroup({1, 2}, {"test"}, options));
-  DRAY_ASSERT_OK(group->Call("progress", {}).status());
-  absl::MutexLock lock(&mu);  // reports are synchronous: all are in when the call returns
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 2}, {"test"}));
+  DRAY_ASSERT_OK(group->Call("progress", {}, call).status());
+  DRAY_ASSERT_OK(group->Call("progress", {}).status());  // no listener: reports are dropped
+  absl::MutexLock lock(&mu);  // progress frames precede the result on each stream
   for (int rank : {0, 1}) {
     EXPECT_THAT(seen[rank], ::testing::ElementsAre("steps 1/3", "steps 2/3", "steps 3/3"))
         << "rank " << rank;
@@ -364,13 +367,7 @@ TEST(WorkerGroupProgressTest, ReportsReachTheControllerInOrder) {
 
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   absl::Notification victim_sleeping;
-  WorkerGroupOptions options;
-  options.on_progress = [&](int rank, const std::string& what, int64_t, int64_t) {
-    if (rank == 2 && what == "sleep" && !victim_sleeping.HasBeenNotified())
-      victim_sleeping.Notify();
-  };
-  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group,
-                            StartGroup({1, 4}, {"test"}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group, StartGroup({1, 4}, {"test"}));
   DRAY_EXPECT_OK(group->Health());
   // Far longer than the call's own deadline: only the death of rank 2 can end
   // the call with UNAVAILABLE before the deadline ends it otherwise.
@@ -379,6 +376,9 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   std::thread caller([&] {
     CallOptions call;
     call.timeout = absl::Minutes(2);
+    call.on_progress = [&](int rank, const std::string& what, int64_t, int64_t) {
+      if (rank == 2 && what == "sleep") victim_sleeping.Notify();  // once: one sleep per rank
+    };
     result = group->Call("sleep", {slow}, call);
   });
   victim_sleeping.WaitForNotification();

@@ -13,9 +13,8 @@ absl::Status BadRow(int64_t row, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", why));
 }
 
-// DecodeRow turns one image row into RGB, bounded by kMaxInputPixels.
-absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
-  if (image.format != Image::Format::kRaw) return DecodeImage(image.bytes.view(), kMaxInputPixels);
+// CheckRawRow checks a raw image row's layout and size.
+absl::Status CheckRawRow(const Image& image) {
   if (image.channels != 3 || image.width < 1 || image.height < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("a raw image must be RGB with a positive size, got ", image.width, "x",
@@ -30,9 +29,55 @@ absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
     return absl::InvalidArgumentError(absl::StrCat("raw image of ", image.width, "x", image.height,
                                                    " has ", image.bytes.size(), " bytes"));
   }
+  return absl::OkStatus();
+}
+
+// DecodeRow turns one image row into RGB, bounded by kMaxInputPixels.
+absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
+  if (image.format != Image::Format::kRaw) return DecodeImage(image.bytes.view(), kMaxInputPixels);
+  DRAY_RETURN_IF_ERROR(CheckRawRow(image));
   return at::from_blob(const_cast<char*>(image.bytes.data()), {image.height, image.width, 3},
                        at::kByte)
       .clone();
+}
+
+// ProbeRow checks what DecodeRow would, from the header alone.
+absl::Status ProbeRow(const Image& image) {
+  if (image.format == Image::Format::kRaw) return CheckRawRow(image);
+  return ProbeImage(image.bytes.view(), kMaxInputPixels).status();
+}
+
+// EditColumns: a batch's columns, checked for presence and type.
+struct EditColumns {
+  const std::vector<Image>* images = nullptr;
+  const std::vector<std::string>* instructions = nullptr;
+  const std::vector<int64_t>* seeds = nullptr;  // null: no seeds column
+};
+
+absl::StatusOr<EditColumns> ColumnsOf(const DataProto& batch) {
+  EditColumns columns;
+  DRAY_ASSIGN_OR_RETURN(columns.images, batch.GetRows<Image>(kImagesColumn));
+  DRAY_ASSIGN_OR_RETURN(columns.instructions, batch.GetRows<std::string>(kInstructionsColumn));
+  if (batch.HasColumn(kSeedsColumn)) {
+    DRAY_ASSIGN_OR_RETURN(columns.seeds, batch.GetRows<int64_t>(kSeedsColumn));
+  }
+  return columns;
+}
+
+// SeedOf returns row `row`'s seed after checking its instruction: what a row
+// needs besides its pixels.
+absl::StatusOr<uint64_t> SeedOf(const EditColumns& columns, int64_t row, int64_t default_seed) {
+  const std::string& instruction = (*columns.instructions)[row];
+  if (instruction.find_first_not_of(" \t\r\n") == std::string::npos)
+    return absl::InvalidArgumentError("the instruction is empty");
+  if (static_cast<int64_t>(instruction.size()) > kMaxInstructionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("the instruction has ", instruction.size(),
+                                                   " bytes; at most ", kMaxInstructionBytes,
+                                                   " are accepted"));
+  }
+  const int64_t seed = columns.seeds != nullptr ? (*columns.seeds)[row] : default_seed + row;
+  if (seed < 0) return absl::InvalidArgumentError(absl::StrCat("seed ", seed, " is negative"));
+  return static_cast<uint64_t>(seed);
 }
 
 template <typename T>
@@ -61,35 +106,37 @@ absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
   return DataProto::Make({}, std::move(columns));
 }
 
-absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t first_row,
-                                                    int64_t default_seed) {
-  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, batch.GetRows<Image>(kImagesColumn));
-  DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
-                        batch.GetRows<std::string>(kInstructionsColumn));
-  const std::vector<int64_t>* seeds = nullptr;
-  if (batch.HasColumn(kSeedsColumn)) {
-    DRAY_ASSIGN_OR_RETURN(seeds, batch.GetRows<int64_t>(kSeedsColumn));
-  }
+absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t default_seed) {
+  DRAY_ASSIGN_OR_RETURN(EditColumns columns, ColumnsOf(batch));
   std::vector<EditRow> rows;
-  for (int64_t i = 0; i < batch.size(); ++i) {
-    const int64_t row = first_row + i;
-    const std::string& instruction = (*instructions)[i];
-    if (instruction.find_first_not_of(" \t\r\n") == std::string::npos)
-      return BadRow(row, "the instruction is empty");
-    if (static_cast<int64_t>(instruction.size()) > kMaxInstructionBytes) {
-      return BadRow(row, absl::StrCat("the instruction has ", instruction.size(),
-                                      " bytes; at most ", kMaxInstructionBytes, " are accepted"));
-    }
-    const int64_t seed = seeds != nullptr ? (*seeds)[i] : default_seed + row;
-    if (seed < 0) return BadRow(row, absl::StrCat("seed ", seed, " is negative"));
-    absl::StatusOr<at::Tensor> image = DecodeRow((*images)[i]);
+  for (int64_t row = 0; row < batch.size(); ++row) {
+    absl::StatusOr<uint64_t> seed = SeedOf(columns, row, default_seed);
+    if (!seed.ok()) return BadRow(row, seed.status().message());
+    absl::StatusOr<at::Tensor> image = DecodeRow((*columns.images)[row]);
     if (!image.ok()) return BadRow(row, image.status().message());
-    rows.push_back({*std::move(image), instruction, static_cast<uint64_t>(seed)});
+    rows.push_back({*std::move(image), (*columns.instructions)[row], *seed});
   }
   return rows;
 }
 
-absl::Status CheckEditBatch(const DataProto& batch) { return DecodeEditRows(batch, 0, 0).status(); }
+absl::Status CheckEditBatch(const DataProto& batch, int64_t first_row) {
+  DRAY_ASSIGN_OR_RETURN(EditColumns columns, ColumnsOf(batch));
+  for (int64_t row = 0; row < batch.size(); ++row) {
+    absl::Status checked = SeedOf(columns, row, 0).status();
+    if (checked.ok()) checked = ProbeRow((*columns.images)[row]);
+    if (!checked.ok()) return BadRow(first_row + row, checked.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed) {
+  if (batch.HasColumn(kSeedsColumn)) return batch;
+  std::vector<int64_t> seeds(batch.size());
+  for (int64_t row = 0; row < batch.size(); ++row) seeds[row] = first_seed + row;
+  DataProto seeded = batch;
+  DRAY_RETURN_IF_ERROR(seeded.AddNonTensor(kSeedsColumn, std::move(seeds)));
+  return seeded;
+}
 
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
                                                        const MetaInfo& meta) {

@@ -12,9 +12,8 @@
 // off), width and height (0 follows the input's aspect ratio).
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
-//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller, before dispatch
-//   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, first_row, seed));  // a
-//   worker
+//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller: headers only, no pixels
+//   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, seed));  // a worker
 #ifndef DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 #define DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 
@@ -54,15 +53,19 @@ absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds = {});
 
-// DecodeEditRows decodes and checks every row. Rows are numbered from
-// `first_row` in errors ("row 3: ..."); a row without a seeds column gets
-// `default_seed` plus its number, so results do not depend on how a batch
-// was split across ranks.
-absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t first_row,
-                                                    int64_t default_seed);
+// DecodeEditRows decodes and checks every row ("row 3: ..." counts rows of
+// `batch`). Without a seeds column, row i's seed is `default_seed` + i.
+absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t default_seed);
 
-// CheckEditBatch runs DecodeEditRows' checks and drops the pixels.
-absl::Status CheckEditBatch(const DataProto& batch);
+// CheckEditBatch makes DecodeEditRows' checks from the image headers alone:
+// no pixel is decoded (PNG and JPEG bodies are first read by the worker).
+// Errors count rows from `first_row`.
+absl::Status CheckEditBatch(const DataProto& batch, int64_t first_row = 0);
+
+// WithSeeds returns `batch` with a seeds column: its own, or `first_seed` +
+// each row's index. The controller adds them before dispatch, so a row's
+// noise depends on neither how the batch is split nor where the row lands.
+absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed);
 
 // EditOptionsFor returns the pipeline options of `config`, overridden by
 // the batch's meta info (keys above; a wrong type is INVALID_ARGUMENT).

@@ -42,43 +42,19 @@ class ScratchFolder {
 
 }  // namespace
 
-// ProgressRelay: hands rank 0's denoising reports to the current callback.
-struct ImageEditController::ProgressRelay {
-  absl::Mutex mu;
-  ProgressCallback callback ABSL_GUARDED_BY(mu);
-
-  void Report(int rank, const std::string& what, int64_t done, int64_t total) {
-    if (rank != 0 || what != kDenoisingProgress) return;
-    absl::MutexLock lock(&mu);
-    if (callback) callback(done, total);
-  }
-};
-
-ImageEditController::ImageEditController(ImageEditConfig config,
-                                         std::shared_ptr<ProgressRelay> progress,
-                                         std::unique_ptr<WorkerGroup> group)
-    : config_(std::move(config)), progress_(std::move(progress)), group_(std::move(group)) {}
-
-void ImageEditController::set_progress_callback(ProgressCallback callback) {
-  absl::MutexLock lock(&progress_->mu);
-  progress_->callback = std::move(callback);
-}
+ImageEditController::ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group)
+    : config_(std::move(config)), group_(std::move(group)) {}
 
 absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     const ImageEditConfig& config, Options options) {
-  auto progress = std::make_shared<ProgressRelay>();
   WorkerGroupOptions group_options;
   group_options.command = std::move(options.worker_command);
   group_options.roles = {kImageEditRole};
   group_options.env = std::move(options.env);
-  group_options.on_progress = [progress](int rank, const std::string& what, int64_t done,
-                                         int64_t total) {
-    progress->Report(rank, what, done, total);
-  };
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group,
                         WorkerGroup::Create({1, options.workers}, group_options));
   std::unique_ptr<ImageEditController> controller(
-      new ImageEditController(config, progress, std::move(group)));
+      new ImageEditController(config, std::move(group)));
 
   ImageEditConfig worker_config = config;
   std::optional<ScratchFolder> embedded;  // the tiny model, while the workers load it
@@ -103,17 +79,30 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
 }
 
 absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch,
-                                                    std::optional<absl::Duration> timeout) {
+                                                    std::optional<absl::Duration> timeout,
+                                                    const ProgressCallback& on_progress) {
   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));
-  return EditCheckedRows(batch, timeout);
+  return EditCheckedRows(batch, timeout, on_progress);
 }
 
 absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(
-    const DataProto& batch, std::optional<absl::Duration> timeout) {
+    const DataProto& batch, std::optional<absl::Duration> timeout,
+    const ProgressCallback& on_progress) {
+  DRAY_ASSIGN_OR_RETURN(DataProto seeded, WithSeeds(batch, config_.seed));
   CallOptions call;
   call.timeout = timeout;
+  // Sharded ranks gather parameters together, step by step: each needs rows.
+  call.equal_shards = config_.enable_fsdp;
+  if (on_progress) {
+    // Rank 0 runs the most rows (DP_COMPUTE_PROTO's uneven split), or as
+    // many as any (equal shards): its steps are the call's.
+    call.on_progress = [on_progress](int rank, const std::string& what, int64_t done,
+                                     int64_t total) {
+      if (rank == 0 && what == kDenoisingProgress) on_progress(done, total);
+    };
+  }
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
-                        group_->Call("edit_images_batch", {batch}, call));
+                        group_->Call("edit_images_batch", {std::move(seeded)}, call));
   return std::move(edited.front());
 }
 

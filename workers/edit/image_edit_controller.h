@@ -30,11 +30,12 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
+#include "workers/edit/edit_backend.h"
 #include "workers/edit/edit_config.h"
 
 namespace dray {
 
-class ImageEditController {
+class ImageEditController final : public EditBackend {
  public:
   struct Options {
     int workers = 1;
@@ -50,33 +51,29 @@ class ImageEditController {
 
   // Edit checks `batch`'s rows (CheckEditBatch), then EditCheckedRows.
   absl::StatusOr<DataProto> Edit(const DataProto& batch,
-                                 std::optional<absl::Duration> timeout = std::nullopt);
+                                 std::optional<absl::Duration> timeout = std::nullopt,
+                                 const ProgressCallback& on_progress = nullptr);
 
   // EditCheckedRows runs edit_images_batch across the workers on rows the
   // caller has checked already (the server checks each request as it
-  // arrives); returns final_edited_images in row order. `timeout` unset:
-  // the group's call timeout.
+  // arrives); returns final_edited_images in row order. Rows without a seed
+  // get config().seed + their index. `timeout` unset: the group's call
+  // timeout.
   absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch,
-                                            std::optional<absl::Duration> timeout = std::nullopt);
+                                            std::optional<absl::Duration> timeout,
+                                            const ProgressCallback& on_progress) override;
 
-  // ProgressCallback receives the running call's denoising progress (rank
-  // 0's steps done, of all it will run), on an RPC thread.
-  using ProgressCallback = std::function<void(int64_t step, int64_t steps)>;
-  // set_progress_callback replaces the callback; thread-safe.
-  void set_progress_callback(ProgressCallback callback);
-
-  const ImageEditConfig& config() const { return config_; }
+  const ImageEditConfig& config() const override { return config_; }
+  int workers() const override { return group_->world_size(); }
+  absl::Status Health() const override { return group_->Health(); }
   // init_results: what init_model returned, by rank (memory figures as meta).
   const std::vector<DataProto>& init_results() const { return init_results_; }
   WorkerGroup& group() { return *group_; }
 
  private:
-  struct ProgressRelay;
-  ImageEditController(ImageEditConfig config, std::shared_ptr<ProgressRelay> progress,
-                      std::unique_ptr<WorkerGroup> group);
+  ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group);
 
   const ImageEditConfig config_;
-  const std::shared_ptr<ProgressRelay> progress_;  // shared with the group's on_progress
   std::unique_ptr<WorkerGroup> group_;
   std::vector<DataProto> init_results_;
 };

@@ -25,7 +25,9 @@
 namespace dray {
 namespace {
 
-// How often a waiting handler checks its client, and health its workers.
+// How often a waiting handler asks gRPC whether its client has gone (the
+// synchronous API has no cancellation event), and health its workers.
+// Progress and results wake handlers at once.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 
 // QueuedEdit: one image waiting for, or in, a batch.
@@ -36,10 +38,24 @@ struct QueuedEdit {
   int64_t seed = 0;
   absl::Time enqueued;
   absl::Time deadline;
-  std::atomic<bool> abandoned{false};      // the client has gone
-  std::atomic<int64_t> step{0}, steps{0};  // denoising progress of its batch
-  absl::Notification done;
-  absl::StatusOr<v1::EditImageResponse> result;  // written before done.Notify()
+  std::atomic<bool> abandoned{false};  // the client has gone
+
+  // Progress records its batch's denoising progress.
+  void Progress(int64_t done, int64_t total) {
+    absl::MutexLock lock(&mu);
+    step = done;
+    steps = total;
+  }
+  // Finish records the outcome; later outcomes are ignored.
+  void Finish(absl::StatusOr<v1::EditImageResponse> outcome) {
+    absl::MutexLock lock(&mu);
+    if (!result.has_value()) result = std::move(outcome);
+  }
+
+  absl::Mutex mu;
+  int64_t step ABSL_GUARDED_BY(mu) = 0;
+  int64_t steps ABSL_GUARDED_BY(mu) = 0;
+  std::optional<absl::StatusOr<v1::EditImageResponse>> result ABSL_GUARDED_BY(mu);
 };
 using QueuedEdits = std::vector<std::shared_ptr<QueuedEdit>>;
 
@@ -54,10 +70,10 @@ absl::Time DeadlineOf(const grpc::ServerContext& context) {
 
 class ImageEditServer::Impl final : public v1::ImageEditService::Service {
  public:
-  Impl(ImageEditController* controller, ServeOptions options)
-      : controller_(controller),
+  Impl(EditBackend* backend, ServeOptions options)
+      : backend_(backend),
         options_(std::move(options)),
-        max_rows_(controller->config().batch_size * controller->group().world_size()) {}
+        max_rows_(backend->config().batch_size * backend->workers()) {}
   ~Impl() override { Shutdown(); }
 
   absl::Status Start();
@@ -105,20 +121,14 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   absl::StatusOr<v1::EditImageResponse> Await(
       const std::shared_ptr<QueuedEdit>& edit, const grpc::ServerContext& context,
       const std::function<void(int64_t step, int64_t steps)>& on_progress = nullptr);
-  // OnProgress records the running batch's progress.
-  void OnProgress(int64_t step, int64_t steps);
   // NextBatch blocks for the next batch (empty when every request it took
   // was abandoned); nullopt when shutting down.
   std::optional<QueuedEdits> NextBatch();
   void RunBatch(const QueuedEdits& batch);
-  void SetRunning(QueuedEdits batch) {
-    absl::MutexLock lock(&mu_);
-    running_ = std::move(batch);
-  }
   void RunBatches();
   void WatchHealth();
 
-  ImageEditController* const controller_;
+  EditBackend* const backend_;
   const ServeOptions options_;
   const int64_t max_rows_;
   int port_ = 0;
@@ -128,7 +138,6 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
   absl::Mutex mu_;
   std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
-  QueuedEdits running_ ABSL_GUARDED_BY(mu_);  // the batch the workers edit now
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -152,7 +161,7 @@ grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context,
 
 absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
     const v1::EditImageRequest& request, int64_t row, absl::Time deadline) const {
-  const ImageEditConfig& config = controller_->config();
+  const ImageEditConfig& config = backend_->config();
   if (static_cast<int64_t>(request.image().size()) > options_.max_image_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image has ",
                                                    request.image().size(), " bytes; at most ",
@@ -165,7 +174,7 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
   edit->deadline = deadline;
   DRAY_ASSIGN_OR_RETURN(DataProto row_batch,
                         MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
-  DRAY_RETURN_IF_ERROR(DecodeEditRows(row_batch, row, 0).status());
+  DRAY_RETURN_IF_ERROR(CheckEditBatch(row_batch, row));
   edit->options = {{"num_inference_steps",
                     int64_t{request.has_num_inference_steps() ? request.num_inference_steps()
                                                               : config.num_inference_steps}},
@@ -183,7 +192,7 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
 
 absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
     const std::vector<const v1::EditImageRequest*>& requests, const grpc::ServerContext& context) {
-  DRAY_RETURN_IF_ERROR(controller_->group().Health());
+  DRAY_RETURN_IF_ERROR(backend_->Health());
   if (requests.empty()) return QueuedEdits();
   QueuedEdits edits;
   const absl::Time deadline = DeadlineOf(context);
@@ -211,11 +220,24 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
     const std::shared_ptr<QueuedEdit>& edit, const grpc::ServerContext& context,
     const std::function<void(int64_t step, int64_t steps)>& on_progress) {
   int64_t reported = 0;
-  auto report = [&] {
-    if (on_progress && edit->step > reported) on_progress(reported = edit->step, edit->steps);
-  };
-  while (!edit->done.WaitForNotificationWithTimeout(kPollInterval)) {
-    report();
+  while (true) {
+    int64_t step, steps;
+    std::optional<absl::StatusOr<v1::EditImageResponse>> result;
+    {
+      absl::MutexLock lock(&edit->mu);
+      auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(edit->mu) {
+        return edit->result.has_value() || edit->step > reported;
+      };
+      edit->mu.AwaitWithDeadline(absl::Condition(&changed),
+                                 std::min(edit->deadline, absl::Now() + kPollInterval));
+      step = edit->step;
+      steps = edit->steps;
+      result = edit->result;
+    }
+    // Progress frames precede results on the workers' streams: the last
+    // step is in before the result.
+    if (on_progress && step > reported) on_progress(reported = step, steps);
+    if (result.has_value()) return *std::move(result);
     if (absl::Now() >= edit->deadline) {
       edit->abandoned = true;
       return absl::DeadlineExceededError("the deadline passed before the image was edited");
@@ -225,9 +247,6 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
       return absl::CancelledError("the client cancelled the request");
     }
   }
-  // Reports arrive before results (workers send them synchronously): the last step is in.
-  if (edit->result.ok()) report();
-  return edit->result;
 }
 
 std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
@@ -256,14 +275,6 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
   return batch;
 }
 
-void ImageEditServer::Impl::OnProgress(int64_t step, int64_t steps) {
-  absl::MutexLock lock(&mu_);
-  for (const auto& edit : running_) {
-    edit->steps = steps;
-    edit->step = step;
-  }
-}
-
 void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
   std::vector<Bytes> images;
   std::vector<std::string> instructions;
@@ -281,11 +292,10 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     std::optional<absl::Duration> timeout;
     if (deadline != absl::InfiniteFuture())
       timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    SetRunning(batch);
-    absl::StatusOr<DataProto> result =
-        controller_->EditCheckedRows(input, timeout);  // Prepare checked each row
-    SetRunning({});
-    return result;
+    return backend_->EditCheckedRows(  // Prepare checked each row
+        input, timeout, [&batch](int64_t step, int64_t steps) {
+          for (const auto& edit : batch) edit->Progress(step, steps);
+        });
   }();
   const std::vector<Image>* rows = nullptr;
   if (edited.ok()) {
@@ -298,7 +308,7 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
   for (size_t i = 0; i < batch.size(); ++i) {
     QueuedEdit& edit = *batch[i];
     if (!edited.ok()) {
-      edit.result = edited.status();
+      edit.Finish(edited.status());
     } else {
       v1::EditImageResponse response;
       const Image& image = (*rows)[i];
@@ -307,9 +317,8 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
       response.set_height(image.height);
       response.set_seed(edit.seed);
       response.set_batch_rows(static_cast<int32_t>(batch.size()));
-      edit.result = std::move(response);
+      edit.Finish(std::move(response));
     }
-    edit.done.Notify();
   }
 }
 
@@ -321,7 +330,7 @@ void ImageEditServer::Impl::RunBatches() {
 
 void ImageEditServer::Impl::WatchHealth() {
   while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
-    if (controller_->group().Health().ok()) continue;
+    if (backend_->Health().ok()) continue;
     grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
     health->SetServingStatus(kImageEditServiceName, false);
     health->SetServingStatus(false);
@@ -343,8 +352,6 @@ absl::Status ImageEditServer::Impl::Start() {
         absl::StrCat("cannot serve on ", options_.address, " (in use, or not an address)"));
   }
   server_->GetHealthCheckService()->SetServingStatus(kImageEditServiceName, true);
-  controller_->set_progress_callback(
-      [this](int64_t step, int64_t steps) { OnProgress(step, steps); });
   batcher_ = std::thread([this] { RunBatches(); });
   health_watcher_ = std::thread([this] { WatchHealth(); });
   return absl::OkStatus();
@@ -359,11 +366,7 @@ void ImageEditServer::Impl::Shutdown() {
     left.swap(queue_);
   }
   stopped_.Notify();
-  controller_->set_progress_callback(nullptr);
-  for (const auto& edit : left) {
-    edit->result = absl::UnavailableError("the server is shutting down");
-    edit->done.Notify();
-  }
+  for (const auto& edit : left) edit->Finish(absl::UnavailableError("the server is shutting down"));
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   if (batcher_.joinable()) batcher_.join();
   if (health_watcher_.joinable()) health_watcher_.join();
@@ -372,9 +375,9 @@ void ImageEditServer::Impl::Shutdown() {
 ImageEditServer::ImageEditServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ImageEditServer::~ImageEditServer() { impl_->Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(
-    ImageEditController* controller, ServeOptions options) {
-  auto impl = std::make_unique<Impl>(controller, std::move(options));
+absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(EditBackend* backend,
+                                                                        ServeOptions options) {
+  auto impl = std::make_unique<Impl>(backend, std::move(options));
   DRAY_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<ImageEditServer>(new ImageEditServer(std::move(impl)));
 }

@@ -1,6 +1,6 @@
 // ImageEditServer: the public ImageEditService (proto/dray/v1/image_edit.proto)
-// in front of an ImageEditController, with grpc.health.v1 and server
-// reflection on the same port.
+// in front of an EditBackend (an ImageEditController and its workers), with
+// grpc.health.v1 and server reflection on the same port.
 //
 // Requests are checked as they arrive (INVALID_ARGUMENT names what was
 // wrong), then wait in a bounded queue: when it is full a new request gets
@@ -9,7 +9,8 @@
 // oldest has waited max_wait, and sends it as one edit_images_batch call.
 // Client deadlines bound both the wait and the call. When a worker process
 // dies, health turns NOT_SERVING and requests fail with UNAVAILABLE at once.
-// EditStream relays the running batch's denoising steps to its clients.
+// EditStream relays the batch's denoising steps to its clients as the
+// workers report them.
 //
 //   ServeOptions options;
 //   options.address = "0.0.0.0:8000";
@@ -27,7 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "workers/edit/image_edit_controller.h"
+#include "workers/edit/edit_backend.h"
 
 namespace dray {
 
@@ -43,8 +44,8 @@ struct ServeOptions {
 
 class ImageEditServer {
  public:
-  // Start serves until Shutdown; `controller` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<ImageEditServer>> Start(ImageEditController* controller,
+  // Start serves until Shutdown; `backend` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<ImageEditServer>> Start(EditBackend* backend,
                                                                 ServeOptions options);
   ~ImageEditServer();
 

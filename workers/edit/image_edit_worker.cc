@@ -100,8 +100,13 @@ struct QwenImageEditWorker::State {
 
 QwenImageEditWorker::QwenImageEditWorker() {
   Def("init_model", &QwenImageEditWorker::InitModel, {kOneToAll});
-  Def("edit_images_batch", &QwenImageEditWorker::EditImagesBatch, {kDpComputeProto});
-  Def("process_batch", &QwenImageEditWorker::EditImagesBatch, {kDpComputeProto});
+  // Rows are edited independently (each has its own seed): a batch is split
+  // among the ranks without padding rows, and ranks without rows idle.
+  MethodOptions per_row;
+  per_row.dispatch_mode = kDpComputeProto;
+  per_row.rows_independent = true;
+  Def("edit_images_batch", &QwenImageEditWorker::EditImagesBatch, per_row);
+  Def("process_batch", &QwenImageEditWorker::EditImagesBatch, per_row);
 }
 
 QwenImageEditWorker::~QwenImageEditWorker() = default;
@@ -185,28 +190,33 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before editing images");
-  // DP_COMPUTE_PROTO gives every rank an equal chunk: rank r's rows start at r * size.
-  DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows,
-                        DecodeEditRows(batch, rank() * batch.size(), state_->config.seed));
+  DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, state_->config.seed));
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
                         EditOptionsFor(state_->config, batch.meta_info()));
   if (state_->config.enable_cpu_offload)
     DRAY_RETURN_IF_ERROR(state_->MoveParameters(state_->device));
   std::vector<Image> edited;
+  // Micro-batches of batch_size rows; the steps of all their denoising loops
+  // make the call's progress.
+  std::vector<std::vector<qwen_image::EditInput>> micro_batches;
   const size_t micro_batch = static_cast<size_t>(state_->config.batch_size);
-  const int64_t steps = options.num_inference_steps;
-  const int64_t total_steps =
-      steps * static_cast<int64_t>((rows.size() + micro_batch - 1) / micro_batch);
+  int64_t total_steps = 0;
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
-    std::vector<qwen_image::EditInput> inputs;
+    std::vector<qwen_image::EditInput>& inputs = micro_batches.emplace_back();
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
       inputs.push_back({rows[i].image.to(state_->device), rows[i].instruction, rows[i].seed});
     }
-    const int64_t done_before = steps * static_cast<int64_t>(start / micro_batch);
+    total_steps += qwen_image::DenoisingLoops(inputs) * options.num_inference_steps;
+  }
+  int64_t done_before = 0;
+  for (const std::vector<qwen_image::EditInput>& inputs : micro_batches) {
+    int64_t done = 0;
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
                           state_->pipeline->Edit(inputs, options, [&](int step, int) {
+                            done = step;
                             ReportProgress(kDenoisingProgress, done_before + step, total_steps);
                           }));
+    done_before += done;
     for (const at::Tensor& image : images) {
       DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));
       edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)),

@@ -22,16 +22,29 @@ absl::Status TooLarge(int64_t width, int64_t height, int64_t max_pixels) {
                                                  max_pixels, " pixels are accepted"));
 }
 
+bool IsPng(absl::string_view bytes) {
+  return bytes.size() >= 8 &&
+         png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0;
+}
+
+// BeginPng reads a PNG's header into `image`, checking its size; on error
+// nothing is left to free.
+absl::Status BeginPng(absl::string_view bytes, int64_t max_pixels, png_image* image) {
+  *image = png_image{};
+  image->version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(image, bytes.data(), bytes.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("not a readable PNG: ", image->message));
+  }
+  if (static_cast<int64_t>(image->width) * image->height > max_pixels) {
+    png_image_free(image);
+    return TooLarge(image->width, image->height, max_pixels);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<at::Tensor> DecodePng(absl::string_view bytes, int64_t max_pixels) {
-  png_image image{};
-  image.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("not a readable PNG: ", image.message));
-  }
-  if (static_cast<int64_t>(image.width) * image.height > max_pixels) {
-    png_image_free(&image);
-    return TooLarge(image.width, image.height, max_pixels);
-  }
+  png_image image;
+  DRAY_RETURN_IF_ERROR(BeginPng(bytes, max_pixels, &image));
   image.format = PNG_FORMAT_RGB;
   png_color black{0, 0, 0};
   at::Tensor rgb = at::empty({image.height, image.width, 3}, at::kByte);
@@ -95,7 +108,44 @@ absl::StatusOr<at::Tensor> DecodeJpeg(absl::string_view bytes, int64_t max_pixel
       pixels, {out_height, out_width, 3}, [](void* data) { std::free(data); }, at::kByte);
 }
 
+// ProbeJpeg reads a JPEG's header only (see DecodeJpeg on longjmp).
+absl::StatusOr<ImageHeader> ProbeJpeg(absl::string_view bytes) {
+  jpeg_decompress_struct info{};
+  JpegError error{};
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = OnJpegError;
+  if (setjmp(error.jump)) {
+    jpeg_destroy_decompress(&info);
+    return absl::InvalidArgumentError(absl::StrCat("corrupt JPEG: ", error.message));
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(&info, TRUE);
+  const int64_t width = info.image_width, height = info.image_height;
+  jpeg_destroy_decompress(&info);
+  return ImageHeader{ImageHeader::Format::kJpeg, width, height};
+}
+
 }  // namespace
+
+absl::StatusOr<ImageHeader> ProbeImage(absl::string_view bytes, int64_t max_pixels) {
+  if (IsPng(bytes)) {
+    png_image image;
+    DRAY_RETURN_IF_ERROR(BeginPng(bytes, max_pixels, &image));
+    const ImageHeader header{ImageHeader::Format::kPng, image.width, image.height};
+    png_image_free(&image);
+    return header;
+  }
+  if (!IsJpeg(bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
+  }
+  DRAY_ASSIGN_OR_RETURN(ImageHeader header, ProbeJpeg(bytes));
+  if (header.width * header.height > max_pixels) {
+    return TooLarge(header.width, header.height, max_pixels);
+  }
+  return header;
+}
 
 bool IsJpeg(absl::string_view bytes) {
   return bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xFF &&
@@ -104,10 +154,7 @@ bool IsJpeg(absl::string_view bytes) {
 }
 
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels) {
-  if (bytes.size() >= 8 &&
-      png_sig_cmp(reinterpret_cast<png_const_bytep>(bytes.data()), 0, 8) == 0) {
-    return DecodePng(bytes, max_pixels);
-  }
+  if (IsPng(bytes)) return DecodePng(bytes, max_pixels);
   if (IsJpeg(bytes)) return DecodeJpeg(bytes, max_pixels);
   return absl::InvalidArgumentError(
       absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));

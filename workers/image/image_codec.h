@@ -1,6 +1,7 @@
 // Decoding PNG and JPEG files into RGB tensors and encoding PNG, for what
 // users send (image bytes) and what dray returns.
 //
+//   DRAY_ASSIGN_OR_RETURN(ImageHeader header, ProbeImage(bytes));  // size, no pixels
 //   DRAY_ASSIGN_OR_RETURN(at::Tensor rgb, DecodeImage(bytes));  // uint8 [H, W, 3]
 //   DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
 //
@@ -26,6 +27,20 @@ inline constexpr int64_t kDefaultMaxPixels = int64_t{64} << 20;
 
 // IsJpeg is true when `bytes` start with JPEG's signature.
 bool IsJpeg(absl::string_view bytes);
+
+// ImageHeader: what an image file's header says.
+struct ImageHeader {
+  enum class Format { kPng, kJpeg };
+  Format format = Format::kPng;
+  int64_t width = 0;
+  int64_t height = 0;
+};
+
+// ProbeImage reads the header of PNG or JPEG bytes, no pixel: the format and
+// size, refused (INVALID_ARGUMENT) beyond `max_pixels`. What the header
+// promises, only DecodeImage can confirm.
+absl::StatusOr<ImageHeader> ProbeImage(absl::string_view bytes,
+                                       int64_t max_pixels = kDefaultMaxPixels);
 
 // DecodeImage reads PNG or JPEG bytes (recognized by their signature).
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes,

@@ -4,6 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <map>
+#include <set>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -142,6 +143,12 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   return out;
 }
 
+int64_t DenoisingLoops(const std::vector<EditInput>& inputs) {
+  std::set<std::pair<int64_t, int64_t>> sizes;
+  for (const EditInput& input : inputs) sizes.insert({input.image.size(0), input.image.size(1)});
+  return static_cast<int64_t>(sizes.size());
+}
+
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
     const std::vector<EditInput>& inputs, const EditOptions& options,
     const ProgressCallback& progress) {
@@ -152,10 +159,18 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
     by_size[{inputs[i].image.size(0), inputs[i].image.size(1)}].push_back(i);
   }
   std::vector<at::Tensor> results(inputs.size());
+  const int steps = options.num_inference_steps;
+  const int total = steps * static_cast<int>(by_size.size());
+  int done_before = 0;
   for (const auto& [size, indices] : by_size) {
     std::vector<const EditInput*> rows;
     for (size_t i : indices) rows.push_back(&inputs[i]);
-    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images, EditBatch(rows, options, progress));
+    ProgressCallback loop_progress;
+    if (progress) {
+      loop_progress = [&, done_before](int step, int) { progress(done_before + step, total); };
+    }
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images, EditBatch(rows, options, loop_progress));
+    done_before += steps;
     for (size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(images[k]);
   }
   return results;

@@ -58,8 +58,13 @@ struct EditOptions {
   std::optional<int64_t> width, height;
 };
 
-// ProgressCallback: called after each denoising step of each batch.
+// ProgressCallback: called after each denoising step, with the steps done
+// and the steps of the whole call (every loop's; see DenoisingLoops).
 using ProgressCallback = std::function<void(int step, int steps)>;
+
+// DenoisingLoops: how many denoising loops an Edit of `inputs` runs: one per
+// distinct input image size, each of num_inference_steps steps.
+int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 
 // PromptEmbeddings: the transformer's text input for a batch.
 struct PromptEmbeddings {

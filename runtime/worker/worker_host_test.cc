@@ -1,0 +1,113 @@
+// WorkerHost in this process: finding methods across colocated roles,
+// errors and exceptions kept per call, progress scoped to its call.
+#include "runtime/worker/worker_host.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class Counter : public Worker {
+ public:
+  Counter() {
+    Def("count", &Counter::Count, {kOneToAll});
+    Def("fail", &Counter::Fail, {kOneToAll});
+    Def("throw", &Counter::Throw, {kOneToAll});
+    MethodOptions per_row;
+    per_row.dispatch_mode = kDpComputeProto;
+    per_row.rows_independent = true;
+    Def("shared", &Counter::Count, per_row);
+  }
+  absl::StatusOr<DataProto> Count() {
+    for (int step = 1; step <= 2; ++step) ReportProgress("count", step, 2);
+    return DataProto::Make({}, {}, {{"calls", ++calls_}});
+  }
+  absl::StatusOr<DataProto> Fail() { return absl::NotFoundError("nothing here"); }
+  absl::StatusOr<DataProto> Throw() { throw std::runtime_error("broke"); }
+
+ private:
+  int64_t calls_ = 0;
+};
+
+class Other : public Worker {
+ public:
+  Other() { Def("shared", &Other::Shared, {kOneToAll}); }
+  absl::StatusOr<DataProto> Shared() { return DataProto(); }
+};
+
+std::unique_ptr<WorkerHost> Host() {
+  WorkerClassRegistry classes;
+  classes.Add<Counter>("counter");
+  classes.Add<Other>("other");
+  return WorkerHost::Create(classes, {"counter", "other"}, /*rank=*/3).value();
+}
+
+TEST(WorkerHostTest, RunsMethodsOfEveryRoleAndKeepsState) {
+  auto host = Host();
+  DRAY_ASSERT_OK(host->Execute("", "count", DataProto()).status());
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto second, host->Execute("counter", "count", DataProto()));
+  EXPECT_EQ(second.GetMeta<int64_t>("calls").value(), 2);
+  DRAY_EXPECT_OK(host->Execute("other", "shared", DataProto()).status());
+}
+
+TEST(WorkerHostTest, ErrorsNameRankRoleAndMethodAndTheHostKeepsServing) {
+  auto host = Host();
+  EXPECT_THAT(host->Execute("", "fail", DataProto()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("rank 3, counter.fail: nothing")));
+  EXPECT_THAT(
+      host->Execute("", "throw", DataProto()),
+      StatusIs(absl::StatusCode::kInternal, HasSubstr("rank 3, counter.throw threw: broke")));
+  EXPECT_THAT(host->Execute("", "nope", DataProto()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("it has: counter.count")));
+  DRAY_EXPECT_OK(host->Execute("", "count", DataProto()).status());
+}
+
+TEST(WorkerHostTest, ProgressGoesToTheRunningCallOnly) {
+  auto host = Host();
+  std::vector<std::string> seen;
+  DRAY_ASSERT_OK(host->Execute("", "count", DataProto(),
+                               [&](const std::string& what, int64_t done, int64_t total) {
+                                 seen.push_back(absl::StrCat(what, " ", done, "/", total));
+                               })
+                     .status());
+  EXPECT_THAT(seen, ElementsAre("count 1/2", "count 2/2"));
+  DRAY_ASSERT_OK(host->Execute("", "count", DataProto()).status());  // no sink: dropped
+  EXPECT_EQ(seen.size(), 2u);
+}
+
+TEST(WorkerHostTest, DescribePublishesEveryMethodWithItsOptions) {
+  const v1::MethodTable table = Host()->Describe();
+  EXPECT_EQ(table.rank(), 3);
+  std::vector<std::string> names;
+  for (const v1::MethodInfo& info : table.methods()) {
+    names.push_back(absl::StrCat(info.role(), ".", info.name()));
+    if (info.role() == "counter" && info.name() == "shared") {
+      EXPECT_EQ(info.dispatch_mode(), kDpComputeProto);
+      EXPECT_TRUE(info.rows_independent());
+    }
+  }
+  EXPECT_THAT(names, ElementsAre("counter.count", "counter.fail", "counter.throw", "counter.shared",
+                                 "other.shared"));
+}
+
+TEST(WorkerHostTest, RolesMustBeKnownAndDistinct) {
+  WorkerClassRegistry classes;
+  classes.Add<Counter>("counter");
+  EXPECT_THAT(WorkerHost::Create(classes, {"counter", "counter"}, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("listed twice")));
+  EXPECT_THAT(WorkerHost::Create(classes, {"missing"}, 0), StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace dray

@@ -1,0 +1,45 @@
+// EditBackend: what ImageEditServer needs of whatever edits its batches: the
+// configuration, the number of workers (to size batches), their health, and
+// the edit call itself with its progress. ImageEditController is the real
+// one; unit tests of the server's admission and batching use a fake.
+//
+// Thread-safety: implementations are thread-safe.
+#ifndef DRAY_WORKERS_EDIT_EDIT_BACKEND_H_
+#define DRAY_WORKERS_EDIT_EDIT_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dispatch/data_proto.h"
+#include "workers/edit/edit_config.h"
+
+namespace dray {
+
+class EditBackend {
+ public:
+  // ProgressCallback receives a call's denoising progress (steps done, of
+  // all the call will run): keep it short.
+  using ProgressCallback = std::function<void(int64_t step, int64_t steps)>;
+
+  virtual ~EditBackend() = default;
+
+  virtual const ImageEditConfig& config() const = 0;
+  // workers: how many workers share each call's rows.
+  virtual int workers() const = 0;
+  // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
+  virtual absl::Status Health() const = 0;
+
+  // EditCheckedRows edits rows that passed CheckEditBatch and returns
+  // final_edited_images in row order. `timeout` unset: the backend's own.
+  virtual absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch,
+                                                    std::optional<absl::Duration> timeout,
+                                                    const ProgressCallback& on_progress) = 0;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_EDIT_BACKEND_H_
