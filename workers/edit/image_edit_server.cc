@@ -236,7 +236,10 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
     }
     // Progress frames precede results on the workers' streams: the last
     // step is in before the result.
-    if (on_progress && step > reported) on_progress(reported = step, steps);
+    if (step > reported) {
+      reported = step;
+      if (on_progress) on_progress(step, steps);
+    }
     if (result.has_value()) return *std::move(result);
     if (absl::Now() >= edit->deadline) {
       edit->abandoned = true;
