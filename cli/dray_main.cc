@@ -1,10 +1,10 @@
 // dray: the command-line front end. Each subcommand is a thin layer over a
-// library: worker processes (runtime/worker_process.h), benchmarks
+// library: worker processes (runtime/worker/worker_process.h), benchmarks
 // (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
 //   dray bench [--suite runtime|sharding|edit] [--workers N] [--quick] [--json]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
-//   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] --workers N --port P
+//   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray init-model --preset tiny|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)

@@ -3,7 +3,7 @@
 //
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT]
 //             [--config FILE] [worker.image_edit.KEY=VALUE ...] [options]
-//   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] --workers N --port P
+//   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 #ifndef DRAY_CLI_EDIT_COMMANDS_H_
 #define DRAY_CLI_EDIT_COMMANDS_H_
 

@@ -41,7 +41,6 @@ struct ExitStatus {
   int exit_code = -1;  // set when it exited
   int signal = 0;      // set when a signal killed it
 
-  bool success() const { return signal == 0 && exit_code == 0; }
   // ToString: "exited with code 3" or "killed by signal 9 (Killed)".
   std::string ToString() const;
 };

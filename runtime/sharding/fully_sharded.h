@@ -14,10 +14,9 @@
 // The model stays single-device code: it calls UnitHooks around each unit.
 // Parameters outside every unit are replicated (their gradients all-reduced).
 //
-//   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model,
-//   model->blocks_as_modules(),
-//                                                                 comm,
-//                                                                 {ShardingStrategy::kFullShard}));
+//   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(
+//                                           model.ptr(), UnitsOfType<BlockImpl>(*model), comm,
+//                                           {ShardingStrategy::kFullShard}));
 //   model->set_unit_hooks(sharded.get());
 //   torch::optim::AdamW optimizer(sharded->shards(), ...);
 //   loss = ...model->forward(x)...; loss.backward(); optimizer.step();

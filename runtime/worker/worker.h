@@ -156,7 +156,7 @@ class Worker {
 //
 //   dray::WorkerClassRegistry classes;
 //   classes.Add<EchoWorker>("echo");
-//   return dray::RunWorkerProcess(classes, argc, argv);
+//   return dray::WorkerMain(classes, argc, argv);
 //
 // Thread-safety: fill it before starting threads; then read-only.
 class WorkerClassRegistry {

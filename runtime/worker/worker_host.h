@@ -2,7 +2,7 @@
 // may be colocated, like verl's WorkerDict) and the one-at-a-time execution
 // of calls into them.
 //
-//   DRAY_ASSIGN_OR_RETURN(auto host, WorkerHost::Create(classes, {"actor", "ref"}));
+//   DRAY_ASSIGN_OR_RETURN(auto host, WorkerHost::Create(classes, {"actor", "ref"}, rank));
 //   absl::StatusOr<DataProto> out = host->Execute("actor", "compute", batch);
 //
 // Errors returned by a method keep their code, with the rank, role and

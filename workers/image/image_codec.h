@@ -6,7 +6,8 @@
 //   DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
 //
 // Grayscale, palette, 16-bit and alpha images become 8-bit RGB (alpha is
-// composited on black, as PIL's convert("RGB") drops it). Corrupt or
+// composited on black; PIL's convert("RGB") drops alpha instead, so pixels
+// that are not opaque differ from diffusers' input). Corrupt or
 // unsupported data is INVALID_ARGUMENT saying why; images larger than
 // `max_pixels` are refused before any pixel memory is allocated.
 #ifndef DRAY_WORKERS_IMAGE_IMAGE_CODEC_H_

@@ -49,7 +49,7 @@ class DeferredAllocation {
 enum class Weights { kRead, kShapeOnly };
 
 // NewParameter returns an uninitialized tensor for a layer's parameter,
-// shape-only under DeferredAllocation (runtime/tensor_storage.h).
+// shape-only under DeferredAllocation (runtime/sharding/tensor_storage.h).
 at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options);
 
 // LinearImpl: y = x W^T + b, like torch.nn.Linear (parameters "weight", "bias").
