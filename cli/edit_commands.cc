@@ -38,7 +38,7 @@ struct EditCommands::Flags {
   std::optional<double> true_cfg_scale;
   double timeout_s = 600;
   // dray serve.
-  std::string host = "0.0.0.0";
+  std::string host = "127.0.0.1";  // this machine only, unless --host says otherwise
   int port = 8000;
   int max_queue = 64;
   int max_wait_ms = 20;
@@ -184,6 +184,12 @@ int Serve(const EditCommands::Flags& f) {
       "SIGINT or SIGTERM stops\n",
       f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
       static_cast<long long>(config->batch_size * f.workers));
+  if (f.host != "127.0.0.1" && f.host != "localhost" && f.host != "::1") {
+    std::fprintf(stderr,
+                 "dray serve: warning: ImageEditService listens on %s without authentication: "
+                 "anyone who can reach port %d can use the workers\n",
+                 f.host.c_str(), (*server)->port());
+  }
   std::fflush(stdout);
   const int signal = WaitForStopSignal();
   std::printf("dray serve: %s, stopping\n", strsignal(signal));
@@ -234,7 +240,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve->add_option("--workers", f.workers, "worker processes (one per GPU)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  f.serve->add_option("--host", f.host, "address to listen on")->capture_default_str();
+  f.serve->add_option("--host", f.host,
+                      "address to listen on (0.0.0.0: every interface, without authentication)")
+      ->capture_default_str();
   f.serve->add_option("--port", f.port, "port to listen on; 0 picks a free one")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));

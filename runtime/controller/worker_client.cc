@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "dispatch/wire.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/session_stream.h"
 
 namespace dray {
@@ -21,9 +22,12 @@ CallFuture Ready(absl::StatusOr<DataProto> value) {
 
 }  // namespace
 
-WorkerClient::WorkerClient(int rank, std::string address,
+WorkerClient::WorkerClient(int rank, std::string address, std::string job_secret,
                            std::function<void(absl::Status)> on_session_lost)
-    : rank_(rank), address_(std::move(address)), on_session_lost_(std::move(on_session_lost)) {}
+    : rank_(rank),
+      address_(std::move(address)),
+      job_secret_(std::move(job_secret)),
+      on_session_lost_(std::move(on_session_lost)) {}
 
 WorkerClient::~WorkerClient() { Close(); }
 
@@ -33,8 +37,8 @@ absl::Status WorkerClient::Open() {
     return absl::UnavailableError(
         absl::StrCat("cannot connect to worker rank ", rank_, " at ", address_));
   }
-  absl::StatusOr<std::unique_ptr<RawBidiCall>> call =
-      RawBidiCall::Start(channel_, SessionMethodName());
+  absl::StatusOr<std::unique_ptr<RawBidiCall>> call = RawBidiCall::Start(
+      channel_, SessionMethodName(), absl::InfiniteFuture(), {{kJobSecretMetadata, job_secret_}});
   if (!call.ok()) {
     return absl::UnavailableError(
         absl::StrCat("worker rank ", rank_, " at ", address_, ": ", call.status().message()));
@@ -142,9 +146,17 @@ void WorkerClient::ReadLoop() {
     absl::MutexLock lock(&mu_);
     if (closing_) return;
   }
-  const absl::Status lost = absl::UnavailableError(
-      absl::StrCat("the session with worker rank ", rank_, " at ", address_, " ended",
-                   ended.ok() ? "" : absl::StrCat(": ", ended.message())));
+  // Why the worker ended it, when it did (a refused secret, say); a broken
+  // or cancelled stream makes the worker unavailable.
+  const absl::Status finished = call_for_reading->Finish();
+  if (ended.ok()) ended = finished;
+  const absl::StatusCode code = finished.ok() || finished.code() == absl::StatusCode::kCancelled ||
+                                        finished.code() == absl::StatusCode::kUnavailable
+                                    ? absl::StatusCode::kUnavailable
+                                    : finished.code();
+  const absl::Status lost = absl::Status(
+      code, absl::StrCat("the session with worker rank ", rank_, " at ", address_, " ended",
+                         ended.ok() ? "" : absl::StrCat(": ", ended.message())));
   if (on_session_lost_) on_session_lost_(lost);
   Fail(lost);
 }

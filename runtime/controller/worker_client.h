@@ -9,7 +9,7 @@
 // the worker dies, Fail() resolves every pending call with the reason, and
 // later calls fail at once.
 //
-//   WorkerClient client(2, "127.0.0.1:4567", on_session_lost);
+//   WorkerClient client(2, "127.0.0.1:4567", job_secret, on_session_lost);
 //   DRAY_RETURN_IF_ERROR(client.Open());
 //   DRAY_ASSIGN_OR_RETURN(auto input, EncodeInput(batch));  // once, for any number of workers
 //   CallFuture future = client.Submit("", "echo", input, absl::Now() + absl::Seconds(5), nullptr);
@@ -46,7 +46,9 @@ class WorkerClient final : public WorkerConnection {
  public:
   // `on_session_lost` runs (on the reader thread) when the session ends
   // without Close(); it should Fail() the client with the best reason known.
-  WorkerClient(int rank, std::string address, std::function<void(absl::Status)> on_session_lost);
+  // Every call carries `job_secret` (rpc/job_secret.h).
+  WorkerClient(int rank, std::string address, std::string job_secret,
+               std::function<void(absl::Status)> on_session_lost);
   ~WorkerClient();
   WorkerClient(const WorkerClient&) = delete;
   WorkerClient& operator=(const WorkerClient&) = delete;
@@ -83,6 +85,7 @@ class WorkerClient final : public WorkerConnection {
 
   const int rank_;
   const std::string address_;
+  const std::string job_secret_;
   const std::function<void(absl::Status)> on_session_lost_;
   std::shared_ptr<grpc::Channel> channel_;
   std::thread reader_, watchdog_;

@@ -21,6 +21,7 @@
 #include "runtime/controller/worker_client.h"
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 
 namespace dray {
 namespace {
@@ -75,6 +76,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     return addresses;
   }
   const std::string& controller_address() const { return controller_address_; }
+  const std::string& job_secret() const { return job_secret_; }
   absl::Status Health() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
@@ -104,6 +106,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   const WorkerGroupOptions options_;
   std::unique_ptr<grpc::Server> server_;
   std::string controller_address_;
+  const std::string job_secret_ = NewJobSecret();
   std::vector<std::unique_ptr<Subprocess>> processes_;  // by rank
   std::vector<std::unique_ptr<WorkerClient>> clients_;  // by rank
 
@@ -169,6 +172,7 @@ absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
   }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
   spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");
+  spawn.stdin_data = job_secret_;  // never on the command line or in the environment
   DRAY_ASSIGN_OR_RETURN(processes_[rank],
                         Subprocess::Spawn(std::move(spawn), [this, rank](const ExitStatus& status) {
                           OnWorkerExit(rank, status);
@@ -222,8 +226,8 @@ absl::Status WorkerGroup::Impl::Connect() {
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
     // A broken session usually means a dead process: report its exit status,
     // a better reason than the broken stream, if it arrives in time.
-    clients_.push_back(
-        std::make_unique<WorkerClient>(rank, addresses[rank], [this, rank](absl::Status) {
+    clients_.push_back(std::make_unique<WorkerClient>(
+        rank, addresses[rank], job_secret_, [this, rank](absl::Status) {
           if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
         }));
   }
@@ -252,9 +256,12 @@ void WorkerGroup::Impl::OnWorkerExit(int rank, const ExitStatus& status) {
   }
 }
 
-grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext*,
+grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext* context,
                                                const v1::RegisterWorkerRequest* request,
                                                v1::RegisterWorkerResponse* response) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   absl::MutexLock lock(&mu_);
   const int rank = request->rank();
   if (rank < 0 || rank >= static_cast<int>(registrations_.size())) {
@@ -271,8 +278,11 @@ grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerGroup::Impl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+grpc::Status WorkerGroup::Impl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
                                           v1::HeartbeatResponse* response) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   absl::MutexLock lock(&mu_);
   response->set_keep_running(!shutting_down_);
   return grpc::Status::OK;
@@ -296,6 +306,7 @@ void WorkerGroup::Impl::Stop() {
   for (const std::string& address : addresses) {
     grpc::ClientContext rpc;
     SetDeadline(&rpc, kShutdownRpcTimeout);
+    AttachJobSecret(&rpc, job_secret_);
     v1::ShutdownRequest request;
     request.set_reason("the worker group is shutting down");
     v1::ShutdownResponse response;
@@ -340,6 +351,8 @@ absl::Status WorkerGroup::Health() const { return impl_->Health(); }
 std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
 
 std::string WorkerGroup::controller_address() const { return impl_->controller_address(); }
+
+const std::string& WorkerGroup::job_secret() const { return impl_->job_secret(); }
 
 GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto> inputs,
                                 const CallOptions& options) {

@@ -14,6 +14,11 @@
 //   GroupFuture pending = group->Invoke("echo", {batch});  // non-blocking methods return at once
 //   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> echoed, pending.Get());
 //
+// Security: the group makes a random job secret and hands it to each worker
+// on its standard input; every WorkerService and ControllerService call must
+// carry it (UNAUTHENTICATED otherwise), so other local processes cannot
+// drive the workers, register as a rank, or shut them down.
+//
 // Failures: a worker error fails the call with the worker's status (naming
 // rank and method); a worker process that dies fails every pending and later
 // call on it with UNAVAILABLE naming its rank and exit status, within a
@@ -122,6 +127,10 @@ class WorkerGroup {
   // controller_address returns where the ControllerService (and
   // grpc.health.v1) listens, as host:port.
   std::string controller_address() const;
+
+  // job_secret: what every call to the workers must carry (rpc/job_secret.h),
+  // for clients that speak WorkerService themselves. Keep it out of logs.
+  const std::string& job_secret() const;
 
  private:
   class Impl;

@@ -26,13 +26,18 @@ constexpr absl::Duration kOutputDrainTime = absl::Milliseconds(100);
 // Output lines of all children are written whole, one at a time.
 absl::Mutex output_mu(absl::kConstInit);
 
-void WriteAll(int fd, absl::string_view text) {
+// A pipe holds at least this much without a reader (Linux: 64 KiB).
+constexpr size_t kMaxStdinBytes = size_t{64} << 10;
+
+// WriteAll writes `text` to `fd`; false if the fd failed first.
+bool WriteAll(int fd, absl::string_view text) {
   while (!text.empty()) {
     const ssize_t written = write(fd, text.data(), text.size());
     if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) return;
+    if (written <= 0) return false;
     text.remove_prefix(written);
   }
+  return true;
 }
 
 // Environment returns this process's environment with `overrides` applied,
@@ -61,13 +66,12 @@ std::vector<char*> Pointers(std::vector<std::string>& strings) {
 }
 
 // RunChild runs in the forked child: only async-signal-safe calls from here on.
-[[noreturn]] void RunChild(pid_t parent, char** argv, char** envp, int exec_status_fd,
+[[noreturn]] void RunChild(pid_t parent, char** argv, char** envp, int exec_status_fd, int stdin_fd,
                            int stdout_fd, int stderr_fd) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(127);  // the parent died before prctl
   setpgid(0, 0);                        // its own process group, so signals reach its children too
-  const int null_fd = open("/dev/null", O_RDONLY);
-  if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+  dup2(stdin_fd, STDIN_FILENO);
   dup2(stdout_fd, STDOUT_FILENO);
   dup2(stderr_fd, STDERR_FILENO);
   sigset_t none;
@@ -90,11 +94,25 @@ std::string ExitStatus::ToString() const {
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(
     SubprocessOptions options, std::function<void(const ExitStatus&)> on_exit) {
   if (options.argv.empty()) return absl::InvalidArgumentError("a subprocess needs an argv[0]");
+  if (options.stdin_data.size() > kMaxStdinBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a subprocess's stdin_data holds at most ", kMaxStdinBytes, " bytes"));
+  }
   Pipes pipes;
-  for (std::array<int, 2>* pipe : {&pipes.exec_status, &pipes.out, &pipes.err}) {
+  for (std::array<int, 2>* pipe : {&pipes.exec_status, &pipes.in, &pipes.out, &pipes.err}) {
     if (pipe2(pipe->data(), O_CLOEXEC) != 0) {
       return absl::ResourceExhaustedError(absl::StrCat("pipe: ", strerror(errno)));
     }
+  }
+  // The child's whole standard input fits in the pipe: written now, it never blocks.
+  const bool written = WriteAll(pipes.in[1], options.stdin_data);
+  close(pipes.in[1]);
+  if (!written) {
+    for (int fd : {pipes.exec_status[0], pipes.exec_status[1], pipes.in[0], pipes.out[0],
+                   pipes.out[1], pipes.err[0], pipes.err[1]}) {
+      close(fd);
+    }
+    return absl::UnavailableError(absl::StrCat("writing a subprocess's stdin: ", strerror(errno)));
   }
   std::unique_ptr<Subprocess> process(new Subprocess());
   process->on_exit_ = std::move(on_exit);
@@ -123,8 +141,10 @@ void Subprocess::Watch(SubprocessOptions options, Pipes pipes) {
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
-    RunChild(parent, argv.data(), envp.data(), pipes.exec_status[1], pipes.out[1], pipes.err[1]);
+    RunChild(parent, argv.data(), envp.data(), pipes.exec_status[1], pipes.in[0], pipes.out[1],
+             pipes.err[1]);
   }
+  close(pipes.in[0]);
   close(pipes.exec_status[1]);
   close(pipes.out[1]);
   close(pipes.err[1]);

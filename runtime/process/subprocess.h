@@ -50,6 +50,10 @@ struct SubprocessOptions {
   // Variables set in the child on top of this process's environment.
   std::vector<std::pair<std::string, std::string>> env;
   std::string output_prefix;  // prepended to each line of the child's output
+  // What the child reads on its standard input, then end of file (at most
+  // 64 KiB: a secret, say, that must not appear on a command line or in the
+  // environment). Empty: standard input is /dev/null.
+  std::string stdin_data;
 };
 
 class Subprocess {
@@ -73,9 +77,10 @@ class Subprocess {
   std::optional<ExitStatus> WaitFor(absl::Duration timeout);
 
  private:
-  // Pipes: {read end, write end} of the child's exec status, stdout, stderr.
+  // Pipes: {read end, write end} of the child's exec status, stdin, stdout,
+  // stderr.
   struct Pipes {
-    std::array<int, 2> exec_status, out, err;
+    std::array<int, 2> exec_status, in, out, err;
   };
 
   Subprocess() = default;

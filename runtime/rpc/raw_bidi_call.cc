@@ -3,14 +3,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/rpc/grpc_util.h"
 
 namespace dray {
 
 RawBidiCall::RawBidiCall(const std::shared_ptr<grpc::Channel>& channel) : stub_(channel) {}
 
 absl::StatusOr<std::unique_ptr<RawBidiCall>> RawBidiCall::Start(
-    const std::shared_ptr<grpc::Channel>& channel, const std::string& method, absl::Time deadline) {
+    const std::shared_ptr<grpc::Channel>& channel, const std::string& method, absl::Time deadline,
+    const Metadata& metadata) {
   std::unique_ptr<RawBidiCall> call(new RawBidiCall(channel));
+  for (const auto& [key, value] : metadata) call->context_.AddMetadata(key, value);
   if (deadline != absl::InfiniteFuture()) call->context_.set_deadline(absl::ToChronoTime(deadline));
   call->stream_ = call->stub_.PrepareCall(&call->context_, method, &call->queue_);
   call->stream_->StartCall(&call->start_tag_);
@@ -24,16 +27,24 @@ absl::StatusOr<std::unique_ptr<RawBidiCall>> RawBidiCall::Start(
   return call;
 }
 
-RawBidiCall::~RawBidiCall() {
-  if (stream_ != nullptr) {
-    // Reads are over (the caller's reading thread stopped); end the call.
-    context_.TryCancel();
+absl::Status RawBidiCall::Finish() {
+  if (!final_status_.has_value()) {
+    // Reads are over (the reading thread's last Read failed, or it stopped).
     DrainWrites();
     grpc::Status status;
     stream_->Finish(&status, &finish_tag_);
     bool ok;
     while (Next(&ok) != &finish_tag_) {
     }
+    final_status_ = ToAbslStatus(status, "the stream");
+  }
+  return *final_status_;
+}
+
+RawBidiCall::~RawBidiCall() {
+  if (stream_ != nullptr && !final_status_.has_value()) {
+    context_.TryCancel();  // a stream still open ends here
+    Finish().IgnoreError();
   }
   queue_.Shutdown();
   void* tag;
@@ -83,7 +94,7 @@ void* RawBidiCall::Next(bool* ok) {
 }
 
 void RawBidiCall::DrainWrites() {
-  context_.TryCancel();  // a write in flight completes at once
+  // The stream is over (a read failed): a write in flight completes soon.
   bool in_flight;
   {
     absl::MutexLock lock(&mu_);

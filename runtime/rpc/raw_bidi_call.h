@@ -26,7 +26,10 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
@@ -44,12 +47,16 @@ namespace dray {
 
 class RawBidiCall final : public SessionReader, public SessionWriter {
  public:
-  // Start calls `method` ("/package.Service/Method") on `channel`, to end
-  // by `deadline` (a Session lasts as long as its group: each call in it
-  // carries its own deadline); UNAVAILABLE if the call cannot start.
+  // Metadata: (key, value) pairs sent with the call.
+  using Metadata = std::vector<std::pair<std::string, std::string>>;
+
+  // Start calls `method` ("/package.Service/Method") on `channel` with
+  // `metadata`, to end by `deadline` (a Session lasts as long as its group:
+  // each call in it carries its own deadline); UNAVAILABLE if the call
+  // cannot start.
   static absl::StatusOr<std::unique_ptr<RawBidiCall>> Start(
       const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
-      absl::Time deadline = absl::InfiniteFuture());
+      absl::Time deadline = absl::InfiniteFuture(), const Metadata& metadata = {});
   ~RawBidiCall() override;
   RawBidiCall(const RawBidiCall&) = delete;
   RawBidiCall& operator=(const RawBidiCall&) = delete;
@@ -60,14 +67,20 @@ class RawBidiCall final : public SessionReader, public SessionWriter {
   // Cancel breaks the stream: a pending read fails, and so do later ones.
   void Cancel() { context_.TryCancel(); }
 
+  // Finish ends the call once reads are over (a Read failed, or the reading
+  // thread stopped) and returns how the server ended it (OK when it did, or
+  // the cancellation); later calls return the same. Call it from the
+  // reading thread, or after it stopped.
+  absl::Status Finish();
+
  private:
   explicit RawBidiCall(const std::shared_ptr<grpc::Channel>& channel);
 
   // Next waits for the next completion on the queue and handles it if it is
   // a write's; returns the tag.
   void* Next(bool* ok);
-  // DrainWrites ends the stream after a failed read: cancels it and waits
-  // until no write is in flight.
+  // DrainWrites ends writing after a failed read: later writes fail, and it
+  // waits until none is in flight.
   void DrainWrites();
   // PostWrite sends the first queued frame.
   void PostWrite() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -78,6 +91,7 @@ class RawBidiCall final : public SessionReader, public SessionWriter {
   std::unique_ptr<grpc::GenericClientAsyncReaderWriter> stream_;
   // Distinct addresses tag the operations on the queue.
   char start_tag_ = 0, read_tag_ = 0, write_tag_ = 0, finish_tag_ = 0;
+  std::optional<absl::Status> final_status_;  // set by Finish
 
   absl::Mutex mu_;
   std::deque<grpc::ByteBuffer> outgoing_ ABSL_GUARDED_BY(mu_);  // front: in flight

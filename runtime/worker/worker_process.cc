@@ -23,6 +23,7 @@
 #include "dray/v1/controller.grpc.pb.h"
 #include "runtime/process/allocator.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 
@@ -52,7 +53,8 @@ void StopOnSignals(absl::Notification* stop) {
 absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub* controller,
                                                     const WorkerContext& context,
                                                     const std::string& address,
-                                                    const WorkerHost& host) {
+                                                    const WorkerHost& host,
+                                                    const std::string& job_secret) {
   v1::RegisterWorkerRequest request;
   request.set_rank(context.rank);
   request.set_address(address);
@@ -61,6 +63,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub*
   grpc::ClientContext rpc;
   SetDeadline(&rpc, kRegisterTimeout);
   rpc.set_wait_for_ready(true);
+  AttachJobSecret(&rpc, job_secret);
   v1::RegisterWorkerResponse response;
   DRAY_RETURN_IF_ERROR(ToAbslStatus(controller->RegisterWorker(&rpc, request, &response),
                                     "registering with the controller"));
@@ -69,8 +72,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub*
 
 // Heartbeat pings the controller until `stop` is notified, the controller
 // says to stop, or it stays silent past kControllerSilenceLimit.
-void Heartbeat(v1::ControllerService::Stub* controller, int rank, absl::Duration interval,
-               absl::Notification* stop) {
+void Heartbeat(v1::ControllerService::Stub* controller, int rank, const std::string& job_secret,
+               absl::Duration interval, absl::Notification* stop) {
   absl::Time last_answer = absl::Now();
   while (!stop->WaitForNotificationWithTimeout(interval)) {
     v1::HeartbeatRequest request;
@@ -78,6 +81,7 @@ void Heartbeat(v1::ControllerService::Stub* controller, int rank, absl::Duration
     v1::HeartbeatResponse response;
     grpc::ClientContext rpc;
     SetDeadline(&rpc, interval);
+    AttachJobSecret(&rpc, job_secret);
     if (controller->Heartbeat(&rpc, request, &response).ok()) {
       if (!response.keep_running()) {
         Log(rank, "the controller is shutting down; exiting");
@@ -122,6 +126,7 @@ absl::StatusOr<WorkerProcessOptions> ParseWorkerProcessFlags(const std::vector<s
 absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
                               const WorkerProcessOptions& options) {
   BlockStopSignals();
+  DRAY_ASSIGN_OR_RETURN(const std::string job_secret, ReadJobSecret(STDIN_FILENO));
   DRAY_ASSIGN_OR_RETURN(WorkerContext context, WorkerContext::FromEnvironment());
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerHost> host,
                         WorkerHost::Create(classes, options.roles, context.rank));
@@ -130,7 +135,7 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   // An asked-for shutdown is the normal end: the worker exits quietly. The
   // service and the sessions' queue live until the process exits (WorkerMain
   // ends it with _Exit), since session threads may still use them.
-  auto* service = new WorkerServiceImpl(host.get(), context.rank, [&stop](std::string) {
+  auto* service = new WorkerServiceImpl(host.get(), context.rank, job_secret, [&stop](std::string) {
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   grpc::EnableDefaultHealthCheckService(true);
@@ -150,10 +155,10 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
 
   std::shared_ptr<v1::ControllerService::Stub> controller =
       v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
-  DRAY_ASSIGN_OR_RETURN(
-      v1::RegisterWorkerResponse registered,
-      Register(controller.get(), context, absl::StrCat(options.host, ":", port), *host));
-  Heartbeat(controller.get(), context.rank,
+  DRAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse registered,
+                        Register(controller.get(), context, absl::StrCat(options.host, ":", port),
+                                 *host, job_secret));
+  Heartbeat(controller.get(), context.rank, job_secret,
             absl::Milliseconds(std::max<int64_t>(registered.heartbeat_interval_ms(), 10)), &stop);
 
   server->GetHealthCheckService()->SetServingStatus(false);

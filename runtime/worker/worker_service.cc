@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "dispatch/wire.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/session_stream.h"
 
 namespace dray {
@@ -63,9 +64,12 @@ class SessionCall final : public SessionReader, public SessionWriter {
 
 }  // namespace
 
-WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank,
+WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank, std::string job_secret,
                                      std::function<void(std::string reason)> on_shutdown)
-    : host_(host), rank_(rank), on_shutdown_(std::move(on_shutdown)) {}
+    : host_(host),
+      rank_(rank),
+      job_secret_(std::move(job_secret)),
+      on_shutdown_(std::move(on_shutdown)) {}
 
 void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
   void* tag;
@@ -83,7 +87,8 @@ void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
       ++running_sessions_;
     }
     std::thread([this, call = std::move(call)]() mutable {
-      call->Finish(RunSession(call.get(), call.get()));
+      const absl::Status allowed = CheckJobSecret(call->context, job_secret_);
+      call->Finish(allowed.ok() ? RunSession(call.get(), call.get()) : ToGrpcStatus(allowed));
       call.reset();
       absl::MutexLock lock(&mu_);
       --running_sessions_;
@@ -141,8 +146,11 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPaylo
   return response;
 }
 
-grpc::Status WorkerServiceImpl::Call(grpc::ServerContext*, const v1::CallRequest* request,
+grpc::Status WorkerServiceImpl::Call(grpc::ServerContext* context, const v1::CallRequest* request,
                                      v1::CallResponse* response) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   v1::CallRequest call = *request;
   ScatteredPayload payload;
   *response = Run(call, &payload);
@@ -173,15 +181,22 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
   }
 }
 
-grpc::Status WorkerServiceImpl::DescribeMethods(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::DescribeMethods(grpc::ServerContext* context,
                                                 const v1::DescribeMethodsRequest*,
                                                 v1::MethodTable* response) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   *response = host_->Describe();
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest* request,
+grpc::Status WorkerServiceImpl::Shutdown(grpc::ServerContext* context,
+                                         const v1::ShutdownRequest* request,
                                          v1::ShutdownResponse*) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   on_shutdown_(request->reason());
   return grpc::Status::OK;
 }

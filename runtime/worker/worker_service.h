@@ -40,8 +40,9 @@ namespace dray {
 class WorkerServiceImpl final
     : public v1::WorkerService::WithRawMethod_Session<v1::WorkerService::Service> {
  public:
-  // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive this.
-  WorkerServiceImpl(WorkerHost* host, int rank,
+  // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive
+  // this. Every call must carry `job_secret` (UNAUTHENTICATED otherwise).
+  WorkerServiceImpl(WorkerHost* host, int rank, std::string job_secret,
                     std::function<void(std::string reason)> on_shutdown);
 
   grpc::Status Call(grpc::ServerContext* context, const v1::CallRequest* request,
@@ -78,6 +79,7 @@ class WorkerServiceImpl final
 
   WorkerHost* const host_;
   const int rank_;
+  const std::string job_secret_;
   const std::function<void(std::string)> on_shutdown_;
   absl::Mutex mu_;
   int running_sessions_ ABSL_GUARDED_BY(mu_) = 0;

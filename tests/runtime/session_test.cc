@@ -13,10 +13,12 @@
 #include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
+#include "dray/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/controller/worker_client.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 
@@ -26,6 +28,8 @@ namespace {
 using ::dray::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+
+constexpr char kSecret[] = "the job's secret";
 
 // Recorder appends meta "seq" to what it saw, reporting each call as one
 // step; "hold" waits for the test's gate.
@@ -60,7 +64,7 @@ class InProcessWorker {
     WorkerClassRegistry classes;
     classes.Add<Recorder>("recorder");
     host_ = WorkerHost::Create(classes, {"recorder"}, 0).value();
-    service_ = std::make_unique<WorkerServiceImpl>(host_.get(), 0, [](std::string) {});
+    service_ = std::make_unique<WorkerServiceImpl>(host_.get(), 0, kSecret, [](std::string) {});
     grpc::ServerBuilder builder;
     ConfigureDrayServer(&builder);
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
@@ -98,7 +102,7 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 
 TEST(SessionTest, CallsRunInSubmissionOrderWithProgressBeforeEachResult) {
   InProcessWorker worker;
-  WorkerClient client(0, worker.address(), nullptr);
+  WorkerClient client(0, worker.address(), kSecret, nullptr);
   DRAY_ASSERT_OK(client.Open());
   absl::Mutex mu;
   std::vector<std::string> events;
@@ -129,7 +133,7 @@ TEST(SessionTest, APassedDeadlineFailsTheCallAndTheSessionServesOn) {
   InProcessWorker worker;
   absl::Notification gate;
   Recorder::gate = &gate;
-  WorkerClient client(0, worker.address(), nullptr);
+  WorkerClient client(0, worker.address(), kSecret, nullptr);
   DRAY_ASSERT_OK(client.Open());
   CallFuture held =
       client.Submit("", "hold", Seq(0), absl::Now() + absl::Milliseconds(50), nullptr);
@@ -145,7 +149,7 @@ TEST(SessionTest, AServerThatGoesAwayFailsPendingAndLaterCalls) {
   absl::Notification gate;
   Recorder::gate = &gate;
   absl::Notification lost;
-  WorkerClient client(0, worker->address(), [&](absl::Status) { lost.Notify(); });
+  WorkerClient client(0, worker->address(), kSecret, [&](absl::Status) { lost.Notify(); });
   DRAY_ASSERT_OK(client.Open());
   CallFuture pending = client.Submit("", "hold", Seq(0), Soon(), nullptr);
   std::thread stopper([&] { worker->Stop(); });
@@ -156,6 +160,32 @@ TEST(SessionTest, AServerThatGoesAwayFailsPendingAndLaterCalls) {
               StatusIs(absl::StatusCode::kUnavailable));
   gate.Notify();  // the held method may finish now; the server is gone
   stopper.join();
+}
+
+TEST(SessionTest, CallsWithoutTheJobSecretAreUnauthenticated) {
+  InProcessWorker worker;
+  WorkerClient stranger(0, worker.address(), "a guess", nullptr);
+  DRAY_ASSERT_OK(stranger.Open());
+  EXPECT_THAT(stranger.Submit("", "append", Seq(0), Soon(), nullptr)->Wait(),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job's secret")));
+  auto stub = v1::WorkerService::NewStub(CreateDrayChannel(worker.address()));
+  for (const std::string& secret : {std::string(), std::string("a guess")}) {
+    grpc::ClientContext describe, shutdown;
+    if (!secret.empty()) {
+      AttachJobSecret(&describe, secret);
+      AttachJobSecret(&shutdown, secret);
+    }
+    v1::MethodTable table;
+    EXPECT_EQ(stub->DescribeMethods(&describe, {}, &table).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    v1::ShutdownResponse stopped;
+    EXPECT_EQ(stub->Shutdown(&shutdown, {}, &stopped).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The rightful client is served.
+  WorkerClient client(0, worker.address(), kSecret, nullptr);
+  DRAY_ASSERT_OK(client.Open());
+  DRAY_EXPECT_OK(client.Submit("", "append", Seq(1), Soon(), nullptr)->Wait().status());
 }
 
 }  // namespace

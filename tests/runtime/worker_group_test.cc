@@ -22,11 +22,13 @@
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "dispatch/wire.h"
+#include "dray/v1/controller.grpc.pb.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "tests/runtime/test_util.h"
 
 namespace dray {
@@ -263,9 +265,11 @@ TEST_F(WorkerGroupTest, ControllerAndWorkersServeGrpcHealth) {
 }
 
 // CallOnce runs `role`.`method` on the worker at `address` through the unary
-// Call RPC, the way a simple client (one without sessions) would.
-absl::StatusOr<v1::CallResponse> CallOnce(const std::string& address, const std::string& role,
-                                          const std::string& method, const DataProto& input) {
+// Call RPC, the way a simple client (one without sessions) would, carrying
+// `secret`.
+absl::StatusOr<v1::CallResponse> CallOnce(const std::string& address, const std::string& secret,
+                                          const std::string& role, const std::string& method,
+                                          const DataProto& input) {
   auto stub = v1::WorkerService::NewStub(CreateDrayChannel(address));
   v1::CallRequest request;
   request.set_role(role);
@@ -273,6 +277,7 @@ absl::StatusOr<v1::CallResponse> CallOnce(const std::string& address, const std:
   DRAY_ASSIGN_OR_RETURN(*request.mutable_input(), ToWire(input));
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(10));
+  AttachJobSecret(&context, secret);
   v1::CallResponse response;
   DRAY_RETURN_IF_ERROR(ToAbslStatus(stub->Call(&context, request, &response), address));
   return response;
@@ -280,13 +285,15 @@ absl::StatusOr<v1::CallResponse> CallOnce(const std::string& address, const std:
 
 TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
   const std::string address = group_->worker_addresses()[1];
-  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse echoed, CallOnce(address, "test", "echo", Batch(3)));
+  const std::string& secret = group_->job_secret();
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse echoed,
+                            CallOnce(address, secret, "test", "echo", Batch(3)));
   ASSERT_FALSE(echoed.has_error()) << echoed.error().message();
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto result, FromWire(echoed.result()));
   EXPECT_THAT(Column(result, "x"), ElementsAre(0, 1, 2));
 
   DRAY_ASSERT_OK_AND_ASSIGN(v1::CallResponse failed,
-                            CallOnce(address, "test", "no_such_method", Batch(1)));
+                            CallOnce(address, secret, "test", "no_such_method", Batch(1)));
   ASSERT_TRUE(failed.has_error());
   EXPECT_EQ(failed.error().code(), static_cast<int>(absl::StatusCode::kNotFound));
   EXPECT_THAT(failed.error().message(), AllOf(HasSubstr("rank 1"), HasSubstr("no_such_method")));
@@ -297,10 +304,12 @@ TEST_F(WorkerGroupTest, UnaryCallServesSimpleClients) {
 // inputs above 64 KiB are detached and sent in odd-sized chunks, the others
 // inline. Returns the decoded results in order.
 absl::StatusOr<std::vector<DataProto>> EchoOverTypedSession(const std::string& address,
+                                                            const std::string& secret,
                                                             const std::vector<DataProto>& inputs) {
   auto stub = v1::WorkerService::NewStub(CreateDrayChannel(address));
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(30));
+  AttachJobSecret(&context, secret);
   auto stream = stub->Session(&context);
   for (size_t i = 0; i < inputs.size(); ++i) {
     v1::CallRequestFrame frame;
@@ -340,11 +349,50 @@ absl::StatusOr<std::vector<DataProto>> EchoOverTypedSession(const std::string& a
 TEST_F(WorkerGroupTest, SessionSpeaksPlainProtobufFramesToAnyClient) {
   const at::Tensor big = at::arange(1 << 18, at::kFloat);  // 1 MiB: streamed both ways
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto large, DataProto::Make({{"big", big}}));
-  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out,
-                            EchoOverTypedSession(group_->worker_addresses()[2], {large, Batch(3)}));
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      std::vector<DataProto> out,
+      EchoOverTypedSession(group_->worker_addresses()[2], group_->job_secret(), {large, Batch(3)}));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_TRUE(SameTensor(out[0].GetTensor("big").value(), big));
   EXPECT_THAT(Column(out[1], "x"), ElementsAre(0, 1, 2));
+}
+
+// A local process that found a worker's or the controller's port, but not
+// the job's secret, can neither call, describe, stop, register nor beat.
+TEST_F(WorkerGroupTest, StrangersWithoutTheJobSecretAreRefused) {
+  const std::string worker = group_->worker_addresses()[1];
+  for (const std::string& guess : {std::string(), std::string(64, '0')}) {
+    EXPECT_THAT(CallOnce(worker, guess, "test", "echo", Batch(1)),
+                StatusIs(absl::StatusCode::kUnauthenticated));
+    EXPECT_THAT(EchoOverTypedSession(worker, guess, {Batch(1)}),
+                StatusIs(absl::StatusCode::kUnauthenticated));
+    auto stub = v1::WorkerService::NewStub(CreateDrayChannel(worker));
+    grpc::ClientContext stop;
+    SetDeadline(&stop, absl::Seconds(10));
+    if (!guess.empty()) AttachJobSecret(&stop, guess);
+    v1::ShutdownResponse stopped;
+    EXPECT_EQ(stub->Shutdown(&stop, {}, &stopped).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+    auto controller =
+        v1::ControllerService::NewStub(CreateDrayChannel(group_->controller_address()));
+    grpc::ClientContext join;
+    SetDeadline(&join, absl::Seconds(10));
+    if (!guess.empty()) AttachJobSecret(&join, guess);
+    v1::RegisterWorkerRequest registration;
+    registration.set_rank(0);
+    registration.set_address(worker);
+    v1::RegisterWorkerResponse registered;
+    EXPECT_EQ(controller->RegisterWorker(&join, registration, &registered).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    grpc::ClientContext beat;
+    SetDeadline(&beat, absl::Seconds(10));
+    v1::HeartbeatResponse alive;
+    EXPECT_EQ(controller->Heartbeat(&beat, {}, &alive).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Every worker still serves its group.
+  DRAY_EXPECT_OK(group_->Health());
+  DRAY_EXPECT_OK(group_->Call("identity", {}).status());
 }
 
 TEST(WorkerGroupProgressTest, ReportsReachTheCallerInOrderBeforeTheResult) {

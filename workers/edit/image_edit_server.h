@@ -13,7 +13,7 @@
 // workers report them.
 //
 //   ServeOptions options;
-//   options.address = "0.0.0.0:8000";
+//   options.address = "127.0.0.1:8000";
 //   DRAY_ASSIGN_OR_RETURN(auto server, ImageEditServer::Start(controller.get(), options));
 //   ...                // serve until a signal, then
 //   server->Shutdown();
@@ -36,7 +36,7 @@ namespace dray {
 inline constexpr char kImageEditServiceName[] = "dray.v1.ImageEditService";
 
 struct ServeOptions {
-  std::string address = "0.0.0.0:8000";              // host:port; port 0 picks a free one
+  std::string address = "127.0.0.1:8000";            // host:port; port 0 picks a free one
   int max_queue = 64;                                // rows waiting for a batch
   absl::Duration max_wait = absl::Milliseconds(20);  // how long a batch waits to fill
   int64_t max_image_bytes = int64_t{32} << 20;       // larger images: INVALID_ARGUMENT

@@ -1,0 +1,60 @@
+#include "runtime/rpc/job_secret.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace dray {
+
+std::string NewJobSecret() {
+  std::string bytes(32, '\0');
+  size_t filled = 0;
+  while (filled < bytes.size()) {
+    const ssize_t got = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (got > 0) filled += static_cast<size_t>(got);
+  }
+  return absl::BytesToHexString(bytes);
+}
+
+absl::StatusOr<std::string> ReadJobSecret(int fd) {
+  std::string secret;
+  char buffer[256];
+  while (secret.size() < 4096) {
+    const ssize_t got = read(fd, buffer, sizeof(buffer));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0)
+      return absl::UnavailableError(absl::StrCat("reading the job secret: ", strerror(errno)));
+    if (got == 0) break;
+    secret.append(buffer, static_cast<size_t>(got));
+  }
+  absl::StripAsciiWhitespace(&secret);
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(
+        "no job secret on standard input: a worker is started by its controller");
+  }
+  return secret;
+}
+
+void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret) {
+  context->AddMetadata(kJobSecretMetadata, std::string(secret));
+}
+
+absl::Status CheckJobSecret(const grpc::ServerContextBase& context, absl::string_view secret) {
+  const auto& metadata = context.client_metadata();
+  auto found = metadata.find(kJobSecretMetadata);
+  if (found != metadata.end() && found->second.size() == secret.size()) {
+    uint8_t difference = 0;
+    for (size_t i = 0; i < secret.size(); ++i) difference |= found->second.data()[i] ^ secret[i];
+    if (difference == 0) return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError("this call does not carry the job's secret");
+}
+
+}  // namespace dray
