@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/exception_message.h"
 #include "base/status_macros.h"
 #include "runtime/collectives/collective_checks.h"
 #include "runtime/collectives/communicator.h"
@@ -128,7 +129,8 @@ class GlooCommunicator final : public Communicator {
       start()->wait();
       return absl::OkStatus();
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(what, " failed on rank ", rank(), ": ", e.what()));
+      return absl::UnavailableError(
+          absl::StrCat(what, " failed on rank ", rank(), ": ", ExceptionMessage(e)));
     }
   }
 
@@ -157,8 +159,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(std::move(rendezvous), name, ranks, group));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", address.rank, " could not join Gloo group '", name, "': ", e.what()));
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", address.rank, " could not join Gloo group '", name, "': ", ExceptionMessage(e)));
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/exception_message.h"
 #include "base/status_macros.h"
 #include "runtime/collectives/collective_checks.h"
 #include "runtime/collectives/communicator.h"
@@ -187,8 +188,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
       std::memcpy(&id, bytes.data(), sizeof(id));
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", address.rank, " could not exchange the NCCL id: ", e.what()));
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", address.rank, " could not exchange the NCCL id: ", ExceptionMessage(e)));
   }
   ncclComm_t comm;
   DRAY_RETURN_IF_ERROR(

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "base/exception_message.h"
 #include "runtime/collectives/communicator.h"
 #include "runtime/collectives/rendezvous_store.h"
 
@@ -33,7 +34,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress&
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("rank ", address.rank, " could not reach the group's store at ",
-                     address.master_addr, ":", address.master_port, ": ", e.what()));
+                     address.master_addr, ":", address.master_port, ": ", ExceptionMessage(e)));
   }
 }
 

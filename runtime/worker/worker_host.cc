@@ -1,9 +1,11 @@
 #include "runtime/worker/worker_host.h"
 
+#include <cstdio>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/exception_message.h"
 #include "base/status_macros.h"
 
 namespace dray {
@@ -68,7 +70,13 @@ absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::stri
     }
     return result;
   } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(where, " threw: ", e.what()));
+    // The caller gets the message; the full text (LibTorch's backtrace, with
+    // addresses and build paths) stays in this worker's log under an id.
+    const int64_t error_id = ++errors_;
+    std::fprintf(stderr, "dray worker rank %d: error %lld: %s threw: %s\n", rank_,
+                 static_cast<long long>(error_id), where.c_str(), e.what());
+    return absl::InternalError(absl::StrCat(where, " threw: ", ExceptionMessage(e), " (error ",
+                                            error_id, " in rank ", rank_, "'s log)"));
   } catch (...) {
     return absl::InternalError(absl::StrCat(where, " threw a non-standard exception"));
   }

@@ -6,8 +6,9 @@
 //   absl::StatusOr<DataProto> out = host->Execute("actor", "compute", batch);
 //
 // Errors returned by a method keep their code, with the rank, role and
-// method prepended; an exception becomes INTERNAL. Either way the host keeps
-// serving.
+// method prepended; an exception becomes INTERNAL with its message only (its
+// backtrace goes to the worker's log, under an error id the message names).
+// Either way the host keeps serving.
 //
 // Thread-safety: thread-safe; Execute runs one call at a time.
 #ifndef DRAY_RUNTIME_WORKER_WORKER_HOST_H_
@@ -52,6 +53,7 @@ class WorkerHost {
       absl::string_view role, absl::string_view method) const;
 
   absl::Mutex execute_mu_;  // held for the whole of a call: actor semantics
+  int64_t errors_ ABSL_GUARDED_BY(execute_mu_) = 0;  // exceptions so far, for their ids
   const std::vector<std::pair<std::string, std::unique_ptr<Worker>>> workers_;
   const int rank_;
 };

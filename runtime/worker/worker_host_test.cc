@@ -3,6 +3,8 @@
 #include "runtime/worker/worker_host.h"
 
 #include <stdexcept>
+
+#include <c10/util/Exception.h>
 #include <string>
 #include <vector>
 
@@ -15,8 +17,10 @@ namespace dray {
 namespace {
 
 using ::dray::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class Counter : public Worker {
  public:
@@ -24,6 +28,7 @@ class Counter : public Worker {
     Def("count", &Counter::Count, {kOneToAll});
     Def("fail", &Counter::Fail, {kOneToAll});
     Def("throw", &Counter::Throw, {kOneToAll});
+    Def("check", &Counter::Check, {kOneToAll});
     MethodOptions per_row;
     per_row.dispatch_mode = kDpComputeProto;
     per_row.rows_independent = true;
@@ -35,6 +40,10 @@ class Counter : public Worker {
   }
   absl::StatusOr<DataProto> Fail() { return absl::NotFoundError("nothing here"); }
   absl::StatusOr<DataProto> Throw() { throw std::runtime_error("broke"); }
+  absl::StatusOr<DataProto> Check() {
+    TORCH_CHECK(calls_ < 0, "shapes differ: 3 vs 4");
+    return DataProto();
+  }
 
  private:
   int64_t calls_ = 0;
@@ -68,6 +77,12 @@ TEST(WorkerHostTest, ErrorsNameRankRoleAndMethodAndTheHostKeepsServing) {
   EXPECT_THAT(
       host->Execute("", "throw", DataProto()),
       StatusIs(absl::StatusCode::kInternal, HasSubstr("rank 3, counter.throw threw: broke")));
+  // LibTorch's errors reach the caller without their backtrace.
+  EXPECT_THAT(
+      host->Execute("", "check", DataProto()),
+      StatusIs(absl::StatusCode::kInternal,
+               AllOf(HasSubstr("shapes differ: 3 vs 4"), HasSubstr("(error 2 in rank 3's log)"),
+                     Not(HasSubstr("Exception raised from")))));
   EXPECT_THAT(host->Execute("", "nope", DataProto()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("it has: counter.count")));
   DRAY_EXPECT_OK(host->Execute("", "count", DataProto()).status());
@@ -97,8 +112,8 @@ TEST(WorkerHostTest, DescribePublishesEveryMethodWithItsOptions) {
       EXPECT_TRUE(info.rows_independent());
     }
   }
-  EXPECT_THAT(names, ElementsAre("counter.count", "counter.fail", "counter.throw", "counter.shared",
-                                 "other.shared"));
+  EXPECT_THAT(names, ElementsAre("counter.count", "counter.fail", "counter.throw", "counter.check",
+                                 "counter.shared", "other.shared"));
 }
 
 TEST(WorkerHostTest, RolesMustBeKnownAndDistinct) {
