@@ -121,8 +121,10 @@ TEST(SessionTest, CallsRunInSubmissionOrderWithProgressBeforeEachResult) {
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto last, calls.back()->Wait());
   EXPECT_EQ(last.GetRows<int64_t>("seen").value()->size(), 50u);
   EXPECT_EQ((*last.GetRows<int64_t>("seen").value())[49], 49);
+  // Wait() returns once the value is set; OnReady callbacks run just after.
   absl::MutexLock lock(&mu);
-  ASSERT_EQ(events.size(), 100u);
+  mu.Await(absl::Condition(
+      +[](std::vector<std::string>* seen) { return seen->size() == 100; }, &events));
   for (int seq = 0; seq < 50; ++seq) {
     EXPECT_EQ(events[2 * seq], absl::StrCat("append ", seq));
     EXPECT_EQ(events[2 * seq + 1], absl::StrCat("result ", seq));
