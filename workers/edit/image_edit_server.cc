@@ -194,6 +194,11 @@ absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
     const std::vector<const v1::EditImageRequest*>& requests, const grpc::ServerContext& context) {
   DRAY_RETURN_IF_ERROR(backend_->Health());
   if (requests.empty()) return QueuedEdits();
+  if (requests.size() > static_cast<size_t>(options_.max_queue)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(requests.size(), " images in one request; the queue holds at most ",
+                     options_.max_queue, ", so send at most that many"));
+  }
   QueuedEdits edits;
   const absl::Time deadline = DeadlineOf(context);
   for (size_t i = 0; i < requests.size(); ++i) {

@@ -152,12 +152,12 @@ TEST_F(ImageEditServerUnitTest, BadRequestsAreRefusedBeforeTheBackend) {
   EXPECT_TRUE(backend_.call_rows().empty());
 }
 
-TEST_F(ImageEditServerUnitTest, MoreRowsThanTheQueueHoldsAreRefusedAtOnce) {
+TEST_F(ImageEditServerUnitTest, ABatchLargerThanTheQueueIsInvalidNotRetryable) {
   ServeOptions options;
   options.max_queue = 2;
   Serve(options);
   EXPECT_THAT(EditBatch({Request(), Request(), Request()}),
-              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("retry later")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("send at most that many")));
   EXPECT_TRUE(backend_.call_rows().empty());
 }
 

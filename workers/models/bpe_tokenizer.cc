@@ -361,6 +361,12 @@ std::vector<int64_t> BpeTokenizer::Encode(absl::string_view text) const {
   return ids;
 }
 
+std::vector<int64_t> BpeTokenizer::EncodeText(absl::string_view text) const {
+  std::vector<int64_t> ids;
+  state_->AppendText(text, ids);
+  return ids;
+}
+
 std::string BpeTokenizer::Decode(absl::Span<const int64_t> ids, bool skip_special) const {
   std::string text;
   for (int64_t id : ids) {

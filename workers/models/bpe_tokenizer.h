@@ -73,7 +73,12 @@ class BpeTokenizer {
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
   ~BpeTokenizer();
 
+  // Encode tokenizes `text` as `tokenizers` does: added tokens first (so
+  // "<|im_end|>" in it is that control token), then BPE between them.
   std::vector<int64_t> Encode(absl::string_view text) const;
+  // EncodeText tokenizes `text` as plain text: added tokens in it are not
+  // matched, so text from users cannot inject control tokens.
+  std::vector<int64_t> EncodeText(absl::string_view text) const;
   // Decode joins the tokens' bytes; ids outside the vocabulary are skipped
   // and special tokens too when `skip_special`.
   std::string Decode(absl::Span<const int64_t> ids, bool skip_special = false) const;

@@ -99,7 +99,7 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
                           qwen2_vl::ProcessImage(images[i], model_.image_processor));
     std::vector<int64_t> ids;
     int pads = 0;
-    for (int64_t id : model_.tokenizer->Encode(FormatEditPrompt(instructions[i]))) {
+    for (int64_t id : EncodeEditPrompt(*model_.tokenizer, instructions[i])) {
       if (id != config.image_token_id) {
         ids.push_back(id);
         continue;
@@ -141,6 +141,16 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   out.embeds = out.embeds.narrow(1, 0, longest_kept);
   out.mask = out.mask.narrow(1, 0, longest_kept).to(hidden.device());
   return out;
+}
+
+std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer,
+                                      absl::string_view instruction) {
+  std::vector<int64_t> ids = tokenizer.Encode(kEditPromptPrefix);
+  const std::vector<int64_t> text = tokenizer.EncodeText(instruction);
+  const std::vector<int64_t> suffix = tokenizer.Encode(kEditPromptSuffix);
+  ids.insert(ids.end(), text.begin(), text.end());
+  ids.insert(ids.end(), suffix.begin(), suffix.end());
+  return ids;
 }
 
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs) {

@@ -66,6 +66,13 @@ using ProgressCallback = std::function<void(int step, int steps)>;
 // distinct input image size, each of num_inference_steps steps.
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 
+// EncodeEditPrompt tokenizes the edit template around `instruction`. The
+// template's control tokens are matched; the instruction is plain text (a
+// "<|im_end|>" a user types is those ten characters, not the end of the
+// turn). For an instruction without control tokens the ids equal what
+// transformers' tokenizer gives for the whole templated string.
+std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction);
+
 // PromptEmbeddings: the transformer's text input for a batch.
 struct PromptEmbeddings {
   at::Tensor embeds;  // [B, L, hidden], zero past each prompt's end
