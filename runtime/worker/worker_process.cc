@@ -1,6 +1,5 @@
 #include "runtime/worker/worker_process.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>

@@ -17,6 +17,11 @@
 namespace dray {
 namespace {
 
+absl::Status NeitherPngNorJpeg(absl::string_view bytes) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
+}
+
 absl::Status TooLarge(int64_t width, int64_t height, int64_t max_pixels) {
   return absl::InvalidArgumentError(absl::StrCat("image is ", width, "x", height, "; at most ",
                                                  max_pixels, " pixels are accepted"));
@@ -136,10 +141,7 @@ absl::StatusOr<ImageHeader> ProbeImage(absl::string_view bytes, int64_t max_pixe
     png_image_free(&image);
     return header;
   }
-  if (!IsJpeg(bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
-  }
+  if (!IsJpeg(bytes)) return NeitherPngNorJpeg(bytes);
   DRAY_ASSIGN_OR_RETURN(ImageHeader header, ProbeJpeg(bytes));
   if (header.width * header.height > max_pixels) {
     return TooLarge(header.width, header.height, max_pixels);
@@ -156,8 +158,7 @@ bool IsJpeg(absl::string_view bytes) {
 absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixels) {
   if (IsPng(bytes)) return DecodePng(bytes, max_pixels);
   if (IsJpeg(bytes)) return DecodeJpeg(bytes, max_pixels);
-  return absl::InvalidArgumentError(
-      absl::StrCat("image data (", bytes.size(), " bytes) is neither PNG nor JPEG"));
+  return NeitherPngNorJpeg(bytes);
 }
 
 absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
