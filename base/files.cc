@@ -1,8 +1,11 @@
 #include "base/files.h"
 
+#include <stdlib.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -48,6 +51,25 @@ absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
     return ErrnoError("write", path, errno);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ScratchDir> ScratchDir::Create(absl::string_view prefix) {
+  std::error_code error;
+  std::filesystem::path tmp = std::filesystem::temp_directory_path(error);
+  if (error) tmp = "/tmp";
+  std::string path = (tmp / absl::StrCat(prefix, "-XXXXXX")).string();
+  if (mkdtemp(path.data()) == nullptr) return ErrnoError("create", path, errno);
+  return ScratchDir(std::move(path));
+}
+
+ScratchDir& ScratchDir::operator=(ScratchDir&& other) noexcept {
+  std::swap(path_, other.path_);
+  return *this;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ignored;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
 }
 
 }  // namespace dray

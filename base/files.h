@@ -1,4 +1,5 @@
-// Whole-file reading and writing with errors that name the file.
+// Whole-file reading and writing with errors that name the file, and
+// private scratch directories.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::string bytes, ReadFile("docs/example.png"));
 //   DRAY_RETURN_IF_ERROR(WriteFile("/tmp/out.png", png));
@@ -12,6 +13,7 @@
 #define DRAY_BASE_FILES_H_
 
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +26,26 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 
 // WriteFile replaces the file at `path` with `bytes`.
 absl::Status WriteFile(const std::string& path, absl::string_view bytes);
+
+// ScratchDir: a new directory under $TMPDIR (or /tmp) that only this user
+// may enter (mode 0700), removed with its contents when the ScratchDir goes.
+class ScratchDir {
+ public:
+  // Create makes `<tmp>/<prefix>-XXXXXX`.
+  static absl::StatusOr<ScratchDir> Create(absl::string_view prefix);
+
+  ScratchDir(ScratchDir&& other) noexcept : path_(std::exchange(other.path_, "")) {}
+  ScratchDir& operator=(ScratchDir&& other) noexcept;
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ~ScratchDir();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
 
 }  // namespace dray
 

@@ -65,12 +65,18 @@ struct GroupAddress {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // Set: the ranks, all on one machine, meet through this file (a c10d
+  // FileStore, in a directory only the job's user may enter) and nothing
+  // listens for the store; master_port is unused.
+  std::string store_file;
   // How long to wait for peers, at setup and in each collective.
   absl::Duration timeout = absl::Minutes(5);
 };
 
-// Rendezvous: the c10d TCPStore that rank 0 hosts at master_addr:master_port
-// and the other ranks join. One per process and group; every communicator of
+// Rendezvous: the c10d store where the ranks of a group meet: the FileStore
+// at store_file, or else the TCPStore that rank 0 hosts at
+// master_addr:master_port (on every interface: multi-node only) and the
+// other ranks join. One per process and group; every communicator of
 // the group (Gloo, NCCL) meets through it under its own name.
 //
 // Thread-safety: thread-safe.

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/process/subprocess.h"
+#include "base/files.h"
 
 namespace dray {
 
@@ -13,8 +13,8 @@ absl::Status RunLocalGroup(int world,
                            absl::Duration timeout) {
   if (world < 1)
     return absl::InvalidArgumentError(absl::StrCat("a group needs at least one rank, got ", world));
-  absl::StatusOr<int> port = PickFreePort();
-  if (!port.ok()) return port.status();
+  absl::StatusOr<ScratchDir> store_dir = ScratchDir::Create("dray-local-group");
+  if (!store_dir.ok()) return store_dir.status();
   std::vector<absl::Status> results(world);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < world; ++rank) {
@@ -22,7 +22,7 @@ absl::Status RunLocalGroup(int world,
       GroupAddress address;
       address.rank = rank;
       address.world_size = world;
-      address.master_port = *port;
+      address.store_file = store_dir->path() + "/store";
       address.timeout = timeout;
       absl::StatusOr<std::shared_ptr<Rendezvous>> rendezvous = Rendezvous::Join(address);
       absl::StatusOr<std::unique_ptr<Communicator>> comm =

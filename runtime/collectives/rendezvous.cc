@@ -1,6 +1,7 @@
 #include <chrono>
 #include <exception>
 
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,14 @@
 #include "runtime/collectives/rendezvous_store.h"
 
 namespace dray {
+namespace {
+
+std::string StoreName(const GroupAddress& address) {
+  if (!address.store_file.empty()) return address.store_file;
+  return absl::StrCat(address.master_addr, ":", address.master_port);
+}
+
+}  // namespace
 
 Rendezvous::Rendezvous(GroupAddress address, std::unique_ptr<Store> store)
     : address_(std::move(address)), store_(std::move(store)) {}
@@ -16,25 +25,31 @@ Rendezvous::Rendezvous(GroupAddress address, std::unique_ptr<Store> store)
 Rendezvous::~Rendezvous() = default;
 
 absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress& address) {
+  const bool port_needed = address.store_file.empty();
   if (address.world_size < 1 || address.rank < 0 || address.rank >= address.world_size ||
-      address.master_port <= 0 || address.master_port > 65535) {
+      (port_needed && (address.master_port <= 0 || address.master_port > 65535))) {
     return absl::InvalidArgumentError(absl::StrCat("bad group address: rank ", address.rank, " of ",
-                                                   address.world_size, " at ", address.master_addr,
-                                                   ":", address.master_port));
+                                                   address.world_size, " at ", StoreName(address)));
   }
   try {
+    auto store = std::make_unique<Store>();
+    if (!address.store_file.empty()) {
+      store->store = c10::make_intrusive<c10d::FileStore>(address.store_file, address.world_size);
+      store->store->setTimeout(
+          std::chrono::milliseconds(absl::ToInt64Milliseconds(address.timeout)));
+      return std::shared_ptr<Rendezvous>(new Rendezvous(address, std::move(store)));
+    }
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(address.master_port);
     options.isServer = address.rank == 0;
     options.numWorkers = address.world_size;
     options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(address.timeout));
-    auto store = std::make_unique<Store>();
     store->store = c10::make_intrusive<c10d::TCPStore>(address.master_addr, options);
     return std::shared_ptr<Rendezvous>(new Rendezvous(address, std::move(store)));
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", address.rank, " could not reach the group's store at ",
-                     address.master_addr, ":", address.master_port, ": ", ExceptionMessage(e)));
+    return absl::UnavailableError(absl::StrCat("rank ", address.rank,
+                                               " could not reach the group's store at ",
+                                               StoreName(address), ": ", ExceptionMessage(e)));
   }
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/files.h"
 #include "base/status_macros.h"
 #include "dray/v1/controller.grpc.pb.h"
 #include "dray/v1/worker.grpc.pb.h"
@@ -97,7 +98,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
 
  private:
   absl::Status StartServer();
-  absl::Status Spawn(int rank, int master_port);
+  absl::Status Spawn(int rank);
   absl::Status WaitForRegistration();
   absl::Status Connect();
   void OnWorkerExit(int rank, const ExitStatus& status);
@@ -106,6 +107,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   const WorkerGroupOptions options_;
   std::unique_ptr<grpc::Server> server_;
   std::string controller_address_;
+  std::optional<ScratchDir> store_dir_;  // where the ranks meet for collectives
   const std::string job_secret_ = NewJobSecret();
   std::vector<std::unique_ptr<Subprocess>> processes_;  // by rank
   std::vector<std::unique_ptr<WorkerClient>> clients_;  // by rank
@@ -128,11 +130,9 @@ absl::Status WorkerGroup::Impl::Start() {
   if (options_.roles.empty())
     return absl::InvalidArgumentError("WorkerGroupOptions.roles is empty");
   DRAY_RETURN_IF_ERROR(StartServer());
-  DRAY_ASSIGN_OR_RETURN(int master_port, PickFreePort());
+  DRAY_ASSIGN_OR_RETURN(store_dir_, ScratchDir::Create("dray-group"));
   processes_.resize(resources_.world_size());
-  for (int rank = 0; rank < resources_.world_size(); ++rank) {
-    DRAY_RETURN_IF_ERROR(Spawn(rank, master_port));
-  }
+  for (int rank = 0; rank < resources_.world_size(); ++rank) DRAY_RETURN_IF_ERROR(Spawn(rank));
   DRAY_RETURN_IF_ERROR(WaitForRegistration());
   return Connect();
 }
@@ -151,7 +151,7 @@ absl::Status WorkerGroup::Impl::StartServer() {
   return absl::OkStatus();
 }
 
-absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
+absl::Status WorkerGroup::Impl::Spawn(int rank) {
   const int local_rank = rank % resources_.workers_per_node;
   SubprocessOptions spawn;
   spawn.argv = options_.command;
@@ -162,7 +162,7 @@ absl::Status WorkerGroup::Impl::Spawn(int rank, int master_port) {
                {"LOCAL_RANK", absl::StrCat(local_rank)},
                {"LOCAL_WORLD_SIZE", absl::StrCat(resources_.workers_per_node)},
                {"MASTER_ADDR", options_.master_addr},
-               {"MASTER_PORT", absl::StrCat(master_port)},
+               {"DRAY_STORE_FILE", store_dir_->path() + "/store"},
                {"CUDA_VISIBLE_DEVICES", absl::StrCat(local_rank)}};
   if (std::getenv("OMP_NUM_THREADS") ==
       nullptr) {  // as torchrun: share the cores, do not oversubscribe them
@@ -319,6 +319,7 @@ void WorkerGroup::Impl::Stop() {
     process->WaitFor(kTermGrace);
   }
   processes_.clear();  // kills what is left, reaps, joins
+  store_dir_.reset();
   clients_.clear();
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }

@@ -76,7 +76,9 @@ struct WorkerGroupOptions {
   absl::Duration call_timeout = absl::Minutes(30);
   // How often workers check that the controller is alive.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
-  // Where rank 0 hosts the c10d store for collectives.
+  // The address collectives (Gloo, NCCL) bind to; the ranks meet through a
+  // c10d store file in a directory only this user may enter, so that no
+  // store listens on any port.
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;

@@ -33,6 +33,7 @@ absl::StatusOr<WorkerContext> WorkerContext::FromEnvironment() {
     if (!status.ok()) return status;
   }
   if (const char* addr = std::getenv("MASTER_ADDR")) context.master_addr = addr;
+  if (const char* file = std::getenv("DRAY_STORE_FILE")) context.store_file = file;
   if (context.world_size < 1 || context.rank >= context.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("RANK=", context.rank, " is not below WORLD_SIZE=", context.world_size));
@@ -55,6 +56,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Worker::rendezvous() {
     address.world_size = context_.world_size;
     address.master_addr = context_.master_addr;
     address.master_port = context_.master_port;
+    address.store_file = context_.store_file;
     DRAY_ASSIGN_OR_RETURN(rendezvous_, Rendezvous::Join(address));
   }
   return rendezvous_;

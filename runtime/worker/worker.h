@@ -46,7 +46,8 @@ namespace dray {
 
 // WorkerContext: where a worker stands in its group. The controller passes
 // it to each worker process as RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and, on one machine,
+// DRAY_STORE_FILE (GroupAddress::store_file).
 struct WorkerContext {
   int rank = 0;
   int world_size = 1;
@@ -54,6 +55,7 @@ struct WorkerContext {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  std::string store_file;
 
   // FromEnvironment reads the variables above; a missing one keeps its
   // default (a lone worker), a malformed one is INVALID_ARGUMENT.

@@ -14,7 +14,7 @@
 //
 // The controller starts it as `BINARY [prefix args] --controller=HOST:PORT
 // --roles=a,b`, with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT in the environment.
+// MASTER_ADDR and DRAY_STORE_FILE in the environment.
 #ifndef DRAY_RUNTIME_WORKER_WORKER_PROCESS_H_
 #define DRAY_RUNTIME_WORKER_WORKER_PROCESS_H_
 

@@ -57,7 +57,7 @@ class TestWorker : public Worker {
                             {"local_rank", int64_t{local_rank()}},
                             {"local_world_size", int64_t{local_world_size()}},
                             {"master_addr", context().master_addr},
-                            {"master_port", int64_t{context().master_port}},
+                            {"store_file", context().store_file},
                             {"cuda_visible_devices", std::string(devices ? devices : "")},
                             {"pid", int64_t{getpid()}}});
   }

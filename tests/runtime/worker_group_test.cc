@@ -3,11 +3,13 @@
 #include "runtime/controller/worker_group.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <ATen/ops/arange.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -74,7 +76,7 @@ WorkerGroup* WorkerGroupTest::group_ = nullptr;
 TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("identity", {}));
   ASSERT_EQ(out.size(), 4u);
-  std::set<int64_t> ports;
+  std::set<std::string> store_files;
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_EQ(Meta(out[rank], "rank"), rank);
     EXPECT_EQ(Meta(out[rank], "world_size"), 4);
@@ -83,10 +85,14 @@ TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
     EXPECT_EQ(out[rank].GetMeta<std::string>("cuda_visible_devices").value(), absl::StrCat(rank));
     EXPECT_EQ(out[rank].GetMeta<std::string>("master_addr").value(), "127.0.0.1");
     EXPECT_EQ(Meta(out[rank], "pid"), group_->pids()[rank]);
-    ports.insert(Meta(out[rank], "master_port"));
+    store_files.insert(out[rank].GetMeta<std::string>("store_file").value());
   }
-  EXPECT_EQ(ports.size(), 1u);
-  EXPECT_GT(*ports.begin(), 0);
+  // The ranks meet through one file that only this user can reach: no
+  // store listens on a port.
+  ASSERT_EQ(store_files.size(), 1u);
+  struct stat dir;
+  ASSERT_EQ(stat(std::filesystem::path(*store_files.begin()).parent_path().c_str(), &dir), 0);
+  EXPECT_EQ(dir.st_mode & 0777, 0700);
 }
 
 TEST_F(WorkerGroupTest, DpComputeProtoPadsAndRestoresOrder) {

@@ -1,45 +1,15 @@
 #include "workers/edit/image_edit_controller.h"
 
-#include <stdlib.h>
-
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"
 
 namespace dray {
-namespace {
-
-// ScratchFolder: a temporary directory, removed with its contents.
-class ScratchFolder {
- public:
-  static absl::StatusOr<ScratchFolder> Create(const std::string& prefix) {
-    std::string path = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
-    if (mkdtemp(path.data()) == nullptr)
-      return absl::UnavailableError(absl::StrCat("cannot create ", path));
-    return ScratchFolder(std::move(path));
-  }
-  ScratchFolder(ScratchFolder&& other) noexcept : path_(std::exchange(other.path_, "")) {}
-  ScratchFolder& operator=(ScratchFolder&& other) noexcept {
-    std::swap(path_, other.path_);
-    return *this;
-  }
-  ~ScratchFolder() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit ScratchFolder(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
-}  // namespace
 
 ImageEditController::ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group)
     : config_(std::move(config)), group_(std::move(group)) {}
@@ -56,9 +26,9 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
       new ImageEditController(config, std::move(group)));
 
   ImageEditConfig worker_config = config;
-  std::optional<ScratchFolder> embedded;  // the tiny model, while the workers load it
+  std::optional<ScratchDir> embedded;  // the tiny model, while the workers load it
   if (config.model_path.empty()) {
-    DRAY_ASSIGN_OR_RETURN(embedded, ScratchFolder::Create("dray-tiny"));
+    DRAY_ASSIGN_OR_RETURN(embedded, ScratchDir::Create("dray-tiny"));
     DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
     DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(embedded->path(), tiny, /*seed=*/0));
     worker_config.model_path = embedded->path();

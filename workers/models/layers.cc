@@ -1,5 +1,6 @@
 #include "workers/models/layers.h"
 
+#include <ATen/ops/cat.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
@@ -7,6 +8,7 @@
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/softmax.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -76,12 +78,26 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOpti
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& allowed) {
-  at::Tensor scores =
-      at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  if (allowed.defined())
-    scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(scores, -1), v);
+                               const at::Tensor& allowed, int64_t max_score_elements) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  const int64_t queries = q.size(-2);
+  const int64_t scores_per_query =
+      std::max<int64_t>(1, q.numel() / (queries * q.size(-1))) * k.size(-2);
+  const int64_t block = std::max<int64_t>(1, max_score_elements / scores_per_query);
+  // Rows of the softmax are independent: each block of queries is exact.
+  std::vector<at::Tensor> blocks;
+  for (int64_t start = 0; start < queries; start += block) {
+    const int64_t length = std::min(block, queries - start);
+    at::Tensor scores = at::matmul(q.narrow(-2, start, length), k.transpose(-2, -1)) * scale;
+    if (allowed.defined()) {
+      const at::Tensor rows = allowed.dim() >= 2 && allowed.size(-2) == queries && queries > 1
+                                  ? allowed.narrow(-2, start, length)
+                                  : allowed;
+      scores = scores.masked_fill(rows.logical_not(), -std::numeric_limits<double>::infinity());
+    }
+    blocks.push_back(at::matmul(at::softmax(scores, -1), v));
+  }
+  return blocks.size() == 1 ? blocks.front() : at::cat(blocks, -2);
 }
 
 std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root,

@@ -90,12 +90,19 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-// DotProductAttention: softmax(q k^T / sqrt(D) masked) v for q [B, H, Sq, D]
-// and k, v [B, H, Sk, D]. `allowed` (bool, broadcastable to [B, H, Sq, Sk],
+// kAttentionBlockScores: how many attention scores DotProductAttention holds
+// at once (64 MiB in float32), whatever the sequence length.
+inline constexpr int64_t kAttentionBlockScores = int64_t{1} << 24;
+
+// DotProductAttention: softmax(q k^T / sqrt(D) masked) v for q [..., Sq, D]
+// and k, v [..., Sk, D]. `allowed` (bool, broadcastable to [..., Sq, Sk],
 // or undefined for all) marks the keys each query may attend to; the
-// textbook formula, as diffusers' reference SDPA computes it.
+// textbook formula, as diffusers' reference SDPA computes it, but over
+// blocks of queries of at most `max_score_elements` scores, so that memory
+// grows linearly with the sequence rather than with its square.
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& allowed);
+                               const at::Tensor& allowed,
+                               int64_t max_score_elements = kAttentionBlockScores);
 
 // RegisterAt registers `module` under the dotted `path` below `root`
 // ("attn.to_out.0"), creating parameter-free parents on the way, so that

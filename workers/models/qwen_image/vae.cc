@@ -183,9 +183,7 @@ class AttentionBlockImpl : public torch::nn::Module {
                                .permute({0, 1, 3, 2})
                                .contiguous();
     const std::vector<at::Tensor> parts = qkv.chunk(3, -1);
-    const at::Tensor scores = at::matmul(parts[0], parts[1].transpose(-2, -1)) *
-                              (1.0 / std::sqrt(static_cast<double>(c)));
-    at::Tensor out = at::matmul(at::softmax(scores, -1), parts[2]);
+    at::Tensor out = DotProductAttention(parts[0], parts[1], parts[2], at::Tensor());
     out = proj_->forward(out.squeeze(1).permute({0, 2, 1}).reshape({b * t, c, h, w}));
     return out.view({b, t, c, h, w}).permute({0, 2, 1, 3, 4}) + x;
   }
