@@ -94,10 +94,12 @@ int EditLocally(const EditCommands::Flags& f) {
   if (!image.ok()) return Fail("edit", image.status());
   absl::StatusOr<DataProto> batch =
       MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
-  absl::Status checked = batch.ok() ? CheckEditBatch(*batch) : batch.status();
-  if (!checked.ok()) return Fail("edit", checked);
+  if (!batch.ok()) return Fail("edit", batch.status());
   batch->SetMeta("width", f.width.value_or(0));
   batch->SetMeta("height", f.height.value_or(0));
+  // Everything but the prompt's tokens, before any worker starts.
+  absl::Status checked = CheckEditBatch(*batch, *config, /*count_tokens=*/nullptr);
+  if (!checked.ok()) return Fail("edit", checked);
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
   std::fprintf(stderr, "dray edit: model %s, %lld steps at %lld^2, seed %lld, %d worker%s\n",
                config->model_path.empty() ? "tiny (embedded default)" : config->model_path.c_str(),
@@ -107,8 +109,7 @@ int EditLocally(const EditCommands::Flags& f) {
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
-  absl::StatusOr<DataProto> edited =  // checked above, before any worker started
-      (*controller)->EditCheckedRows(*batch, std::nullopt, ShowProgress);
+  absl::StatusOr<DataProto> edited = (*controller)->Edit(*batch, std::nullopt, ShowProgress);
   absl::StatusOr<const std::vector<Image>*> rows =
       edited.ok() ? edited->GetRows<Image>(kEditedColumn)
                   : absl::StatusOr<const std::vector<Image>*>(edited.status());
@@ -240,8 +241,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve->add_option("--workers", f.workers, "worker processes (one per GPU)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  f.serve->add_option("--host", f.host,
-                      "address to listen on (0.0.0.0: every interface, without authentication)")
+  f.serve
+      ->add_option("--host", f.host,
+                   "address to listen on (0.0.0.0: every interface, without authentication)")
       ->capture_default_str();
   f.serve->add_option("--port", f.port, "port to listen on; 0 picks a free one")
       ->capture_default_str()

@@ -41,6 +41,11 @@ std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);
 // ConfigureDrayServer applies the same limits and keepalive to a server.
 void ConfigureDrayServer(grpc::ServerBuilder* builder);
 
+// ConfigureKeepalive makes a server ping its clients as dray's channels do
+// and accept their pings (dray's clients ping every few seconds, even during
+// a long call; gRPC's defaults would answer GOAWAY "too_many_pings").
+void ConfigureKeepalive(grpc::ServerBuilder* builder);
+
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_RPC_GRPC_UTIL_H_

@@ -26,6 +26,7 @@
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
+#include "workers/models/bpe_tokenizer.h"
 
 namespace dray {
 namespace {
@@ -189,6 +190,39 @@ TEST_F(ImageEditServerTest, InvalidRequestsAreInvalidArgument) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("at most 33554432")));
   // The server still serves.
   DRAY_EXPECT_OK(Edit(*serving_, Request(0, 1)).status());
+}
+
+// InstructionOfTokens returns " a a a ..." of exactly `tokens` tokens.
+std::string InstructionOfTokens(const BpeTokenizer& tokenizer, int64_t tokens) {
+  std::string text;
+  while (static_cast<int64_t>(tokenizer.EncodeText(text).size()) < tokens) text += " a";
+  EXPECT_EQ(static_cast<int64_t>(tokenizer.EncodeText(text).size()), tokens);
+  return text;
+}
+
+// Every request the budget admits runs; one token or pixel more is refused
+// before any worker sees it, naming the limit.
+TEST_F(ImageEditServerTest, RequestsAreHeldToThePixelAndPromptBudget) {
+  const BpeTokenizer tokenizer = BpeTokenizer::FromDirectory(TinyModelDir() + "/tokenizer").value();
+  const int64_t limit = serving_->controller->config().max_prompt_tokens;
+  v1::EditImageRequest request = Request(0, 1);
+  request.set_instruction(InstructionOfTokens(tokenizer, limit));
+  DRAY_EXPECT_OK(Edit(*serving_, request).status());
+  request.set_instruction(InstructionOfTokens(tokenizer, limit + 1));
+  EXPECT_THAT(Edit(*serving_, request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("max_prompt_tokens allows 1024")));
+  request = Request(0, 1);
+  std::string negative;
+  while (negative.size() < (16 << 10)) negative += " n";  // a word each: 8192 tokens at least
+  request.set_negative_prompt(negative);
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative prompt has")));
+  request = Request(0, 1);
+  request.set_width(1040);
+  request.set_height(1040);
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("worker.image_edit.max_pixels allows 1048576")));
 }
 
 TEST_F(ImageEditServerTest, ClientDeadlinesAreHonoured) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `dray serve` as a user runs it: the resolved configuration printed, the
 # Python client example and `dray edit --server` answered with the same image
-# for the same seed, bad input refused, and SIGTERM stopping everything.
+# for the same seed, bad input refused, a 1024^2 edit run within a 6 GB
+# address-space limit (attention in blocks; it once asked for 36.7 GB) and a
+# larger one refused by the pixel budget, and SIGTERM stopping everything.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -10,8 +12,11 @@ image="$root/docs/example.png"
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
 
-"$dray" serve --workers 2 --port 0 worker.image_edit.num_inference_steps=2 worker.image_edit.image_size=64 \
-  >"$out/serve.log" 2>&1 &
+(
+  ulimit -v 6000000 # KiB, for the server and its workers
+  exec "$dray" serve --workers 2 --port 0 worker.image_edit.num_inference_steps=2 \
+    worker.image_edit.image_size=64
+) >"$out/serve.log" 2>&1 &
 server=$!
 trap 'kill -KILL $server 2>/dev/null || true' EXIT
 
@@ -40,6 +45,15 @@ if PYTHONPATH="$root/proto" /usr/bin/python3 "$root/examples/python/edit_client.
   fail "a bad image was accepted"
 fi
 grep -q "INVALID_ARGUMENT: row 0: image data" "$out/bad.txt" || fail "unexpected error: $(cat "$out/bad.txt")"
+
+"$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "make it blue" --steps 1 \
+  --width 1024 --height 1024 --out "$out/big.png" >"$out/big.txt" 2>&1 || fail "the 1024^2 edit failed: $(cat "$out/big.txt")"
+grep -q "1024x1024" "$out/big.txt" || fail "the 1024^2 edit wrote $(cat "$out/big.txt")"
+if "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "x" --steps 1 \
+  --width 2048 --height 2048 --out "$out/never.png" 2>"$out/huge.txt"; then
+  fail "a 2048^2 edit passed the 1024^2 pixel budget"
+fi
+grep -q "INVALID_ARGUMENT.*max_pixels allows 1048576" "$out/huge.txt" || fail "unexpected error: $(cat "$out/huge.txt")"
 
 workers=$(pgrep -P $server -c || true)
 kill -TERM $server

@@ -33,7 +33,11 @@ class EditBackend {
   // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
   virtual absl::Status Health() const = 0;
 
-  // EditCheckedRows edits rows that passed CheckEditBatch and returns
+  // CheckRows is admission: CheckEditBatch with the backend's configuration
+  // and tokenizer. Rows count from `first_row`.
+  virtual absl::Status CheckRows(const DataProto& batch, int64_t first_row) const = 0;
+
+  // EditCheckedRows edits rows that passed CheckRows and returns
   // final_edited_images in row order. `timeout` unset: the backend's own.
   virtual absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch,
                                                     std::optional<absl::Duration> timeout,

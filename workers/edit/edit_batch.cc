@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/image/image_codec.h"
+#include "workers/models/qwen_image/pipeline_helpers.h"
 
 namespace dray {
 namespace {
@@ -41,10 +42,38 @@ absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
       .clone();
 }
 
-// ProbeRow checks what DecodeRow would, from the header alone.
-absl::Status ProbeRow(const Image& image) {
-  if (image.format == Image::Format::kRaw) return CheckRawRow(image);
-  return ProbeImage(image.bytes.view(), kMaxInputPixels).status();
+// ProbeRow checks what DecodeRow would, from the header alone, and returns
+// the image's {width, height}.
+absl::StatusOr<std::pair<int64_t, int64_t>> ProbeRow(const Image& image) {
+  if (image.format == Image::Format::kRaw) {
+    DRAY_RETURN_IF_ERROR(CheckRawRow(image));
+    return std::pair<int64_t, int64_t>{image.width, image.height};
+  }
+  DRAY_ASSIGN_OR_RETURN(ImageHeader header, ProbeImage(image.bytes.view(), kMaxInputPixels));
+  return std::pair{header.width, header.height};
+}
+
+// CheckOutputSize holds the output an image of `size` asks for to max_pixels.
+absl::Status CheckOutputSize(std::pair<int64_t, int64_t> size,
+                             const qwen_image::EditOptions& options, int64_t max_pixels) {
+  const auto [width, height] = qwen_image::EditOutputSize(
+      size.first, size.second, options.width, options.height,
+      /*vae_scale_factor=*/1, double(options.image_size) * options.image_size);
+  if (width * height <= max_pixels) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the output would be ", width, "x", height, " = ",
+                                                 width * height, " pixels; ", kConfigSection,
+                                                 ".max_pixels allows ", max_pixels));
+}
+
+// CheckPromptTokens holds `text` to max_prompt_tokens.
+absl::Status CheckPromptTokens(absl::string_view what, absl::string_view text,
+                               const PromptTokenCounter& count_tokens, int64_t max_tokens) {
+  if (count_tokens == nullptr) return absl::OkStatus();
+  const int64_t tokens = count_tokens(text);
+  if (tokens <= max_tokens) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("the ", what, " has ", tokens, " tokens; ",
+                                                 kConfigSection, ".max_prompt_tokens allows ",
+                                                 max_tokens));
 }
 
 // EditColumns: a batch's columns, checked for presence and type.
@@ -119,11 +148,32 @@ absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int6
   return rows;
 }
 
-absl::Status CheckEditBatch(const DataProto& batch, int64_t first_row) {
+PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer) {
+  return [tokenizer = std::move(tokenizer)](absl::string_view text) {
+    return static_cast<int64_t>(tokenizer->EncodeText(text).size());
+  };
+}
+
+absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& config,
+                            const PromptTokenCounter& count_tokens, int64_t first_row) {
   DRAY_ASSIGN_OR_RETURN(EditColumns columns, ColumnsOf(batch));
+  absl::StatusOr<qwen_image::EditOptions> options = EditOptionsFor(config, batch.meta_info());
+  absl::Status checked = options.status();
+  if (checked.ok() && options->negative_prompt.has_value()) {
+    checked = CheckPromptTokens("negative prompt", *options->negative_prompt, count_tokens,
+                                config.max_prompt_tokens);
+  }
+  if (!checked.ok()) return BadRow(first_row, checked.message());
   for (int64_t row = 0; row < batch.size(); ++row) {
-    absl::Status checked = SeedOf(columns, row, 0).status();
-    if (checked.ok()) checked = ProbeRow((*columns.images)[row]);
+    checked = SeedOf(columns, row, 0).status();
+    if (checked.ok()) {
+      checked = CheckPromptTokens("instruction", (*columns.instructions)[row], count_tokens,
+                                  config.max_prompt_tokens);
+    }
+    if (checked.ok()) {
+      absl::StatusOr<std::pair<int64_t, int64_t>> size = ProbeRow((*columns.images)[row]);
+      checked = size.ok() ? CheckOutputSize(*size, *options, config.max_pixels) : size.status();
+    }
     if (!checked.ok()) return BadRow(first_row + row, checked.message());
   }
   return absl::OkStatus();

@@ -12,20 +12,24 @@
 // off), width and height (0 follows the input's aspect ratio).
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
-//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));  // the controller: headers only, no pixels
+//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, config, tokens));  // headers only, no pixels
 //   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, seed));  // a worker
 #ifndef DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 #define DRAY_WORKERS_EDIT_EDIT_BATCH_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "dispatch/data_proto.h"
 #include "workers/edit/edit_config.h"
+#include "workers/models/bpe_tokenizer.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 
 namespace dray {
@@ -57,10 +61,22 @@ absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
 // `batch`). Without a seeds column, row i's seed is `default_seed` + i.
 absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t default_seed);
 
-// CheckEditBatch makes DecodeEditRows' checks from the image headers alone:
-// no pixel is decoded (PNG and JPEG bodies are first read by the worker).
-// Errors count rows from `first_row`.
-absl::Status CheckEditBatch(const DataProto& batch, int64_t first_row = 0);
+// PromptTokenCounter: how many tokens the model's tokenizer makes of a
+// prompt's text (BpeTokenizer::EncodeText).
+using PromptTokenCounter = std::function<int64_t(absl::string_view text)>;
+
+// CountTokensWith counts with `tokenizer`.
+PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer);
+
+// CheckEditBatch is admission: it makes DecodeEditRows' checks from the
+// image headers alone (no pixel is decoded; PNG and JPEG bodies are first
+// read by the worker) and holds each row to `config`'s budget: the meta
+// options (EditOptionsFor), an output of at most max_pixels, and an
+// instruction and negative prompt of at most max_prompt_tokens (counted by
+// `count_tokens`; null counts none). INVALID_ARGUMENT names the row and the
+// limit; rows count from `first_row`.
+absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& config,
+                            const PromptTokenCounter& count_tokens, int64_t first_row = 0);
 
 // WithSeeds returns `batch` with a seeds column: its own, or `first_seed` +
 // each row's index. The controller adds them before dispatch, so a row's

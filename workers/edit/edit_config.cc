@@ -12,8 +12,6 @@
 namespace dray {
 namespace {
 
-constexpr char kSection[] = "worker.image_edit";
-
 // Field: one key, how to set it from YAML and how to print it.
 struct Field {
   const char* name;
@@ -32,8 +30,8 @@ Field MakeField(const char* name, T ImageEditConfig::*member, const char* type) 
               }
             } catch (const YAML::Exception&) {
             }
-            return absl::InvalidArgumentError(absl::StrCat(kSection, ".", name, " must be ", type,
-                                                           ", got '", YAML::Dump(value), "'"));
+            return absl::InvalidArgumentError(absl::StrCat(
+                kConfigSection, ".", name, " must be ", type, ", got '", YAML::Dump(value), "'"));
           },
           [=](const ImageEditConfig& config) { return YAML::Node(config.*member); }};
 }
@@ -51,6 +49,8 @@ const std::vector<Field>& Fields() {
       MakeField("torch_dtype", &ImageEditConfig::torch_dtype, "a dtype name"),
       MakeField("batch_size", &ImageEditConfig::batch_size, "an integer"),
       MakeField("image_size", &ImageEditConfig::image_size, "an integer"),
+      MakeField("max_pixels", &ImageEditConfig::max_pixels, "an integer"),
+      MakeField("max_prompt_tokens", &ImageEditConfig::max_prompt_tokens, "an integer"),
       MakeField("true_cfg_scale", &ImageEditConfig::true_cfg_scale, "a number"),
       MakeField("num_inference_steps", &ImageEditConfig::num_inference_steps, "an integer"),
       MakeField("negative_prompt", &ImageEditConfig::negative_prompt, "a string"),
@@ -66,7 +66,7 @@ absl::Status Set(ImageEditConfig& config, const std::string& key, const YAML::No
   }
   std::vector<std::string> names;
   for (const Field& field : Fields()) names.push_back(field.name);
-  return absl::InvalidArgumentError(absl::StrCat("unknown key ", kSection, ".", key,
+  return absl::InvalidArgumentError(absl::StrCat("unknown key ", kConfigSection, ".", key,
                                                  "; valid keys: ", absl::StrJoin(names, ", ")));
 }
 
@@ -93,7 +93,8 @@ absl::Status ApplyDocument(const YAML::Node& root, const std::string& where,
   const YAML::Node section = root["worker"]["image_edit"];
   if (section.IsNull()) return absl::OkStatus();
   if (!section.IsMap())
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", kSection, " must be a mapping"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", kConfigSection, " must be a mapping"));
   for (const auto& entry : section) {
     absl::Status set = Set(config, entry.first.as<std::string>(), entry.second);
     if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", set.message()));
@@ -115,7 +116,7 @@ absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, bool is_path) {
 
 absl::Status ApplyOverride(const std::string& text, ImageEditConfig& config) {
   const size_t equals = text.find('=');
-  const std::string prefix = absl::StrCat(kSection, ".");
+  const std::string prefix = absl::StrCat(kConfigSection, ".");
   if (equals == std::string::npos || text.rfind(prefix, 0) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("override '", text, "' must read ", prefix, "KEY=VALUE"));
@@ -132,10 +133,18 @@ absl::Status ApplyOverride(const std::string& text, ImageEditConfig& config) {
 
 absl::Status Validate(const ImageEditConfig& c) {
   auto bad = [](const char* key, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat(kSection, ".", key, " ", why));
+    return absl::InvalidArgumentError(absl::StrCat(kConfigSection, ".", key, " ", why));
   };
   if (c.batch_size < 1) return bad("batch_size", "must be at least 1");
   if (c.image_size < 16 || c.image_size > 4096) return bad("image_size", "must lie in [16, 4096]");
+  if (c.max_pixels < 256 || c.max_pixels > kMaxOutputPixels)
+    return bad("max_pixels", absl::StrCat("must lie in [256, ", kMaxOutputPixels, "]"));
+  if (c.image_size * c.image_size > c.max_pixels) {
+    return bad("image_size", absl::StrCat("^2 = ", c.image_size * c.image_size,
+                                          " exceeds max_pixels = ", c.max_pixels));
+  }
+  if (c.max_prompt_tokens < 1 || c.max_prompt_tokens > kMaxPromptTokens)
+    return bad("max_prompt_tokens", absl::StrCat("must lie in [1, ", kMaxPromptTokens, "]"));
   if (c.num_inference_steps < 1) return bad("num_inference_steps", "must be at least 1");
   if (!(c.true_cfg_scale >= 0)) return bad("true_cfg_scale", "must be >= 0");
   if (c.seed < 0) return bad("seed", "must be >= 0");

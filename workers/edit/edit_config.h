@@ -29,6 +29,14 @@
 
 namespace dray {
 
+// kConfigSection: where the keys live in a job's YAML file.
+inline constexpr char kConfigSection[] = "worker.image_edit";
+
+// Ceilings of max_pixels and max_prompt_tokens: what the transformer's RoPE
+// tables (4096 positions) leave room for.
+inline constexpr int64_t kMaxOutputPixels = int64_t{4096} * 4096;
+inline constexpr int64_t kMaxPromptTokens = 2048;
+
 // The embedded default's step count and working size.
 inline constexpr int64_t kEmbeddedSteps = 20;
 inline constexpr int64_t kEmbeddedImageSize = 256;
@@ -43,6 +51,8 @@ struct ImageEditConfig {
   std::string torch_dtype = "float32";  // float32, bfloat16 or float16
   int64_t batch_size = 4;               // rows per worker call; the service batches up to this
   int64_t image_size = 1024;            // work at about image_size^2 pixels
+  int64_t max_pixels = int64_t{1024} * 1024;  // largest output (width x height) a row may ask
+  int64_t max_prompt_tokens = 1024;           // longest instruction or negative prompt, in tokens
   double true_cfg_scale = 4.0;
   int64_t num_inference_steps = 50;
   std::string negative_prompt = " ";  // empty: no guidance

@@ -33,6 +33,10 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(embedded->path(), tiny, /*seed=*/0));
     worker_config.model_path = embedded->path();
   }
+  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
+                        BpeTokenizer::FromDirectory(worker_config.model_path + "/tokenizer"));
+  controller->count_tokens_ =
+      CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
   DRAY_ASSIGN_OR_RETURN(DataProto init,
                         DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
   CallOptions call;
@@ -50,8 +54,12 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
 absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch,
                                                     std::optional<absl::Duration> timeout,
                                                     const ProgressCallback& on_progress) {
-  DRAY_RETURN_IF_ERROR(CheckEditBatch(batch));
+  DRAY_RETURN_IF_ERROR(CheckRows(batch, 0));
   return EditCheckedRows(batch, timeout, on_progress);
+}
+
+absl::Status ImageEditController::CheckRows(const DataProto& batch, int64_t first_row) const {
+  return CheckEditBatch(batch, config_, count_tokens_, first_row);
 }
 
 absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(

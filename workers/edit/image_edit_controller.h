@@ -31,6 +31,7 @@
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/edit/edit_backend.h"
+#include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_config.h"
 
 namespace dray {
@@ -49,7 +50,7 @@ class ImageEditController final : public EditBackend {
   static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config,
                                                                     Options options);
 
-  // Edit checks `batch`'s rows (CheckEditBatch), then EditCheckedRows.
+  // Edit checks `batch`'s rows (CheckRows), then EditCheckedRows.
   absl::StatusOr<DataProto> Edit(const DataProto& batch,
                                  std::optional<absl::Duration> timeout = std::nullopt,
                                  const ProgressCallback& on_progress = nullptr);
@@ -63,6 +64,7 @@ class ImageEditController final : public EditBackend {
                                             std::optional<absl::Duration> timeout,
                                             const ProgressCallback& on_progress) override;
 
+  absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override;
   const ImageEditConfig& config() const override { return config_; }
   int workers() const override { return group_->world_size(); }
   absl::Status Health() const override { return group_->Health(); }
@@ -74,6 +76,7 @@ class ImageEditController final : public EditBackend {
   ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group);
 
   const ImageEditConfig config_;
+  PromptTokenCounter count_tokens_;  // the model's tokenizer, for admission
   std::unique_ptr<WorkerGroup> group_;
   std::vector<DataProto> init_results_;
 };

@@ -172,9 +172,6 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
   edit->instruction = request.instruction();
   edit->seed = request.has_seed() ? request.seed() : config.seed;
   edit->deadline = deadline;
-  DRAY_ASSIGN_OR_RETURN(DataProto row_batch,
-                        MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
-  DRAY_RETURN_IF_ERROR(CheckEditBatch(row_batch, row));
   edit->options = {{"num_inference_steps",
                     int64_t{request.has_num_inference_steps() ? request.num_inference_steps()
                                                               : config.num_inference_steps}},
@@ -184,9 +181,10 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
                                                                      : config.negative_prompt},
                    {"width", int64_t{request.width()}},
                    {"height", int64_t{request.height()}}};
-  absl::StatusOr<qwen_image::EditOptions> valid = EditOptionsFor(config, edit->options);
-  if (!valid.ok())
-    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", valid.status().message()));
+  DRAY_ASSIGN_OR_RETURN(DataProto row_batch,
+                        MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
+  for (const auto& [key, value] : edit->options) row_batch.SetMeta(key, value);
+  DRAY_RETURN_IF_ERROR(backend_->CheckRows(row_batch, row));
   return edit;
 }
 
@@ -300,7 +298,7 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     std::optional<absl::Duration> timeout;
     if (deadline != absl::InfiniteFuture())
       timeout = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    return backend_->EditCheckedRows(  // Prepare checked each row
+    return backend_->EditCheckedRows(  // Prepare checked each row (CheckRows)
         input, timeout, [&batch](int64_t step, int64_t steps) {
           for (const auto& edit : batch) edit->Progress(step, steps);
         });
@@ -351,6 +349,7 @@ absl::Status ImageEditServer::Impl::Start() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
+  ConfigureKeepalive(&builder);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(2 * options_.max_image_bytes + (1 << 20), INT32_MAX)));
   builder.RegisterService(this);

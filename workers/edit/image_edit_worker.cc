@@ -190,6 +190,9 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before editing images");
+  // Admission again: a caller other than the controller gets the same limits.
+  DRAY_RETURN_IF_ERROR(
+      CheckEditBatch(batch, state_->config, CountTokensWith(state_->model().tokenizer)));
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, state_->config.seed));
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
                         EditOptionsFor(state_->config, batch.meta_info()));

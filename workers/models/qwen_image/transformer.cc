@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 
@@ -332,7 +333,7 @@ absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_stat
                                                    " samples, the batch has ", batch));
   }
   for (size_t i = 0; i < images.size(); ++i) {
-    int64_t tokens = 0;
+    int64_t tokens = 0, max_extent = 0;
     for (const ImageShape& image : images[i]) {
       if (image[0] < 1 || image[1] < 1 || image[2] < 1 || image[1] / 2 >= kRopePositions ||
           image[2] / 2 >= kRopePositions) {
@@ -341,6 +342,13 @@ absl::Status QwenImageTransformerImpl::CheckInputs(const at::Tensor& hidden_stat
                                                        "x", image[2], " tokens"));
       }
       tokens += Tokens(image);
+      max_extent = std::max({max_extent, image[1] / 2, image[2] / 2});
+    }
+    // Text positions follow the largest image's extent in the RoPE table.
+    if (max_extent + encoder_hidden_states.size(1) > kRopePositions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "transformer: ", encoder_hidden_states.size(1), " text tokens after an image extent of ",
+          max_extent, " exceed the ", kRopePositions, " RoPE positions"));
     }
     if (tokens != hidden_states.size(1) || images[i] != images[0]) {
       return absl::InvalidArgumentError(absl::StrCat(
