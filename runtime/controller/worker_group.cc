@@ -45,7 +45,8 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
       : resources_(resources),
         options_(std::move(options)),
         registrations_(resources.world_size()),
-        exits_(resources.world_size()) {}
+        exits_(resources.world_size()),
+        heartbeats_(resources.world_size()) {}
 
   ~Impl() override { Stop(); }
 
@@ -81,6 +82,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   absl::Status Health() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
+    if (failure_.has_value()) return *failure_;
     for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
       if (exits_[rank].has_value()) {
         return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ",
@@ -102,6 +104,10 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   absl::Status WaitForRegistration();
   absl::Status Connect();
   void OnWorkerExit(int rank, const ExitStatus& status);
+  // FailRank fails `rank`'s calls and, the first time, the group.
+  void FailRank(int rank, const absl::Status& cause);
+  // WatchHeartbeats fails the first rank silent for stall_timeout.
+  void WatchHeartbeats();
 
   const ResourceSpec resources_;
   const WorkerGroupOptions options_;
@@ -115,6 +121,9 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   absl::Mutex mu_;
   std::vector<std::optional<v1::RegisterWorkerRequest>> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<ExitStatus>> exits_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> heartbeats_ ABSL_GUARDED_BY(mu_);   // by rank: the last one
+  std::optional<absl::Status> failure_ ABSL_GUARDED_BY(mu_);  // the group's first
+  std::thread heartbeat_watcher_;
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -227,14 +236,20 @@ absl::Status WorkerGroup::Impl::Connect() {
     // A broken session usually means a dead process: report its exit status,
     // a better reason than the broken stream, if it arrives in time.
     clients_.push_back(std::make_unique<WorkerClient>(
-        rank, addresses[rank], job_secret_, [this, rank](absl::Status) {
-          if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) OnWorkerExit(rank, *status);
+        rank, addresses[rank], job_secret_, [this, rank](const absl::Status& lost) {
+          if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) {
+            OnWorkerExit(rank, *status);
+          } else {
+            FailRank(rank, lost);
+          }
         }));
   }
   {
     absl::MutexLock lock(&mu_);
     connected_ = true;
+    std::fill(heartbeats_.begin(), heartbeats_.end(), absl::Now());
   }
+  heartbeat_watcher_ = std::thread([this] { WatchHeartbeats(); });
   for (auto& client : clients_) DRAY_RETURN_IF_ERROR(client->Open());
   // A worker that died before its client existed fails its client now.
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
@@ -244,16 +259,49 @@ absl::Status WorkerGroup::Impl::Connect() {
 }
 
 void WorkerGroup::Impl::OnWorkerExit(int rank, const ExitStatus& status) {
-  bool connected;
   {
     absl::MutexLock lock(&mu_);
     exits_[rank] = status;
-    connected = connected_;
   }
-  if (connected) {
-    clients_[rank]->Fail(absl::UnavailableError(absl::StrCat(
-        "worker rank ", rank, " (pid ", processes_[rank]->pid(), ") ", status.ToString())));
+  FailRank(rank,
+           absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ",
+                                               processes_[rank]->pid(), ") ", status.ToString())));
+}
+
+void WorkerGroup::Impl::FailRank(int rank, const absl::Status& cause) {
+  bool first;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!connected_ || shutting_down_) return;  // Start reports it, or nobody needs to know
+    first = !failure_.has_value();
+    if (first) failure_ = cause;
   }
+  clients_[rank]->Fail(cause);
+  if (first && options_.on_failure) options_.on_failure(cause);
+}
+
+void WorkerGroup::Impl::WatchHeartbeats() {
+  std::optional<std::pair<int, absl::Duration>> stalled;  // rank, silence
+  {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || failure_.has_value();
+    };
+    while (!stalled.has_value() &&
+           !mu_.AwaitWithTimeout(absl::Condition(&done), options_.heartbeat_interval)) {
+      const absl::Time now = absl::Now();
+      for (int rank = 0; rank < static_cast<int>(heartbeats_.size()) && !stalled; ++rank) {
+        if (now - heartbeats_[rank] > options_.stall_timeout)
+          stalled = {rank, now - heartbeats_[rank]};
+      }
+    }
+  }
+  if (!stalled.has_value()) return;
+  const auto [rank, silence] = *stalled;
+  FailRank(rank,
+           absl::UnavailableError(absl::StrCat(
+               "worker rank ", rank, " (pid ", processes_[rank]->pid(), ") sent no heartbeat for ",
+               absl::FormatDuration(silence), ": stalled or unreachable")));
 }
 
 grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext* context,
@@ -278,12 +326,15 @@ grpc::Status WorkerGroup::Impl::RegisterWorker(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerGroup::Impl::Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+grpc::Status WorkerGroup::Impl::Heartbeat(grpc::ServerContext* context,
+                                          const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
   if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
   absl::MutexLock lock(&mu_);
+  if (request->rank() >= 0 && request->rank() < static_cast<int>(heartbeats_.size()))
+    heartbeats_[request->rank()] = absl::Now();
   response->set_keep_running(!shutting_down_);
   return grpc::Status::OK;
 }
@@ -294,14 +345,21 @@ void WorkerGroup::Impl::Stop() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return;
     shutting_down_ = true;  // heartbeats now tell workers to exit
+    // A failed group's ranks may be stopped, or stuck in a collective that
+    // waits for a dead peer: nothing to ask politely, nothing to save.
+    const bool failed = failure_.has_value();
     for (size_t rank = 0; rank < registrations_.size(); ++rank) {
-      if (registrations_[rank].has_value()) {
+      if (failed) {
+        if (rank < processes_.size() && processes_[rank] != nullptr)
+          processes_[rank]->Signal(SIGKILL);
+      } else if (registrations_[rank].has_value()) {
         addresses.push_back(registrations_[rank]->address());
       } else if (rank < processes_.size() && processes_[rank] != nullptr) {
         processes_[rank]->Signal(SIGTERM);  // never registered: nothing to ask politely
       }
     }
   }
+  if (heartbeat_watcher_.joinable()) heartbeat_watcher_.join();
   for (auto& client : clients_) client->Close();
   for (const std::string& address : addresses) {
     grpc::ClientContext rpc;
@@ -360,6 +418,7 @@ GroupFuture WorkerGroup::Invoke(absl::string_view method, std::vector<DataProto>
   if (impl_->stopped()) {
     return GroupFuture::Failed(absl::FailedPreconditionError("the worker group has shut down"));
   }
+  if (absl::Status health = impl_->Health(); !health.ok()) return GroupFuture::Failed(health);
   const absl::Time deadline = absl::Now() + options.timeout.value_or(impl_->call_timeout());
   return dispatcher_->Invoke(method, std::move(inputs), deadline, options);
 }

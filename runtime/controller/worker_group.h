@@ -20,11 +20,14 @@
 // drive the workers, register as a rank, or shut them down.
 //
 // Failures: a worker error fails the call with the worker's status (naming
-// rank and method); a worker process that dies fails every pending and later
-// call on it with UNAVAILABLE naming its rank and exit status, within a
-// second; a call past its deadline fails with DEADLINE_EXCEEDED and leaves
-// the worker usable. Worker processes die with the controller, and Shutdown
-// (or the destructor) reaps every process the group started.
+// rank and method); a call past its deadline fails with DEADLINE_EXCEEDED
+// and leaves the worker usable. A rank that fails (its process exits, its
+// session breaks, or its heartbeats stop for stall_timeout: a stopped or
+// unreachable process) fails the group: every pending and later call on it
+// gets UNAVAILABLE naming the rank and the cause, Health reports it, and
+// on_failure hears of it once, so that a supervisor can restart the group
+// (a group is never repaired in place: collectives need every rank). Worker processes die with the
+// controller, and Shutdown (or the destructor) reaps every process the group started.
 //
 // Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
 // its share of the machine's cores (cores / workers per node), as torchrun
@@ -37,6 +40,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,8 +78,15 @@ struct WorkerGroupOptions {
   absl::Duration register_timeout = absl::Seconds(60);
   // Deadline of a call that sets none.
   absl::Duration call_timeout = absl::Minutes(30);
-  // How often workers check that the controller is alive.
+  // How often workers check that the controller is alive (and show that
+  // they are), and how long a rank may stay silent before it counts as
+  // stalled.
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration stall_timeout = absl::Seconds(10);
+  // Called once, on the group's first failure after Create returned (from
+  // one of the group's threads; keep it short, and do not shut the group
+  // down from it).
+  std::function<void(const absl::Status& cause)> on_failure;
   // The address collectives (Gloo, NCCL) bind to; the ranks meet through a
   // c10d store file in a directory only this user may enter, so that no
   // store listens on any port.
@@ -113,9 +124,9 @@ class WorkerGroup {
   // what is left. Later calls fail with FAILED_PRECONDITION. Idempotent.
   void Shutdown();
 
-  // Health is OK while every worker process runs; otherwise UNAVAILABLE
-  // naming the first rank that exited and its exit status or signal (or
-  // saying that the group has shut down).
+  // Health is OK while every rank works; otherwise UNAVAILABLE naming the
+  // first rank that failed and why (its exit status or signal, a broken
+  // session, a stall), or saying that the group has shut down.
   absl::Status Health() const;
 
   // pids returns the worker processes' ids, by rank.

@@ -36,8 +36,7 @@ ImageEditConfig TestConfig(const std::vector<std::string>& overrides) {
 }
 
 absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(
-    const ImageEditConfig& config, int workers) {
-  ImageEditController::Options options;
+    const ImageEditConfig& config, int workers, ImageEditController::Options options) {
   options.workers = workers;
   options.worker_command = {RunfilePath("cli/dray"), "worker"};
   return ImageEditController::Start(config, options);

@@ -23,9 +23,10 @@ std::string TinyModelDir();
 // TestConfig: the tiny model at 64^2 with 2 steps (guidance on), plus `overrides`.
 ImageEditConfig TestConfig(const std::vector<std::string>& overrides = {});
 
-// StartTestController starts `workers` real worker processes (`dray worker`).
+// StartTestController starts `workers` real worker processes (`dray worker`)
+// with `options` (its workers and worker_command set here).
 absl::StatusOr<std::unique_ptr<ImageEditController>> StartTestController(
-    const ImageEditConfig& config, int workers);
+    const ImageEditConfig& config, int workers, ImageEditController::Options options = {});
 
 // TestBatch: `n` distinct PNG images of different sizes, and instructions.
 struct TestBatch {

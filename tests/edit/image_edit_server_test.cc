@@ -23,6 +23,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/raw_bidi_call.h"
 #include "tests/edit/edit_test_util.h"
+#include "tests/runtime/test_util.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
@@ -42,9 +43,10 @@ struct Serving {
   std::shared_ptr<grpc::Channel> channel;
 };
 
-Serving Serve(const ImageEditConfig& config, ServeOptions options = {}) {
+Serving Serve(const ImageEditConfig& config, ServeOptions options = {},
+              ImageEditController::Options controller = {}) {
   Serving serving;
-  serving.controller = StartTestController(config, 2).value();
+  serving.controller = StartTestController(config, 2, std::move(controller)).value();
   options.address = "127.0.0.1:0";
   serving.server = ImageEditServer::Start(serving.controller.get(), options).value();
   serving.channel = CreateDrayChannel(absl::StrCat("127.0.0.1:", serving.server->port()));
@@ -291,26 +293,36 @@ TEST(ImageEditServerLimitsTest, AFullQueueAnswersResourceExhausted) {
   EXPECT_EQ(answered + refused, kClients);
 }
 
-// WaitForHealth waits, on the standard Watch stream, until the service
-// reports `wanted`; false if the stream ends first.
-bool WaitForHealth(const Serving& serving, HealthCheckResponse::ServingStatus wanted) {
-  grpc::ClientContext context;
-  SetDeadline(&context, absl::Minutes(1));
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(kImageEditServiceName);
-  auto updates = grpc::health::v1::Health::NewStub(serving.channel)->Watch(&context, request);
-  HealthCheckResponse update;
-  while (updates->Read(&update)) {
-    if (update.status() == wanted) {
-      context.TryCancel();
-      return true;
-    }
+// HealthWatch: the service's standard health Watch stream, opened before
+// the test causes a change, so that no change goes unseen.
+class HealthWatch {
+ public:
+  explicit HealthWatch(const Serving& serving) {
+    SetDeadline(&context_, absl::Minutes(2));
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(kImageEditServiceName);
+    updates_ = grpc::health::v1::Health::NewStub(serving.channel)->Watch(&context_, request);
   }
-  return false;
-}
+  ~HealthWatch() { context_.TryCancel(); }
+
+  // WaitFor reads updates until the service reports `wanted`; false if the
+  // stream ends first.
+  bool WaitFor(HealthCheckResponse::ServingStatus wanted) {
+    HealthCheckResponse update;
+    while (updates_->Read(&update)) {
+      if (update.status() == wanted) return true;
+    }
+    return false;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> updates_;
+};
 
 TEST(ImageEditServerFailureTest, AKilledWorkerMakesRequestsFailFast) {
   Serving serving = Serve(TestConfig());
+  HealthWatch health(serving);
   // A long request; its worker is killed after the first step, so it must
   // end with UNAVAILABLE, not with a result. One request runs on rank 0
   // alone (rows are split unevenly, without padding).
@@ -322,13 +334,47 @@ TEST(ImageEditServerFailureTest, AKilledWorkerMakesRequestsFailFast) {
   v1::EditImageEvent event;
   ASSERT_TRUE(events->Read(&event));  // a first step is done: the request is being denoised
   ASSERT_TRUE(event.has_progress());
-  ASSERT_EQ(kill(serving.controller->group().pids()[0], SIGKILL), 0);
+  ASSERT_EQ(kill(serving.controller->group()->pids()[0], SIGKILL), 0);
   while (events->Read(&event)) EXPECT_FALSE(event.has_result());
   EXPECT_THAT(ToAbslStatus(events->Finish(), "EditStream"),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 0")));
   EXPECT_THAT(Edit(serving, Request(0, 2), absl::Minutes(1)),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("killed by signal 9")));
-  EXPECT_TRUE(WaitForHealth(serving, HealthCheckResponse::NOT_SERVING));
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
+}
+
+// The service heals: a killed worker and then a stopped one make the
+// controller restart the group (NOT_SERVING meanwhile), which serves again;
+// past max_restarts it gives up and stays NOT_SERVING.
+TEST(ImageEditServerFailureTest, FailedWorkersAreRestartedUntilTheRestartsAreUsedUp) {
+  ImageEditController::Options healing;
+  healing.max_restarts = 2;
+  healing.restart_backoff = absl::Milliseconds(10);
+  healing.stall_timeout = absl::Seconds(2);
+  Serving serving = Serve(TestConfig(), {}, healing);
+  HealthWatch health(serving);
+  ASSERT_TRUE(health.WaitFor(HealthCheckResponse::SERVING));
+  const std::vector<pid_t> first = serving.controller->group()->pids();
+  ASSERT_EQ(kill(first[1], SIGKILL), 0);
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::SERVING));
+  DRAY_EXPECT_OK(Edit(serving, Request(0, 1)).status());
+  EXPECT_EQ(serving.controller->restarts(), 1);
+  for (pid_t pid : first) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // the old group is reaped
+
+  const std::vector<pid_t> second = serving.controller->group()->pids();
+  ASSERT_EQ(kill(second[0], SIGSTOP), 0);  // a stall: no exit, no answer
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::SERVING));
+  DRAY_EXPECT_OK(Edit(serving, Request(0, 2)).status());
+  EXPECT_EQ(serving.controller->restarts(), 2);
+  for (pid_t pid : second) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+
+  ASSERT_EQ(kill(serving.controller->group()->pids()[0], SIGKILL), 0);
+  EXPECT_TRUE(serving.controller->WaitUntilGivenUp(absl::Minutes(1)));
+  EXPECT_THAT(Edit(serving, Request(0, 3), absl::Minutes(1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("restarts are used up")));
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
 }
 
 }  // namespace

@@ -34,9 +34,10 @@ class ImageEditWorkerTest : public ::testing::Test {
 ImageEditController* ImageEditWorkerTest::controller_ = nullptr;
 
 TEST_F(ImageEditWorkerTest, InitModelRanOnEveryRank) {
-  ASSERT_EQ(controller_->init_results().size(), 2u);
+  const std::vector<DataProto> results = controller_->init_results();
+  ASSERT_EQ(results.size(), 2u);
   for (int rank = 0; rank < 2; ++rank) {
-    const DataProto& result = controller_->init_results()[rank];
+    const DataProto& result = results[rank];
     EXPECT_EQ(result.GetMeta<int64_t>("rank").value(), rank);
     EXPECT_GT(result.GetMeta<int64_t>("parameter_bytes").value(), 0);
   }
@@ -56,8 +57,8 @@ TEST_F(ImageEditWorkerTest, FiveImagesOverTwoWorkersKeepTheirOrder) {
   // past the controller, so with the seeds the controller would add).
   DRAY_ASSERT_OK_AND_ASSIGN(
       std::vector<DataProto> alias,
-      controller_->group().Call("process_batch",
-                                {WithSeeds(batch.data, TestConfig().seed).value()}));
+      controller_->group()->Call("process_batch",
+                                 {WithSeeds(batch.data, TestConfig().seed).value()}));
   EXPECT_TRUE(SameDataProto(alias.front(), edited));
 }
 
@@ -86,8 +87,8 @@ TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
   pngs[3] = std::string(pngs[3].view().substr(0, 40));  // truncated
   // Straight to the workers, past the controller's checks: rank 1 holds rows
   // 2 and 3, its rows 0 and 1.
-  EXPECT_THAT(controller_->group().Call("edit_images_batch",
-                                        {MakeEditBatch(pngs, batch.instructions).value()}),
+  EXPECT_THAT(controller_->group()->Call("edit_images_batch",
+                                         {MakeEditBatch(pngs, batch.instructions).value()}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("rank 1"), HasSubstr("row 1: not a readable PNG"))));
   DRAY_EXPECT_OK(controller_->Edit(batch.data).status());

@@ -454,6 +454,36 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;  // every process reaped
 }
 
+// A stopped worker (SIGSTOP) answers nothing: its silence fails the group,
+// once, so that a supervisor can restart it; calls fail naming the rank.
+TEST(WorkerGroupFailureTest, AStalledWorkerFailsTheGroupOnce) {
+  WorkerGroupOptions options;
+  options.heartbeat_interval = absl::Milliseconds(100);
+  options.stall_timeout = absl::Seconds(1);
+  absl::Mutex mu;
+  std::vector<absl::Status> failures;
+  absl::Notification failed;
+  options.on_failure = [&](const absl::Status& cause) {
+    absl::MutexLock lock(&mu);
+    failures.push_back(cause);
+    failed.Notify();
+  };
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<WorkerGroup> group,
+                            StartGroup({1, 2}, {"test"}, options));
+  const pid_t stalled = group->pids()[1];
+  ASSERT_EQ(kill(stalled, SIGSTOP), 0);
+  failed.WaitForNotification();
+  EXPECT_THAT(group->Health(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(absl::StrCat("worker rank 1"))));
+  EXPECT_THAT(group->Call("identity", {}),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("worker rank 1")));
+  const std::vector<pid_t> pids = group->pids();
+  group->Shutdown();  // kills the stopped process too
+  for (pid_t pid : pids) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(failures.size(), 1u);
+}
+
 TEST(WorkerGroupFailureTest, RegistrationTimeoutNamesTheMissingRanks) {
   WorkerGroupOptions options;
   options.command = {"/bin/sh", "-c", "sleep 30", "sh"};  // never registers

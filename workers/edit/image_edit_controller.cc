@@ -1,5 +1,7 @@
 #include "workers/edit/image_edit_controller.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,44 +13,175 @@
 
 namespace dray {
 
-ImageEditController::ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group)
-    : config_(std::move(config)), group_(std::move(group)) {}
+namespace {
+
+constexpr absl::Duration kMaxRestartBackoff = absl::Minutes(1);
+
+void Log(const std::string& line) {
+  std::fprintf(stderr, "dray controller: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+ImageEditController::ImageEditController(ImageEditConfig config, Options options)
+    : config_(std::move(config)), options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     const ImageEditConfig& config, Options options) {
-  WorkerGroupOptions group_options;
-  group_options.command = std::move(options.worker_command);
-  group_options.roles = {kImageEditRole};
-  group_options.env = std::move(options.env);
-  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group,
-                        WorkerGroup::Create({1, options.workers}, group_options));
   std::unique_ptr<ImageEditController> controller(
-      new ImageEditController(config, std::move(group)));
-
+      new ImageEditController(config, std::move(options)));
   ImageEditConfig worker_config = config;
-  std::optional<ScratchDir> embedded;  // the tiny model, while the workers load it
   if (config.model_path.empty()) {
-    DRAY_ASSIGN_OR_RETURN(embedded, ScratchDir::Create("dray-tiny"));
+    DRAY_ASSIGN_OR_RETURN(controller->embedded_, ScratchDir::Create("dray-tiny"));
     DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
-    DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(embedded->path(), tiny, /*seed=*/0));
-    worker_config.model_path = embedded->path();
+    DRAY_RETURN_IF_ERROR(
+        qwen_image::WriteRandomQwenImageModel(controller->embedded_->path(), tiny, /*seed=*/0));
+    worker_config.model_path = controller->embedded_->path();
   }
+  controller->worker_config_yaml_ = worker_config.ToYaml();
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
                         BpeTokenizer::FromDirectory(worker_config.model_path + "/tokenizer"));
   controller->count_tokens_ =
       CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
-  DRAY_ASSIGN_OR_RETURN(DataProto init,
-                        DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
+  DRAY_RETURN_IF_ERROR(controller->StartGroup());
+  controller->supervisor_ = std::thread([raw = controller.get()] { raw->Supervise(); });
+  return controller;
+}
+
+ImageEditController::~ImageEditController() {
+  std::shared_ptr<WorkerGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    group = std::move(group_);
+  }
+  if (supervisor_.joinable()) supervisor_.join();
+  if (group != nullptr) group->Shutdown();
+}
+
+absl::Status ImageEditController::StartGroup() {
+  WorkerGroupOptions group_options;
+  group_options.command = options_.worker_command;
+  group_options.roles = {kImageEditRole};
+  group_options.env = options_.env;
+  group_options.stall_timeout = options_.stall_timeout;
+  auto failed_group = std::make_shared<const WorkerGroup*>(nullptr);  // set once created
+  group_options.on_failure = [this, failed_group](const absl::Status& cause) {
+    OnGroupFailure(*failed_group, cause);
+  };
+  DRAY_ASSIGN_OR_RETURN(std::shared_ptr<WorkerGroup> group,
+                        WorkerGroup::Create({1, options_.workers}, group_options));
+  *failed_group = group.get();
+  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", worker_config_yaml_}}));
   CallOptions call;
-  call.timeout = options.init_timeout;
-  absl::StatusOr<std::vector<DataProto>> initialized =
-      controller->group_->Call("init_model", {init}, call);
+  call.timeout = options_.init_timeout;
+  absl::StatusOr<std::vector<DataProto>> initialized = group->Call("init_model", {init}, call);
   if (!initialized.ok()) {
     return absl::Status(initialized.status().code(),
                         absl::StrCat("init_model: ", initialized.status().message()));
   }
-  controller->init_results_ = *std::move(initialized);
-  return controller;
+  // A failure before group_ was set went unheard by OnGroupFailure.
+  const absl::Status health = group->Health();
+  absl::MutexLock lock(&mu_);
+  group_ = std::move(group);
+  init_results_ = *std::move(initialized);
+  unavailable_ = absl::OkStatus();
+  if (!health.ok()) {
+    failure_ = health;
+    unavailable_ = absl::UnavailableError(
+        absl::StrCat("the workers are restarting after: ", health.message()));
+  }
+  return absl::OkStatus();
+}
+
+void ImageEditController::OnGroupFailure(const WorkerGroup* group, const absl::Status& cause) {
+  absl::MutexLock lock(&mu_);
+  if (group == nullptr || group != group_.get() || failure_.has_value()) return;
+  failure_ = cause;
+  unavailable_ =
+      absl::UnavailableError(absl::StrCat("the workers are restarting after: ", cause.message()));
+}
+
+void ImageEditController::Supervise() {
+  while (true) {
+    absl::Status cause;
+    std::shared_ptr<WorkerGroup> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || failure_.has_value();
+      };
+      mu_.Await(absl::Condition(&woken));
+      if (stopping_) return;
+      cause = *failure_;
+      failed = std::move(group_);
+    }
+    Log(absl::StrCat("the worker group failed: ", cause.message()));
+    failed->Shutdown();  // reaps every process, stopped ones included
+    failed.reset();
+    while (true) {
+      int restart;
+      {
+        absl::MutexLock lock(&mu_);
+        if (restarts_ >= options_.max_restarts) {
+          unavailable_ = absl::UnavailableError(
+              absl::StrCat("the workers failed and all ", options_.max_restarts,
+                           " restarts are used up; last cause: ", cause.message()));
+          Log(std::string(unavailable_.message()));
+          given_up_.Notify();
+          return;
+        }
+        restart = ++restarts_;
+      }
+      const absl::Duration backoff = std::min(
+          options_.restart_backoff * (int64_t{1} << std::min(restart - 1, 20)), kMaxRestartBackoff);
+      Log(absl::StrCat("restart ", restart, " of ", options_.max_restarts, " in ",
+                       absl::FormatDuration(backoff)));
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff)) return;
+        failure_.reset();
+      }
+      absl::Status started = StartGroup();
+      if (started.ok()) {
+        Log(absl::StrCat("restart ", restart, ": the workers serve again"));
+        break;
+      }
+      cause = started;
+      Log(absl::StrCat("restart ", restart, " failed: ", started.message()));
+    }
+  }
+}
+
+absl::Status ImageEditController::Health() const {
+  std::shared_ptr<WorkerGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!unavailable_.ok()) return unavailable_;
+    group = group_;
+  }
+  if (group == nullptr) return absl::UnavailableError("the workers have stopped");
+  return group->Health();
+}
+
+bool ImageEditController::WaitUntilGivenUp(absl::Duration timeout) const {
+  return given_up_.WaitForNotificationWithTimeout(timeout);
+}
+
+int ImageEditController::restarts() const {
+  absl::MutexLock lock(&mu_);
+  return restarts_;
+}
+
+std::vector<DataProto> ImageEditController::init_results() const {
+  absl::MutexLock lock(&mu_);
+  return init_results_;
+}
+
+std::shared_ptr<WorkerGroup> ImageEditController::group() const {
+  absl::MutexLock lock(&mu_);
+  return group_;
 }
 
 absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch,
@@ -78,8 +211,15 @@ absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(
       if (rank == 0 && what == kDenoisingProgress) on_progress(done, total);
     };
   }
+  std::shared_ptr<WorkerGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!unavailable_.ok()) return unavailable_;
+    group = group_;
+  }
+  if (group == nullptr) return absl::UnavailableError("the workers have stopped");
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
-                        group_->Call("edit_images_batch", {std::move(seeded)}, call));
+                        group->Call("edit_images_batch", {std::move(seeded)}, call));
   return std::move(edited.front());
 }
 

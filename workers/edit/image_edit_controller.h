@@ -12,8 +12,16 @@
 //   DRAY_ASSIGN_OR_RETURN(DataProto edited, controller->Edit(batch));  // final_edited_images
 //
 // With no model_path (the embedded default) Start writes the tiny model that
-// `dray init-model --preset tiny` writes to a scratch folder, loads it into
-// the workers, and removes the folder.
+// `dray init-model --preset tiny` writes to a scratch folder, kept until the
+// controller goes (a restart loads it again).
+//
+// Self-healing: when the worker group fails (a worker dies, stalls or
+// becomes unreachable: WorkerGroup's failures), the controller logs the rank
+// and cause, answers UNAVAILABLE while it restarts the whole group (after a
+// backoff that doubles each time) and loads the model again, then serves as
+// before. After max_restarts restarts in all it gives up: Health stays
+// UNAVAILABLE and WaitUntilGivenUp returns true, so that `dray serve` exits
+// non-zero for its supervisor to notice.
 //
 // Thread-safety: thread-safe; calls are answered in the order they are made.
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
@@ -24,10 +32,15 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "base/files.h"
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/edit/edit_backend.h"
@@ -45,6 +58,12 @@ class ImageEditController final : public EditBackend {
     // Extra environment variables for the workers.
     std::vector<std::pair<std::string, std::string>> env;
     absl::Duration init_timeout = absl::Minutes(30);
+    // Restarts of a failed worker group, in all, and the wait before the
+    // first (doubling for each next one, at most a minute).
+    int max_restarts = 3;
+    absl::Duration restart_backoff = absl::Seconds(1);
+    // How long a worker may stay silent before it counts as stalled.
+    absl::Duration stall_timeout = absl::Seconds(10);
   };
 
   static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config,
@@ -66,19 +85,51 @@ class ImageEditController final : public EditBackend {
 
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override;
   const ImageEditConfig& config() const override { return config_; }
-  int workers() const override { return group_->world_size(); }
-  absl::Status Health() const override { return group_->Health(); }
-  // init_results: what init_model returned, by rank (memory figures as meta).
-  const std::vector<DataProto>& init_results() const { return init_results_; }
-  WorkerGroup& group() { return *group_; }
+  int workers() const override { return options_.workers; }
+  // Health: OK while the workers serve; UNAVAILABLE naming the cause while
+  // they restart, or once the controller has given up.
+  absl::Status Health() const override;
+
+  // WaitUntilGivenUp waits up to `timeout` for the controller to give up
+  // (restarts exhausted); true if it has.
+  bool WaitUntilGivenUp(absl::Duration timeout) const;
+  // restarts: how many times the worker group has been restarted.
+  int restarts() const;
+
+  // init_results: what the latest init_model returned, by rank (memory
+  // figures as meta).
+  std::vector<DataProto> init_results() const;
+  // group: the current worker group (for tests and tools; may be replaced
+  // by a restart at any time).
+  std::shared_ptr<WorkerGroup> group() const;
+
+  ~ImageEditController() override;
 
  private:
-  ImageEditController(ImageEditConfig config, std::unique_ptr<WorkerGroup> group);
+  ImageEditController(ImageEditConfig config, Options options);
+
+  // StartGroup starts the workers and loads the model into them.
+  absl::Status StartGroup();
+  // Supervise restarts the group after each failure until the controller
+  // stops or gives up.
+  void Supervise();
+  void OnGroupFailure(const WorkerGroup* group, const absl::Status& cause);
 
   const ImageEditConfig config_;
-  PromptTokenCounter count_tokens_;  // the model's tokenizer, for admission
-  std::unique_ptr<WorkerGroup> group_;
-  std::vector<DataProto> init_results_;
+  const Options options_;
+  std::optional<ScratchDir> embedded_;  // the tiny model, when no model_path
+  std::string worker_config_yaml_;      // init_model's configuration
+  PromptTokenCounter count_tokens_;     // the model's tokenizer, for admission
+  std::thread supervisor_;
+  absl::Notification given_up_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<WorkerGroup> group_ ABSL_GUARDED_BY(mu_);
+  std::vector<DataProto> init_results_ ABSL_GUARDED_BY(mu_);
+  absl::Status unavailable_ ABSL_GUARDED_BY(mu_);             // OK while serving
+  std::optional<absl::Status> failure_ ABSL_GUARDED_BY(mu_);  // to restart after
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int restarts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dray

@@ -335,12 +335,14 @@ void ImageEditServer::Impl::RunBatches() {
 }
 
 void ImageEditServer::Impl::WatchHealth() {
+  bool serving = true;
   while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
-    if (backend_->Health().ok()) continue;
+    const bool healthy = backend_->Health().ok();
+    if (healthy == serving) continue;
+    serving = healthy;
     grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-    health->SetServingStatus(kImageEditServiceName, false);
-    health->SetServingStatus(false);
-    return;
+    health->SetServingStatus(kImageEditServiceName, serving);
+    health->SetServingStatus(serving);
   }
 }
 
