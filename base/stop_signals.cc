@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 
 namespace dray {
 namespace {
@@ -26,6 +27,13 @@ int WaitForStopSignal() {
   int signal = 0;
   sigwait(&signals, &signal);
   return signal;
+}
+
+int WaitForStopSignal(int timeout_ms) {
+  const sigset_t signals = StopSignals();
+  const timespec timeout = {timeout_ms / 1000, (timeout_ms % 1000) * 1000000L};
+  const int signal = sigtimedwait(&signals, nullptr, &timeout);
+  return signal > 0 ? signal : 0;
 }
 
 }  // namespace dray

@@ -23,6 +23,10 @@ void BlockStopSignals();
 // WaitForStopSignal waits until SIGINT or SIGTERM arrives and returns it.
 int WaitForStopSignal();
 
+// WaitForStopSignal(timeout_ms) waits at most `timeout_ms` milliseconds;
+// 0 when no stop signal arrived.
+int WaitForStopSignal(int timeout_ms);
+
 }  // namespace dray
 
 #endif  // DRAY_BASE_STOP_SIGNALS_H_

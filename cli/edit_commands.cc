@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/client_context.h>
@@ -12,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "base/stop_signals.h"
@@ -42,6 +46,8 @@ struct EditCommands::Flags {
   int port = 8000;
   int max_queue = 64;
   int max_wait_ms = 20;
+  double shutdown_grace_s = 10;
+  int max_restarts = 3;
 };
 
 namespace {
@@ -84,6 +90,7 @@ ImageEditController::Options ControllerOptions(const EditCommands::Flags& f) {
   ImageEditController::Options options;
   options.workers = f.workers;
   options.worker_command = {f.self, "worker"};
+  options.max_restarts = f.max_restarts;
   return options;
 }
 
@@ -163,6 +170,42 @@ int EditOnServer(const EditCommands::Flags& f) {
   return 0;
 }
 
+// ServeUntilStopped serves until a stop signal, then drains: in-flight
+// requests get --shutdown-grace-s to finish before they are cancelled, and a
+// second signal exits at once. Returns the exit code: 1 when the workers
+// failed for good (restarts used up), for a supervisor to notice.
+int ServeUntilStopped(const EditCommands::Flags& f, ImageEditController& controller,
+                      ImageEditServer& server) {
+  int signal = 0;
+  while ((signal = WaitForStopSignal(/*timeout_ms=*/200)) == 0) {
+    if (controller.WaitUntilGivenUp(absl::ZeroDuration())) {
+      std::fprintf(stderr, "dray serve: %s; exiting\n",
+                   std::string(controller.Health().message()).c_str());
+      server.Shutdown();
+      return 1;
+    }
+  }
+  std::printf(
+      "dray serve: %s, stopping: in-flight requests have %gs to finish (%s again stops at once)\n",
+      strsignal(signal), f.shutdown_grace_s, strsignal(signal));
+  std::fflush(stdout);
+  absl::Notification drained;
+  std::thread drain([&] {
+    server.Drain(absl::Seconds(f.shutdown_grace_s));
+    drained.Notify();
+  });
+  while (!drained.HasBeenNotified()) {
+    if (const int again = WaitForStopSignal(/*timeout_ms=*/100); again != 0) {
+      std::printf("dray serve: %s again, exiting now\n", strsignal(again));
+      std::fflush(stdout);
+      std::_Exit(128 + again);  // the workers die with this process (PR_SET_PDEATHSIG)
+    }
+  }
+  drain.join();
+  std::printf("dray serve: stopped\n");
+  return 0;
+}
+
 int Serve(const EditCommands::Flags& f) {
   // Signals wait for WaitForStopSignal below; every thread started from here on inherits the mask.
   BlockStopSignals();
@@ -192,11 +235,7 @@ int Serve(const EditCommands::Flags& f) {
                  f.host.c_str(), (*server)->port());
   }
   std::fflush(stdout);
-  const int signal = WaitForStopSignal();
-  std::printf("dray serve: %s, stopping\n", strsignal(signal));
-  std::fflush(stdout);
-  (*server)->Shutdown();
-  return 0;
+  return ServeUntilStopped(f, **controller, **server);
 }
 
 }  // namespace
@@ -253,6 +292,16 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
                    "images waiting at most; more get RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  f.serve
+      ->add_option("--max-restarts", f.max_restarts,
+                   "restarts of failed workers before dray serve exits with status 1")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  f.serve
+      ->add_option("--shutdown-grace-s", f.shutdown_grace_s,
+                   "on SIGTERM, how long in-flight requests may take before they are cancelled")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   f.serve->add_option("--max-wait-ms", f.max_wait_ms, "how long a batch waits to fill")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -56,6 +56,21 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
 
   // Stop shuts everything down and reaps every process.
   void Stop();
+  // Abort fails the group with `why` (if it has not failed yet), then stops
+  // it: a failed group's processes are killed at once.
+  void Abort(const absl::Status& why) {
+    bool connected;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shutting_down_) return;
+      if (!failure_.has_value()) failure_ = why;
+      connected = connected_;
+    }
+    if (connected) {
+      for (auto& client : clients_) client->Fail(why);
+    }
+    Stop();
+  }
 
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
@@ -402,6 +417,8 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceS
 }
 
 void WorkerGroup::Shutdown() { impl_->Stop(); }
+
+void WorkerGroup::Abort(const absl::Status& why) { impl_->Abort(why); }
 
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
 

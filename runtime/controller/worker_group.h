@@ -124,6 +124,11 @@ class WorkerGroup {
   // what is left. Later calls fail with FAILED_PRECONDITION. Idempotent.
   void Shutdown();
 
+  // Abort kills every worker at once (no grace: their work is lost) and
+  // fails pending and later calls with `why`. For a deadline that cannot
+  // wait for a polite Shutdown. Idempotent with Shutdown.
+  void Abort(const absl::Status& why);
+
   // Health is OK while every rank works; otherwise UNAVAILABLE naming the
   // first rank that failed and why (its exit status or signal, a broken
   // session, a stall), or saying that the group has shut down.

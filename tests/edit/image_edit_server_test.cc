@@ -377,5 +377,53 @@ TEST(ImageEditServerFailureTest, FailedWorkersAreRestartedUntilTheRestartsAreUse
   EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
 }
 
+// StartStream starts an EditStream of `steps` steps and waits for its
+// first step, so that the request is being denoised.
+std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> StartStream(const Serving& serving,
+                                                                    grpc::ClientContext* context,
+                                                                    int steps) {
+  v1::EditImageRequest request = Request(0, 1);
+  request.set_num_inference_steps(steps);
+  SetDeadline(context, absl::Minutes(2));
+  auto events = v1::ImageEditService::NewStub(serving.channel)->EditStream(context, request);
+  v1::EditImageEvent event;
+  EXPECT_TRUE(events->Read(&event) && event.has_progress());
+  return events;
+}
+
+// Graceful shutdown: admission stops at once, and a request in flight
+// finishes within the grace.
+TEST(ImageEditServerShutdownTest, DrainLetsRequestsInFlightFinish) {
+  Serving serving = Serve(TestConfig());
+  HealthWatch health(serving);
+  grpc::ClientContext context;
+  auto events = StartStream(serving, &context, /*steps=*/20);
+  std::thread drain([&] { serving.server->Drain(absl::Minutes(2)); });
+  EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
+  EXPECT_THAT(Edit(serving, Request(1, 1)),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  v1::EditImageEvent event;
+  bool edited = false;
+  while (events->Read(&event)) edited |= event.has_result();
+  DRAY_EXPECT_OK(ToAbslStatus(events->Finish(), "EditStream"));
+  EXPECT_TRUE(edited);
+  drain.join();
+}
+
+// A request that outlasts the grace is cancelled for real: its workers stop
+// (and are reaped), and its client hears why.
+TEST(ImageEditServerShutdownTest, DrainCancelsWhatOutlastsTheGrace) {
+  Serving serving = Serve(TestConfig());
+  grpc::ClientContext context;
+  auto events = StartStream(serving, &context, /*steps=*/1000);
+  const std::vector<pid_t> workers = serving.controller->group()->pids();
+  serving.server->Drain(absl::Milliseconds(100));
+  v1::EditImageEvent event;
+  while (events->Read(&event)) EXPECT_FALSE(event.has_result());
+  EXPECT_THAT(ToAbslStatus(events->Finish(), "EditStream"),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("grace period")));
+  for (pid_t pid : workers) EXPECT_FALSE(ProcessAlive(pid)) << pid;
+}
+
 }  // namespace
 }  // namespace dray

@@ -3,7 +3,9 @@
 # Python client example and `dray edit --server` answered with the same image
 # for the same seed, bad input refused, a 1024^2 edit run within a 6 GB
 # address-space limit (attention in blocks; it once asked for 36.7 GB) and a
-# larger one refused by the pixel budget, and SIGTERM stopping everything.
+# larger one refused by the pixel budget, SIGTERM letting a request finish
+# within --shutdown-grace-s and then cancelling it, and a server whose
+# workers fail past --max-restarts exiting with status 1.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -14,7 +16,7 @@ fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
 
 (
   ulimit -v 6000000 # KiB, for the server and its workers
-  exec "$dray" serve --workers 2 --port 0 worker.image_edit.num_inference_steps=2 \
+  exec "$dray" serve --workers 2 --port 0 --shutdown-grace-s 1 worker.image_edit.num_inference_steps=2 \
     worker.image_edit.image_size=64
 ) >"$out/serve.log" 2>&1 &
 server=$!
@@ -55,11 +57,28 @@ if "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "x" --
 fi
 grep -q "INVALID_ARGUMENT.*max_pixels allows 1048576" "$out/huge.txt" || fail "unexpected error: $(cat "$out/huge.txt")"
 
-workers=$(pgrep -P $server -c || true)
+worker_pids=$(pgrep -P $server || true)
+# SIGTERM mid-request: the request outlasts the 1 s grace and is cancelled.
+"$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "x" --steps 1000 \
+  --out "$out/never.png" >"$out/long.txt" 2>&1 &
+client=$!
+for _ in $(seq 600); do grep -q "step 1/" "$out/long.txt" && break; sleep 0.1; done
+grep -q "step 1/" "$out/long.txt" || fail "the long request never started: $(cat "$out/long.txt")"
 kill -TERM $server
 wait $server || fail "dray serve exited with $? on SIGTERM"
+! wait $client || fail "the long request was not cancelled"
+grep -q "UNAVAILABLE.*grace period" "$out/long.txt" || fail "unexpected end: $(cat "$out/long.txt")"
 grep -q "stopping" "$out/serve.log" || fail "no stop message"
-[[ "$workers" -ge 2 ]] || fail "expected 2 worker processes, saw $workers"
-for _ in $(seq 20); do pgrep -f "$dray worker" >/dev/null || break; sleep 0.1; done
-! pgrep -f "$dray worker" >/dev/null || fail "worker processes outlived dray serve"
+[[ $(echo $worker_pids | wc -w) -eq 2 ]] || fail "expected 2 worker processes, saw: $worker_pids"
+for pid in $worker_pids; do ! kill -0 $pid 2>/dev/null || fail "worker $pid outlived dray serve"; done
+
+# Workers that fail past --max-restarts end dray serve with status 1.
+"$dray" serve --workers 1 --port 0 --max-restarts 0 worker.image_edit.image_size=64 >"$out/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 600); do grep -q "ImageEditService on" "$out/serve.log" && break; sleep 0.1; done
+kill -KILL $(pgrep -P $server)
+status=0
+wait $server || status=$?
+[[ $status -eq 1 ]] || fail "dray serve exited with $status when its workers could not be restarted"
+grep -q "restarts are used up" "$out/serve.log" || fail "no reason given"
 echo PASS

@@ -33,6 +33,10 @@ class EditBackend {
   // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
   virtual absl::Status Health() const = 0;
 
+  // CancelAll stops every call in flight now, for good (they fail with
+  // `why`), and no call runs after it: the end of a graceful shutdown.
+  virtual void CancelAll(const absl::Status& why) = 0;
+
   // CheckRows is admission: CheckEditBatch with the backend's configuration
   // and tokenizer. Rows count from `first_row`.
   virtual absl::Status CheckRows(const DataProto& batch, int64_t first_row) const = 0;

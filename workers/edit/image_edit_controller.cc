@@ -154,6 +154,17 @@ void ImageEditController::Supervise() {
   }
 }
 
+void ImageEditController::CancelAll(const absl::Status& why) {
+  std::shared_ptr<WorkerGroup> group;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;  // no restart after this
+    unavailable_ = why;
+    group = group_;
+  }
+  if (group != nullptr) group->Abort(why);
+}
+
 absl::Status ImageEditController::Health() const {
   std::shared_ptr<WorkerGroup> group;
   {

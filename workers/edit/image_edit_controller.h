@@ -84,6 +84,8 @@ class ImageEditController final : public EditBackend {
                                             const ProgressCallback& on_progress) override;
 
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override;
+  // CancelAll kills the workers (WorkerGroup::Abort) and restarts none.
+  void CancelAll(const absl::Status& why) override;
   const ImageEditConfig& config() const override { return config_; }
   int workers() const override { return options_.workers; }
   // Health: OK while the workers serve; UNAVAILABLE naming the cause while

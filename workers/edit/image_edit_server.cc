@@ -77,6 +77,7 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   ~Impl() override { Shutdown(); }
 
   absl::Status Start();
+  void Drain(absl::Duration grace);
   void Shutdown();
   int port() const { return port_; }
 
@@ -127,6 +128,7 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   void RunBatch(const QueuedEdits& batch);
   void RunBatches();
   void WatchHealth();
+  void SetServing(bool serving);
 
   EditBackend* const backend_;
   const ServeOptions options_;
@@ -138,6 +140,8 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
   absl::Mutex mu_;
   std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_ ABSL_GUARDED_BY(mu_) = false;   // a batch is with the backend
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // admitting nothing new
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -205,7 +209,7 @@ absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
     edits.push_back(std::move(edit));
   }
   absl::MutexLock lock(&mu_);
-  if (shutting_down_) return absl::UnavailableError("the server is shutting down");
+  if (draining_ || shutting_down_) return absl::UnavailableError("the server is shutting down");
   if (queue_.size() + edits.size() > static_cast<size_t>(options_.max_queue)) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue holds ", queue_.size(),
                                                      " of at most ", options_.max_queue,
@@ -278,6 +282,7 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
     if (!(*it)->abandoned) batch.push_back(*it);
     it = queue_.erase(it);
   }
+  running_ = !batch.empty();
   return batch;
 }
 
@@ -330,20 +335,54 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
 
 void ImageEditServer::Impl::RunBatches() {
   while (std::optional<QueuedEdits> batch = NextBatch()) {
-    if (!batch->empty()) RunBatch(*batch);
+    if (batch->empty()) continue;
+    RunBatch(*batch);
+    absl::MutexLock lock(&mu_);
+    running_ = false;
   }
 }
 
 void ImageEditServer::Impl::WatchHealth() {
   bool serving = true;
   while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
-    const bool healthy = backend_->Health().ok();
+    bool healthy = backend_->Health().ok();
+    {
+      absl::MutexLock lock(&mu_);
+      healthy = healthy && !draining_;
+    }
     if (healthy == serving) continue;
     serving = healthy;
-    grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-    health->SetServingStatus(kImageEditServiceName, serving);
-    health->SetServingStatus(serving);
+    SetServing(serving);
   }
+}
+
+void ImageEditServer::Impl::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  health->SetServingStatus(kImageEditServiceName, serving);
+  health->SetServingStatus(serving);
+}
+
+void ImageEditServer::Impl::Drain(absl::Duration grace) {
+  if (server_ == nullptr) return;
+  bool idle;
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+  }
+  SetServing(false);
+  {
+    absl::MutexLock lock(&mu_);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutting_down_ || (queue_.empty() && !running_);
+    };
+    idle = mu_.AwaitWithTimeout(absl::Condition(&done), grace);
+  }
+  if (!idle) {
+    backend_->CancelAll(absl::UnavailableError(
+        absl::StrCat("the server is shutting down: the request was cancelled after the ",
+                     absl::FormatDuration(grace), " grace period")));
+  }
+  Shutdown();
 }
 
 absl::Status ImageEditServer::Impl::Start() {
@@ -394,5 +433,7 @@ absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(EditBack
 int ImageEditServer::port() const { return impl_->port(); }
 
 void ImageEditServer::Shutdown() { impl_->Shutdown(); }
+
+void ImageEditServer::Drain(absl::Duration grace) { impl_->Drain(grace); }
 
 }  // namespace dray

@@ -7,8 +7,9 @@
 // RESOURCE_EXHAUSTED at once. One thread gathers waiting requests that share
 // their options into a batch, up to batch_size rows per worker or until the
 // oldest has waited max_wait, and sends it as one edit_images_batch call.
-// Client deadlines bound both the wait and the call. When a worker process
-// dies, health turns NOT_SERVING and requests fail with UNAVAILABLE at once.
+// Client deadlines bound both the wait and the call. While the backend is
+// unhealthy (its workers failed and restart), health is NOT_SERVING and
+// requests fail with UNAVAILABLE at once; it turns SERVING again after.
 // EditStream relays the batch's denoising steps to its clients as the
 // workers report them.
 //
@@ -51,6 +52,12 @@ class ImageEditServer {
 
   // port: where the server listens (the one picked, for port 0).
   int port() const;
+
+  // Drain is a graceful shutdown: admission stops (UNAVAILABLE, health
+  // NOT_SERVING), queued and running requests get up to `grace` to finish,
+  // then the backend cancels what is left (EditBackend::CancelAll: its
+  // clients get UNAVAILABLE), and the server shuts down.
+  void Drain(absl::Duration grace);
 
   // Shutdown stops accepting requests, fails those still queued with
   // UNAVAILABLE and waits for the running batch. Idempotent.

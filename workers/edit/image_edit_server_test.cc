@@ -35,6 +35,7 @@ class FakeBackend final : public EditBackend {
 
   const ImageEditConfig& config() const override { return config_; }
   int workers() const override { return 2; }
+  void CancelAll(const absl::Status&) override {}
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override {
     return CheckEditBatch(batch, config_, /*count_tokens=*/nullptr, first_row);
   }
