@@ -13,6 +13,9 @@ dray="$root/cli/dray"
 image="$root/docs/example.png"
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
+# wait_for_line FILE PATTERN: blocks until a line of FILE matches (tail -f
+# follows the file as it grows); false if none does within 2 minutes.
+wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -f "$1"); }
 
 (
   ulimit -v 6000000 # KiB, for the server and its workers
@@ -22,11 +25,8 @@ fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
 server=$!
 trap 'kill -KILL $server 2>/dev/null || true' EXIT
 
-for _ in $(seq 600); do
-  grep -q "ImageEditService on" "$out/serve.log" && break
-  kill -0 $server 2>/dev/null || fail "dray serve exited early"
-  sleep 0.1
-done
+wait_for_line "$out/serve.log" "ImageEditService on\|^dray serve: " || fail "dray serve did not start"
+kill -0 $server 2>/dev/null || fail "dray serve exited early"
 port=$(sed -n 's/.*ImageEditService on [^ ]*:\([0-9][0-9]*\) .*/\1/p' "$out/serve.log")
 [[ -n "$port" ]] || fail "dray serve did not say where it listens"
 grep -q "num_inference_steps: 2" "$out/serve.log" || fail "the resolved configuration was not printed"
@@ -62,8 +62,7 @@ worker_pids=$(pgrep -P $server || true)
 "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "x" --steps 1000 \
   --out "$out/never.png" >"$out/long.txt" 2>&1 &
 client=$!
-for _ in $(seq 600); do grep -q "step 1/" "$out/long.txt" && break; sleep 0.1; done
-grep -q "step 1/" "$out/long.txt" || fail "the long request never started: $(cat "$out/long.txt")"
+wait_for_line "$out/long.txt" "step 1/" || fail "the long request never started: $(cat "$out/long.txt")"
 kill -TERM $server
 wait $server || fail "dray serve exited with $? on SIGTERM"
 ! wait $client || fail "the long request was not cancelled"
@@ -75,7 +74,7 @@ for pid in $worker_pids; do ! kill -0 $pid 2>/dev/null || fail "worker $pid outl
 # Workers that fail past --max-restarts end dray serve with status 1.
 "$dray" serve --workers 1 --port 0 --max-restarts 0 worker.image_edit.image_size=64 >"$out/serve.log" 2>&1 &
 server=$!
-for _ in $(seq 600); do grep -q "ImageEditService on" "$out/serve.log" && break; sleep 0.1; done
+wait_for_line "$out/serve.log" "ImageEditService on" || fail "the second dray serve did not start"
 kill -KILL $(pgrep -P $server)
 status=0
 wait $server || status=$?
