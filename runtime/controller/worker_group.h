@@ -26,8 +26,9 @@
 // unreachable process) fails the group: every pending and later call on it
 // gets UNAVAILABLE naming the rank and the cause, Health reports it, and
 // on_failure hears of it once, so that a supervisor can restart the group
-// (a group is never repaired in place: collectives need every rank). Worker processes die with the
-// controller, and Shutdown (or the destructor) reaps every process the group started.
+// (a group is never repaired in place: collectives need every rank). Worker
+// processes die with the controller, and Shutdown (or the destructor) reaps
+// every process the group started.
 //
 // Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
 // its share of the machine's cores (cores / workers per node), as torchrun

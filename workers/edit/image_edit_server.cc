@@ -345,11 +345,9 @@ void ImageEditServer::Impl::RunBatches() {
 void ImageEditServer::Impl::WatchHealth() {
   bool serving = true;
   while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
-    bool healthy = backend_->Health().ok();
-    {
-      absl::MutexLock lock(&mu_);
-      healthy = healthy && !draining_;
-    }
+    const bool backend_healthy = backend_->Health().ok();
+    absl::MutexLock lock(&mu_);  // Drain's NOT_SERVING is never overwritten
+    const bool healthy = backend_healthy && !draining_;
     if (healthy == serving) continue;
     serving = healthy;
     SetServing(serving);
@@ -368,10 +366,7 @@ void ImageEditServer::Impl::Drain(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
-  }
-  SetServing(false);
-  {
-    absl::MutexLock lock(&mu_);
+    SetServing(false);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return shutting_down_ || (queue_.empty() && !running_);
     };
