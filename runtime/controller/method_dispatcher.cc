@@ -58,6 +58,10 @@ bool GroupFuture::Ready() const {
   return state_->result.has_value() || state_->remaining == 0 || state_->first_error.has_value();
 }
 
+void GroupFuture::Cancel(const absl::Status& why) {
+  for (const CallFuture& call : state_->per_rank) call->Cancel(why);
+}
+
 GroupFuture GroupFuture::Failed(absl::Status status) {
   GroupFuture future;
   future.state_ = std::make_shared<State>();

@@ -45,6 +45,11 @@ class GroupFuture {
   // Ready is true when Get would not wait.
   bool Ready() const;
 
+  // Cancel asks every rank to stop the call early (CallResult::Cancel):
+  // methods that check Worker::StopRequested end with `why` between units
+  // of work; Get still waits for the ranks' answers.
+  void Cancel(const absl::Status& why);
+
  private:
   friend class MethodDispatcher;
   struct State;

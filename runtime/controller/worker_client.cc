@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "dispatch/wire.h"
+#include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/session_stream.h"
@@ -13,11 +14,34 @@ namespace dray {
 namespace {
 
 constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
+constexpr absl::Duration kCancelTimeout = absl::Seconds(5);
 
 CallFuture Ready(absl::StatusOr<DataProto> value) {
   auto result = std::make_shared<CallResult>();
   result->Set(std::move(value));
   return result;
+}
+
+// SendCancel asks the worker behind `channel` to stop session call
+// `call_id`, without waiting for the answer: a worker that does not answer
+// is the heartbeats' business.
+void SendCancel(const std::shared_ptr<grpc::Channel>& channel, const std::string& job_secret,
+                uint64_t call_id, const absl::Status& why) {
+  struct Rpc {
+    std::unique_ptr<v1::WorkerService::Stub> stub;
+    grpc::ClientContext context;
+    v1::CancelRequest request;
+    v1::CancelResponse response;
+  };
+  auto* rpc = new Rpc;  // deleted when the answer, or the deadline, comes
+  rpc->stub = v1::WorkerService::NewStub(channel);
+  SetDeadline(&rpc->context, kCancelTimeout);
+  AttachJobSecret(&rpc->context, job_secret);
+  rpc->request.set_call_id(call_id);
+  rpc->request.mutable_why()->set_code(static_cast<int32_t>(why.code()));
+  rpc->request.mutable_why()->set_message(std::string(why.message()));
+  rpc->stub->async()->Cancel(&rpc->context, &rpc->request, &rpc->response,
+                             [rpc](const grpc::Status&) { delete rpc; });
 }
 
 }  // namespace
@@ -71,6 +95,8 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
     pending_[request.call_id()] = {future, method, deadline, std::move(on_progress)};
     ++submitted_;
   }
+  future->SetCanceller([channel = channel_, secret = job_secret_, call_id = request.call_id()](
+                           const absl::Status& why) { SendCancel(channel, secret, call_id, why); });
   request.set_role(std::move(role));
   request.set_method(std::move(method));
   request.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
@@ -101,6 +127,15 @@ void WorkerClient::Resolve(uint64_t call_id, absl::StatusOr<DataProto> result) {
     pending_.erase(it);
   }
   call->Set(std::move(result));
+}
+
+void WorkerClient::CancelPending(const absl::Status& why) {
+  std::vector<CallFuture> pending;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [call_id, call] : pending_) pending.push_back(call.result);
+  }
+  for (const CallFuture& call : pending) call->Cancel(why);
 }
 
 void WorkerClient::Fail(absl::Status status) {

@@ -63,6 +63,10 @@ class WorkerClient final : public WorkerConnection {
   // The first status wins.
   void Fail(absl::Status status);
 
+  // CancelPending asks the worker to stop every call pending now
+  // (CallResult::Cancel); it does not wait.
+  void CancelPending(const absl::Status& why);
+
   // Close ends the session and joins the threads; pending calls fail CANCELLED.
   void Close();
 

@@ -11,6 +11,7 @@ void CallResult::Set(absl::StatusOr<DataProto> value) {
     if (value_.has_value()) return;
     value_ = std::move(value);
     callbacks.swap(callbacks_);
+    canceller_ = nullptr;
   }
   for (auto& callback : callbacks) callback();
 }
@@ -37,6 +38,20 @@ void CallResult::OnReady(std::function<void()> callback) {
     }
   }
   callback();
+}
+
+void CallResult::Cancel(const absl::Status& why) {
+  std::function<void(const absl::Status&)> canceller;
+  {
+    absl::MutexLock lock(&mu_);
+    canceller = canceller_;
+  }
+  if (canceller) canceller(why);
+}
+
+void CallResult::SetCanceller(std::function<void(const absl::Status& why)> canceller) {
+  absl::MutexLock lock(&mu_);
+  if (!value_.has_value()) canceller_ = std::move(canceller);
 }
 
 absl::StatusOr<std::shared_ptr<const EncodedInput>> EncodeInput(const DataProto& input) {

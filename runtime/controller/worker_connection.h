@@ -46,10 +46,18 @@ class CallResult {
   // on the thread that sets it. Callbacks must be short and must not block.
   void OnReady(std::function<void()> callback);
 
+  // Cancel asks the worker to stop the call early (its Worker::StopRequested
+  // then says `why`); the outcome still comes from the worker. A no-op once
+  // the outcome is set, or where the connection cannot cancel.
+  void Cancel(const absl::Status& why);
+  // SetCanceller is the connection's side of Cancel; it must not block.
+  void SetCanceller(std::function<void(const absl::Status& why)> canceller);
+
  private:
   mutable absl::Mutex mu_;
   std::optional<absl::StatusOr<DataProto>> value_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void()>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> canceller_ ABSL_GUARDED_BY(mu_);
 };
 
 using CallFuture = std::shared_ptr<CallResult>;

@@ -72,6 +72,14 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     Stop();
   }
 
+  void CancelCalls(const absl::Status& why) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!connected_ || shutting_down_) return;
+    }
+    for (auto& client : clients_) client->CancelPending(why);
+  }
+
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
@@ -417,6 +425,8 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Create(const ResourceS
 }
 
 void WorkerGroup::Shutdown() { impl_->Stop(); }
+
+void WorkerGroup::CancelCalls(const absl::Status& why) { impl_->CancelCalls(why); }
 
 void WorkerGroup::Abort(const absl::Status& why) { impl_->Abort(why); }
 

@@ -125,6 +125,10 @@ class WorkerGroup {
   // what is left. Later calls fail with FAILED_PRECONDITION. Idempotent.
   void Shutdown();
 
+  // CancelCalls asks every rank to stop the calls pending on it early, as
+  // GroupFuture::Cancel does for one call; the group stays usable.
+  void CancelCalls(const absl::Status& why);
+
   // Abort kills every worker at once (no grace: their work is lost) and
   // fails pending and later calls with `why`. For a deadline that cannot
   // wait for a polite Shutdown. Idempotent with Shutdown.

@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include <ATen/ops/full.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -77,6 +79,17 @@ absl::StatusOr<Communicator*> Worker::device_comm() {
     DRAY_ASSIGN_OR_RETURN(device_comm_, CreateNcclCommunicator(std::move(group), "default", 0));
   }
   return device_comm_.get();
+}
+
+absl::Status Worker::StopRequestedOnAnyRank() {
+  absl::Status stop = StopRequested();
+  if (world_size() == 1) return stop;
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  at::Tensor code = at::full({1}, static_cast<int64_t>(stop.code()), at::kLong);
+  DRAY_RETURN_IF_ERROR(group->AllReduce(code, ReduceOp::kMax));
+  const auto agreed = static_cast<absl::StatusCode>(code.item<int64_t>());
+  if (!stop.ok() || agreed == absl::StatusCode::kOk) return stop;
+  return absl::Status(agreed, "another rank of the group was asked to stop");
 }
 
 void WorkerClassRegistry::Add(std::string role, Factory factory) {

@@ -23,7 +23,8 @@
 //
 // Inside a method, rank(), world_size() and friends say where the worker
 // stands, comm() gives the group's communicator for collectives, and
-// ReportProgress tells the controller how far a long method is.
+// ReportProgress tells the controller how far a long method is;
+// StopRequested says when the caller wants it to stop early.
 //
 // Thread-safety: the runtime calls a worker's methods one at a time.
 #ifndef DRAY_RUNTIME_WORKER_WORKER_H_
@@ -85,6 +86,14 @@ using MethodFn = std::function<absl::StatusOr<DataProto>(const DataProto& input)
 // Session stream, to reach the caller's CallOptions::on_progress.
 using ProgressSink = std::function<void(const std::string& what, int64_t done, int64_t total)>;
 
+// CallHooks: what ties a running method to its caller: where its progress
+// goes, and `stop`, which says why the call should end now (its caller
+// cancelled it, or its deadline passed) or OK to go on.
+struct CallHooks {
+  ProgressSink progress;
+  std::function<absl::Status()> stop;
+};
+
 // RegisteredMethod: one method of a worker class.
 struct RegisteredMethod {
   std::string name;
@@ -119,9 +128,21 @@ class Worker {
   // method's thread. A no-op when no caller listens (the unary Call RPC);
   // it never fails the method.
   void ReportProgress(const std::string& what, int64_t done, int64_t total) const {
-    if (progress_sink_) progress_sink_(what, done, total);
+    if (hooks_.progress) hooks_.progress(what, done, total);
   }
-  void set_progress_sink(ProgressSink sink) { progress_sink_ = std::move(sink); }
+
+  // StopRequested says why the running method should return now: CANCELLED
+  // (its caller cancelled it: GroupFuture::Cancel, a graceful shutdown) or
+  // DEADLINE_EXCEEDED (no one waits for the result any more); OK to go on.
+  // Long methods check it between units of work and return what it says.
+  absl::Status StopRequested() const { return hooks_.stop ? hooks_.stop() : absl::OkStatus(); }
+
+  // StopRequestedOnAnyRank is StopRequested agreed by the whole group over
+  // comm() (a collective: every rank calls it equally often), for methods
+  // whose ranks run collectives in step: all stop together or none does.
+  absl::Status StopRequestedOnAnyRank();
+
+  void set_call_hooks(CallHooks hooks) { hooks_ = std::move(hooks); }
 
   const std::vector<RegisteredMethod>& methods() const { return methods_; }
 
@@ -147,7 +168,7 @@ class Worker {
 
   WorkerContext context_;
   std::vector<RegisteredMethod> methods_;
-  ProgressSink progress_sink_;
+  CallHooks hooks_;
   std::shared_ptr<Rendezvous> rendezvous_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Communicator> device_comm_;

@@ -49,19 +49,18 @@ absl::StatusOr<std::pair<const std::string*, const RegisteredMethod*>> WorkerHos
 }
 
 absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::string_view method,
-                                              const DataProto& input,
-                                              const ProgressSink& progress) {
+                                              const DataProto& input, const CallHooks& hooks) {
   DRAY_ASSIGN_OR_RETURN(auto found, Find(role, method));
   const std::string where = absl::StrCat("rank ", rank_, ", ", *found.first, ".", method);
   absl::MutexLock lock(&execute_mu_);
-  // This call's progress goes to its caller, and no later call's does.
-  struct SinkScope {
+  // This call's hooks lead to its caller, and no later call's do.
+  struct HooksScope {
     const std::vector<std::pair<std::string, std::unique_ptr<Worker>>>& workers;
-    ~SinkScope() {
-      for (const auto& [role, worker] : workers) worker->set_progress_sink(nullptr);
+    ~HooksScope() {
+      for (const auto& [role, worker] : workers) worker->set_call_hooks({});
     }
   } scope{workers_};
-  for (const auto& [role, worker] : workers_) worker->set_progress_sink(progress);
+  for (const auto& [role, worker] : workers_) worker->set_call_hooks(hooks);
   try {
     absl::StatusOr<DataProto> result = found.second->fn(input);
     if (!result.ok()) {

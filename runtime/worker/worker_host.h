@@ -36,10 +36,10 @@ class WorkerHost {
                                                             const std::vector<std::string>& roles,
                                                             int rank);
 
-  // Execute runs `method` of `role` (empty: whichever role has the method);
-  // the method's ReportProgress calls go to `progress` (when set).
+  // Execute runs `method` of `role` (empty: whichever role has the method)
+  // with `hooks` to its caller (progress reports, stop requests).
   absl::StatusOr<DataProto> Execute(absl::string_view role, absl::string_view method,
-                                    const DataProto& input, const ProgressSink& progress = nullptr);
+                                    const DataProto& input, const CallHooks& hooks = {});
 
   // Describe returns the method table of every hosted role.
   v1::MethodTable Describe() const;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -35,7 +36,10 @@ class Counter : public Worker {
     Def("shared", &Counter::Count, per_row);
   }
   absl::StatusOr<DataProto> Count() {
-    for (int step = 1; step <= 2; ++step) ReportProgress("count", step, 2);
+    for (int step = 1; step <= 2; ++step) {
+      DRAY_RETURN_IF_ERROR(StopRequested());
+      ReportProgress("count", step, 2);
+    }
     return DataProto::Make({}, {}, {{"calls", ++calls_}});
   }
   absl::StatusOr<DataProto> Fail() { return absl::NotFoundError("nothing here"); }
@@ -91,14 +95,28 @@ TEST(WorkerHostTest, ErrorsNameRankRoleAndMethodAndTheHostKeepsServing) {
 TEST(WorkerHostTest, ProgressGoesToTheRunningCallOnly) {
   auto host = Host();
   std::vector<std::string> seen;
-  DRAY_ASSERT_OK(host->Execute("", "count", DataProto(),
-                               [&](const std::string& what, int64_t done, int64_t total) {
-                                 seen.push_back(absl::StrCat(what, " ", done, "/", total));
-                               })
-                     .status());
+  CallHooks hooks;
+  hooks.progress = [&](const std::string& what, int64_t done, int64_t total) {
+    seen.push_back(absl::StrCat(what, " ", done, "/", total));
+  };
+  DRAY_ASSERT_OK(host->Execute("", "count", DataProto(), hooks).status());
   EXPECT_THAT(seen, ElementsAre("count 1/2", "count 2/2"));
   DRAY_ASSERT_OK(host->Execute("", "count", DataProto()).status());  // no sink: dropped
   EXPECT_EQ(seen.size(), 2u);
+}
+
+TEST(WorkerHostTest, AStopRequestEndsTheCallWithItsReason) {
+  auto host = Host();
+  int checks = 0;
+  CallHooks hooks;
+  hooks.stop = [&]() {
+    return ++checks < 2 ? absl::OkStatus() : absl::CancelledError("the caller gave up");
+  };
+  EXPECT_THAT(host->Execute("", "count", DataProto(), hooks),
+              StatusIs(absl::StatusCode::kCancelled,
+                       AllOf(HasSubstr("rank 3, counter.count"), HasSubstr("the caller gave up"))));
+  EXPECT_EQ(checks, 2);
+  DRAY_EXPECT_OK(host->Execute("", "count", DataProto()).status());  // no stop: runs through
 }
 
 TEST(WorkerHostTest, DescribePublishesEveryMethodWithItsOptions) {

@@ -1,5 +1,6 @@
 #include "runtime/worker/worker_service.h"
 
+#include <algorithm>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -114,15 +115,36 @@ void WorkerServiceImpl::WaitForSessions() {
       +[](int* running) { return *running == 0; }, &running_sessions_));
 }
 
+absl::Status WorkerServiceImpl::StopRequested(uint64_t call_id, bool cancellable,
+                                              int64_t deadline_unix_ms) {
+  if (deadline_unix_ms != 0 && absl::ToUnixMillis(absl::Now()) > deadline_unix_ms) {
+    return absl::DeadlineExceededError("the caller's deadline passed");
+  }
+  if (!cancellable) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = cancelled_.find(call_id);
+  return it == cancelled_.end() ? absl::OkStatus() : it->second;
+}
+
+void WorkerServiceImpl::Finished(uint64_t call_id) {
+  absl::MutexLock lock(&mu_);
+  finished_ = std::max(finished_, call_id);
+  cancelled_.erase(cancelled_.begin(), cancelled_.upper_bound(finished_));
+}
+
 v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload,
-                                        const ProgressSink& progress) {
+                                        bool cancellable, const ProgressSink& progress) {
   v1::CallResponse response;
   response.set_call_id(request.call_id());
   const std::string what = absl::StrCat("rank ", rank_, ", ", request.method());
-  if (request.deadline_unix_ms() != 0 &&
-      absl::ToUnixMillis(absl::Now()) > request.deadline_unix_ms()) {
-    SetError(absl::DeadlineExceededError(
-                 absl::StrCat(what, ": deadline passed before the call could start")),
+  CallHooks hooks;
+  hooks.progress = progress;
+  hooks.stop = [this, call_id = request.call_id(), cancellable,
+                deadline = request.deadline_unix_ms()] {
+    return StopRequested(call_id, cancellable, deadline);
+  };
+  if (absl::Status stop = hooks.stop(); !stop.ok()) {
+    SetError(absl::Status(stop.code(), absl::StrCat(what, ": not started: ", stop.message())),
              &response);
     return response;
   }
@@ -134,7 +156,7 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPaylo
     return response;
   }
   absl::StatusOr<DataProto> result =
-      host_->Execute(request.role(), request.method(), *input, progress);
+      host_->Execute(request.role(), request.method(), *input, hooks);
   absl::StatusOr<DetachedWire> encoded =
       result.ok() ? ToDetachedWire(*result) : absl::StatusOr<DetachedWire>(result.status());
   if (!encoded.ok()) {
@@ -153,7 +175,7 @@ grpc::Status WorkerServiceImpl::Call(grpc::ServerContext* context, const v1::Cal
   }
   v1::CallRequest call = *request;
   ScatteredPayload payload;
-  *response = Run(call, &payload);
+  *response = Run(call, &payload, /*cancellable=*/false);
   if (response->has_result()) response->mutable_result()->set_payload(payload.Flatten());
   return grpc::Status::OK;
 }
@@ -166,7 +188,7 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
     ScatteredPayload payload;
     const uint64_t call_id = (*request)->call_id();
     v1::CallResponse response =
-        Run(**request, &payload,
+        Run(**request, &payload, /*cancellable=*/true,
             [writer, call_id](const std::string& what, int64_t done, int64_t total) {
               v1::CallProgress progress;
               progress.set_call_id(call_id);
@@ -175,10 +197,29 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
               progress.set_total(total);
               WriteCallProgress(writer, std::move(progress));  // if broken, the next write says so
             });
+    Finished(call_id);
     if (!WriteCallResponse(writer, std::move(response), payload)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
     }
   }
+}
+
+grpc::Status WorkerServiceImpl::Cancel(grpc::ServerContext* context,
+                                       const v1::CancelRequest* request, v1::CancelResponse*) {
+  if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
+  const int32_t code = request->why().code();
+  if (code <= 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("Cancel: `why` needs an error code, not ", code));
+  }
+  absl::MutexLock lock(&mu_);
+  if (request->call_id() > finished_) {
+    cancelled_.emplace(request->call_id(),
+                       absl::Status(static_cast<absl::StatusCode>(code), request->why().message()));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::DescribeMethods(grpc::ServerContext* context,

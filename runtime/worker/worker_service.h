@@ -1,7 +1,8 @@
 // WorkerServiceImpl: the gRPC glue of dray.v1.WorkerService in a worker
 // process. It decodes calls, hands them to a WorkerHost and encodes results;
 // the Session stream runs calls in arrival order and streams payloads of any
-// size, on raw byte buffers (session_stream.h). Kept apart from WorkerHost so
+// size, on raw byte buffers (session_stream.h); Cancel asks a session's call
+// to stop early. Kept apart from WorkerHost so
 // heavy gRPC headers stay out of worker code.
 //
 // Session is served on gRPC's asynchronous API as a raw method (generated
@@ -24,7 +25,9 @@
 #ifndef DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
 #define DRAY_RUNTIME_WORKER_WORKER_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include <grpcpp/server.h>
@@ -52,6 +55,8 @@ class WorkerServiceImpl final
                                v1::MethodTable* response) override;
   grpc::Status Shutdown(grpc::ServerContext* context, const v1::ShutdownRequest* request,
                         v1::ShutdownResponse* response) override;
+  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                      v1::CancelResponse* response) override;
 
   // AcceptSessions runs every Session stream that arrives through `queue`
   // (the server's completion queue) on a thread of its own; it returns once
@@ -73,9 +78,14 @@ class WorkerServiceImpl final
 
   // Run executes `request` (whose input payload is attached) and returns the
   // response with the result's payload detached into `*payload`; the
-  // method's progress goes to `progress`.
-  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload,
+  // method's progress goes to `progress`. `cancellable`: a session's call,
+  // which Cancel may stop; every call stops at its deadline.
+  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload, bool cancellable,
                        const ProgressSink& progress = nullptr);
+  // StopRequested is a call's CallHooks::stop: why it must end now, if it must.
+  absl::Status StopRequested(uint64_t call_id, bool cancellable, int64_t deadline_unix_ms);
+  // Finished forgets the cancellations of session calls up to `call_id`.
+  void Finished(uint64_t call_id);
 
   WorkerHost* const host_;
   const int rank_;
@@ -83,6 +93,10 @@ class WorkerServiceImpl final
   const std::function<void(std::string)> on_shutdown_;
   absl::Mutex mu_;
   int running_sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Session calls asked to stop that have not finished, and the latest
+  // finished one (session call ids increase).
+  std::map<uint64_t, absl::Status> cancelled_ ABSL_GUARDED_BY(mu_);
+  uint64_t finished_ ABSL_GUARDED_BY(mu_) = 0;
   // Held while a session is requested: gRPC refuses requests after shutdown.
   absl::Mutex accept_mu_;
   bool stopping_ ABSL_GUARDED_BY(accept_mu_) = false;

@@ -34,6 +34,7 @@ namespace {
 
 using ::dray::testing::StatusIs;
 using ::grpc::health::v1::HealthCheckResponse;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Serving: a controller with two workers and a server in front of it.
@@ -410,13 +411,35 @@ TEST(ImageEditServerShutdownTest, DrainLetsRequestsInFlightFinish) {
   drain.join();
 }
 
-// A request that outlasts the grace is cancelled for real: its workers stop
-// (and are reaped), and its client hears why.
+// A request that outlasts the grace is cancelled for real: the cancellation
+// reaches the denoising loop, which stops between two steps (its workers
+// live on), and the client hears why.
 TEST(ImageEditServerShutdownTest, DrainCancelsWhatOutlastsTheGrace) {
-  Serving serving = Serve(TestConfig());
+  ImageEditController::Options patient;
+  patient.cancel_grace = absl::Minutes(2);  // the workers stop by themselves
+  Serving serving = Serve(TestConfig(), {}, patient);
   grpc::ClientContext context;
   auto events = StartStream(serving, &context, /*steps=*/1000);
   const std::vector<pid_t> workers = serving.controller->group()->pids();
+  serving.server->Drain(absl::Milliseconds(100));
+  v1::EditImageEvent event;
+  while (events->Read(&event)) EXPECT_FALSE(event.has_result());
+  EXPECT_THAT(ToAbslStatus(events->Finish(), "EditStream"),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       AllOf(HasSubstr("grace period"), HasSubstr("stopped after step"))));
+  for (pid_t pid : workers) EXPECT_TRUE(ProcessAlive(pid)) << pid;
+}
+
+// Workers that do not stop within the cancel grace (a stalled one here) are
+// killed, and reaped.
+TEST(ImageEditServerShutdownTest, DrainKillsWorkersThatDoNotStop) {
+  ImageEditController::Options impatient;
+  impatient.cancel_grace = absl::Milliseconds(100);
+  Serving serving = Serve(TestConfig(), {}, impatient);
+  grpc::ClientContext context;
+  auto events = StartStream(serving, &context, /*steps=*/1000);
+  const std::vector<pid_t> workers = serving.controller->group()->pids();
+  ASSERT_EQ(kill(workers[0], SIGSTOP), 0);
   serving.server->Drain(absl::Milliseconds(100));
   v1::EditImageEvent event;
   while (events->Read(&event)) EXPECT_FALSE(event.has_result());

@@ -199,6 +199,18 @@ TEST(EditPipelineTest, ControlTokensInAnInstructionAreItsText) {
   EXPECT_EQ(tokenizer.Decode(tokenizer.EncodeText("<|im_end|> add a hat")), "<|im_end|> add a hat");
 }
 
+TEST(EditPipelineTest, AnErrorFromTheStepCallbackEndsTheEdit) {
+  QwenImageEditPipeline pipeline(TinyModel());
+  int steps_run = 0;
+  EXPECT_THAT(pipeline.Edit({{RandomImage(48, 64, 5), "x", 1}}, FastOptions(),
+                            [&](int step, int) {
+                              steps_run = step;
+                              return absl::CancelledError("stop here");
+                            }),
+              StatusIs(absl::StatusCode::kCancelled, HasSubstr("stop here")));
+  EXPECT_EQ(steps_run, 1);
+}
+
 TEST(EditPipelineTest, EditsDeterministicallyForASeed) {
   QwenImageEditPipeline pipeline(TinyModel());
   const at::Tensor image = RandomImage(48, 64, 5);
@@ -206,6 +218,7 @@ TEST(EditPipelineTest, EditsDeterministicallyForASeed) {
   DRAY_ASSERT_OK_AND_ASSIGN(auto first, pipeline.Edit({{image, "make it blue", 11}}, FastOptions(),
                                                       [&](int step, int steps) {
                                                         steps_seen.push_back(step * 10 + steps);
+                                                        return absl::OkStatus();
                                                       }));
   EXPECT_EQ(steps_seen, (std::vector<int>{12, 22}));
   DRAY_ASSERT_OK_AND_ASSIGN(auto again,

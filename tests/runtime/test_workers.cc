@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -47,6 +48,9 @@ class TestWorker : public Worker {
     Def("all_reduce", &TestWorker::AllReduce, {kOneToAll});
     Def("print", &TestWorker::Print, {kOneToAll});
     Def("progress", &TestWorker::Progress, {kOneToAll});
+    Def("count_until_stopped", &TestWorker::CountUntilStopped,
+        {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
+    Def("last_stop", &TestWorker::LastStop, {kOneToAll});
   }
 
   absl::StatusOr<DataProto> Identity() {
@@ -113,6 +117,26 @@ class TestWorker : public Worker {
     return DataProto();
   }
 
+  // CountUntilStopped reports units of work as progress "count" until
+  // StopRequested (meta "together": StopRequestedOnAnyRank) says to stop,
+  // and returns why, which LastStop then tells.
+  absl::StatusOr<DataProto> CountUntilStopped(const DataProto& input) {
+    const bool together = input.GetMeta<bool>("together").value_or(false);
+    for (int64_t count = 1;; ++count) {
+      ReportProgress("count", count, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a unit of work
+      const absl::Status stop = together ? StopRequestedOnAnyRank() : StopRequested();
+      if (!stop.ok()) {
+        last_stop_ = stop.ToString();
+        return stop;
+      }
+    }
+  }
+
+  absl::StatusOr<DataProto> LastStop() {
+    return DataProto::Make({}, {}, {{"last_stop", last_stop_}});
+  }
+
   absl::StatusOr<DataProto> Print() {
     std::printf("hello from stdout\n");
     std::fflush(stdout);
@@ -122,6 +146,7 @@ class TestWorker : public Worker {
 
  private:
   std::vector<int64_t> seen_;
+  std::string last_stop_;
 };
 
 // OtherWorker is colocated with TestWorker in the same processes.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -38,9 +39,12 @@ namespace {
 
 using ::dray::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::ContainsRegex;
+using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 // Batch returns rows 0..n-1 in a tensor column "x" and a string column "s".
 DataProto Batch(int64_t n) {
@@ -417,6 +421,91 @@ TEST(WorkerGroupProgressTest, ReportsReachTheCallerInOrderBeforeTheResult) {
     EXPECT_THAT(seen[rank], ::testing::ElementsAre("steps 1/3", "steps 2/3", "steps 3/3"))
         << "rank " << rank;
   }
+}
+
+// Cancellation: a call asked to stop ends between its units of work, with
+// the reason it was given, and the workers serve on.
+class WorkerGroupCancelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { group_ = StartGroup({1, 2}, {"test"}).value(); }
+
+  // StartCounting starts count_until_stopped and waits until every rank is
+  // counting.
+  GroupFuture StartCounting(bool together) {
+    auto counting = std::make_shared<absl::BlockingCounter>(2);
+    CallOptions call;
+    call.timeout = absl::Minutes(2);
+    call.on_progress = [counting](int, const std::string&, int64_t done, int64_t) {
+      if (done == 1) counting->DecrementCount();
+    };
+    const DataProto input = DataProto::Make({}, {}, {{"together", together}}).value();
+    GroupFuture future = group_->Invoke("count_until_stopped", {input}, call);
+    counting->Wait();
+    return future;
+  }
+
+  // LastStops: why each rank's latest count_until_stopped stopped.
+  std::vector<std::string> LastStops() {
+    const std::vector<DataProto> ranks = group_->Call("last_stop", {}).value();
+    std::vector<std::string> stops;
+    for (const DataProto& rank : ranks)
+      stops.push_back(rank.GetMeta<std::string>("last_stop").value());
+    return stops;
+  }
+
+  std::unique_ptr<WorkerGroup> group_;
+};
+
+TEST_F(WorkerGroupCancelTest, CancelStopsTheCallBetweenUnitsOfWork) {
+  GroupFuture counting = StartCounting(/*together=*/false);
+  counting.Cancel(absl::CancelledError("enough counting"));
+  EXPECT_THAT(counting.Get(),
+              StatusIs(absl::StatusCode::kCancelled,
+                       AllOf(HasSubstr("count_until_stopped"), HasSubstr("enough counting"))));
+  EXPECT_THAT(LastStops(), ElementsAre(HasSubstr("enough counting"), HasSubstr("enough counting")));
+  DRAY_EXPECT_OK(group_->Health());
+}
+
+TEST_F(WorkerGroupCancelTest, CancelCallsStopsEveryPendingCall) {
+  GroupFuture counting = StartCounting(/*together=*/false);
+  group_->CancelCalls(absl::UnavailableError("shutting down"));
+  EXPECT_THAT(counting.Get(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("shutting down")));
+  DRAY_EXPECT_OK(group_->Call("identity", {}).status());
+}
+
+// The call's deadline ends it on the workers too, not only for its caller:
+// last_stop, queued behind a count that never ends by itself, can only run
+// once the count has stopped (or, on a slow machine, never started).
+TEST_F(WorkerGroupCancelTest, TheDeadlineStopsTheCallOnTheWorkers) {
+  const DataProto input = DataProto::Make({}, {}, {{"together", false}}).value();
+  GroupFuture counting =
+      group_->Invoke("count_until_stopped", {input}, CallOptions{absl::Milliseconds(500)});
+  EXPECT_THAT(counting.Get(), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(LastStops(), Each(AnyOf(IsEmpty(), HasSubstr("deadline passed"))));
+}
+
+// Ranks that run collectives in step stop together: a cancel that reaches
+// rank 1 alone stops rank 0 as well, and the group's collectives still work.
+TEST_F(WorkerGroupCancelTest, RanksInStepAgreeToStop) {
+  GroupFuture counting = StartCounting(/*together=*/true);
+  v1::CancelRequest cancel;
+  cancel.set_call_id(1);  // the session's first call
+  cancel.mutable_why()->set_code(static_cast<int>(absl::StatusCode::kCancelled));
+  cancel.mutable_why()->set_message("only rank 1 was told");
+  auto stub = v1::WorkerService::NewStub(CreateDrayChannel(group_->worker_addresses()[1]));
+  v1::CancelResponse response;
+  grpc::ClientContext stranger;
+  SetDeadline(&stranger, absl::Seconds(10));
+  EXPECT_EQ(stub->Cancel(&stranger, cancel, &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext controller;
+  SetDeadline(&controller, absl::Seconds(10));
+  AttachJobSecret(&controller, group_->job_secret());
+  ASSERT_TRUE(stub->Cancel(&controller, cancel, &response).ok());
+  EXPECT_THAT(counting.Get(), StatusIs(absl::StatusCode::kCancelled));
+  EXPECT_THAT(LastStops(), ElementsAre(HasSubstr("another rank of the group was asked to stop"),
+                                       HasSubstr("only rank 1 was told")));
+  DRAY_EXPECT_OK(group_->Call("all_reduce", {}).status());
 }
 
 TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {

@@ -33,6 +33,10 @@ class EditBackend {
   // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
   virtual absl::Status Health() const = 0;
 
+  // CancelRunning asks the calls in flight to stop early (they fail with
+  // `why`); it does not wait, and later calls run as usual.
+  virtual void CancelRunning(const absl::Status& why) = 0;
+
   // CancelAll stops every call in flight now, for good (they fail with
   // `why`), and no call runs after it: the end of a graceful shutdown.
   virtual void CancelAll(const absl::Status& why) = 0;

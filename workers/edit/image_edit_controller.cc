@@ -154,6 +154,10 @@ void ImageEditController::Supervise() {
   }
 }
 
+void ImageEditController::CancelRunning(const absl::Status& why) {
+  if (std::shared_ptr<WorkerGroup> group = this->group(); group != nullptr) group->CancelCalls(why);
+}
+
 void ImageEditController::CancelAll(const absl::Status& why) {
   std::shared_ptr<WorkerGroup> group;
   {
@@ -162,7 +166,15 @@ void ImageEditController::CancelAll(const absl::Status& why) {
     unavailable_ = why;
     group = group_;
   }
-  if (group != nullptr) group->Abort(why);
+  if (group == nullptr) return;
+  group->CancelCalls(why);
+  bool stopped;
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_in_flight_ == 0; };
+    stopped = mu_.AwaitWithTimeout(absl::Condition(&idle), options_.cancel_grace);
+  }
+  if (!stopped) group->Abort(why);
 }
 
 absl::Status ImageEditController::Health() const {
@@ -227,11 +239,17 @@ absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(
     absl::MutexLock lock(&mu_);
     if (!unavailable_.ok()) return unavailable_;
     group = group_;
+    ++calls_in_flight_;
   }
-  if (group == nullptr) return absl::UnavailableError("the workers have stopped");
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
-                        group->Call("edit_images_batch", {std::move(seeded)}, call));
-  return std::move(edited.front());
+  absl::StatusOr<std::vector<DataProto>> edited =
+      group == nullptr ? absl::UnavailableError("the workers have stopped")
+                       : group->Call("edit_images_batch", {std::move(seeded)}, call);
+  {
+    absl::MutexLock lock(&mu_);
+    --calls_in_flight_;
+  }
+  if (!edited.ok()) return edited.status();
+  return std::move(edited->front());
 }
 
 }  // namespace dray

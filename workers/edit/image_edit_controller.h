@@ -64,6 +64,9 @@ class ImageEditController final : public EditBackend {
     absl::Duration restart_backoff = absl::Seconds(1);
     // How long a worker may stay silent before it counts as stalled.
     absl::Duration stall_timeout = absl::Seconds(10);
+    // How long CancelAll waits for cancelled calls to stop between steps
+    // before it kills the workers.
+    absl::Duration cancel_grace = absl::Milliseconds(1500);
   };
 
   static absl::StatusOr<std::unique_ptr<ImageEditController>> Start(const ImageEditConfig& config,
@@ -84,7 +87,13 @@ class ImageEditController final : public EditBackend {
                                             const ProgressCallback& on_progress) override;
 
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override;
-  // CancelAll kills the workers (WorkerGroup::Abort) and restarts none.
+  // CancelRunning asks the workers to stop every call in flight between
+  // denoising steps (WorkerGroup::CancelCalls).
+  void CancelRunning(const absl::Status& why) override;
+  // CancelAll asks the workers to stop every call between denoising steps
+  // (WorkerGroup::CancelCalls) and waits up to cancel_grace for them to; it
+  // kills the workers (WorkerGroup::Abort) if they have not. It refuses
+  // later calls and restarts no worker.
   void CancelAll(const absl::Status& why) override;
   const ImageEditConfig& config() const override { return config_; }
   int workers() const override { return options_.workers; }
@@ -132,6 +141,7 @@ class ImageEditController final : public EditBackend {
   std::optional<absl::Status> failure_ ABSL_GUARDED_BY(mu_);  // to restart after
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;
+  int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace dray

@@ -125,6 +125,9 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   // NextBatch blocks for the next batch (empty when every request it took
   // was abandoned); nullopt when shutting down.
   std::optional<QueuedEdits> NextBatch();
+  // Abandon marks `edit` as no longer awaited; when no client awaits the
+  // running batch any more, the backend stops it.
+  void Abandon(QueuedEdit& edit);
   void RunBatch(const QueuedEdits& batch);
   void RunBatches();
   void WatchHealth();
@@ -140,8 +143,8 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
   absl::Mutex mu_;
   std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
-  bool running_ ABSL_GUARDED_BY(mu_) = false;   // a batch is with the backend
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;  // admitting nothing new
+  QueuedEdits running_batch_ ABSL_GUARDED_BY(mu_);  // the batch with the backend
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;      // admitting nothing new
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -155,7 +158,7 @@ grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context,
   for (const std::shared_ptr<QueuedEdit>& edit : *queued) {
     absl::StatusOr<v1::EditImageResponse> result = Await(edit, *context);
     if (!result.ok()) {
-      for (const auto& other : *queued) other->abandoned = true;
+      for (const auto& other : *queued) Abandon(*other);
       return ToGrpcStatus(result.status());
     }
     *response->add_responses() = *std::move(result);
@@ -249,14 +252,24 @@ absl::StatusOr<v1::EditImageResponse> ImageEditServer::Impl::Await(
     }
     if (result.has_value()) return *std::move(result);
     if (absl::Now() >= edit->deadline) {
-      edit->abandoned = true;
+      Abandon(*edit);
       return absl::DeadlineExceededError("the deadline passed before the image was edited");
     }
     if (context.IsCancelled()) {
-      edit->abandoned = true;
+      Abandon(*edit);
       return absl::CancelledError("the client cancelled the request");
     }
   }
+}
+
+void ImageEditServer::Impl::Abandon(QueuedEdit& edit) {
+  edit.abandoned = true;
+  absl::MutexLock lock(&mu_);  // the running batch stays the same meanwhile
+  if (running_batch_.empty()) return;
+  for (const auto& running : running_batch_) {
+    if (!running->abandoned) return;
+  }
+  backend_->CancelRunning(absl::CancelledError("every client of the batch has gone"));
 }
 
 std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
@@ -282,7 +295,7 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
     if (!(*it)->abandoned) batch.push_back(*it);
     it = queue_.erase(it);
   }
-  running_ = !batch.empty();
+  running_batch_ = batch;
   return batch;
 }
 
@@ -338,7 +351,7 @@ void ImageEditServer::Impl::RunBatches() {
     if (batch->empty()) continue;
     RunBatch(*batch);
     absl::MutexLock lock(&mu_);
-    running_ = false;
+    running_batch_.clear();
   }
 }
 
@@ -368,7 +381,7 @@ void ImageEditServer::Impl::Drain(absl::Duration grace) {
     draining_ = true;
     SetServing(false);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return shutting_down_ || (queue_.empty() && !running_);
+      return shutting_down_ || (queue_.empty() && running_batch_.empty());
     };
     idle = mu_.AwaitWithTimeout(absl::Condition(&done), grace);
   }

@@ -7,7 +7,9 @@
 // RESOURCE_EXHAUSTED at once. One thread gathers waiting requests that share
 // their options into a batch, up to batch_size rows per worker or until the
 // oldest has waited max_wait, and sends it as one edit_images_batch call.
-// Client deadlines bound both the wait and the call. While the backend is
+// Client deadlines bound both the wait and the call, and a batch whose
+// every client has gone (deadline or cancellation) stops between denoising
+// steps (EditBackend::CancelRunning). While the backend is
 // unhealthy (its workers failed and restart), health is NOT_SERVING and
 // requests fail with UNAVAILABLE at once; it turns SERVING again after.
 // EditStream relays the batch's denoising steps to its clients as the

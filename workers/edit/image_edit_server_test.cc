@@ -5,12 +5,13 @@
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
 #include "base/testing/status_matchers.h"
 #include "dray/v1/image_edit.grpc.pb.h"
@@ -28,13 +29,18 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // FakeBackend answers every row with its own input image, after reporting
-// two steps; `gate`, when set, holds each call until notified.
+// two steps. While held (Hold), calls wait for Release or a CancelRunning,
+// which ends them with its status.
 class FakeBackend final : public EditBackend {
  public:
   explicit FakeBackend(int64_t batch_size) { config_.batch_size = batch_size; }
 
   const ImageEditConfig& config() const override { return config_; }
   int workers() const override { return 2; }
+  void CancelRunning(const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    cancel_ = why;
+  }
   void CancelAll(const absl::Status&) override {}
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override {
     return CheckEditBatch(batch, config_, /*count_tokens=*/nullptr, first_row);
@@ -48,8 +54,11 @@ class FakeBackend final : public EditBackend {
     {
       absl::MutexLock lock(&mu_);
       call_rows_.push_back(batch.size());
+      auto go = [this]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_ || cancel_.has_value(); };
+      mu_.Await(absl::Condition(&go));
+      if (held_) return *cancel_;
     }
-    if (gate_ != nullptr) gate_->WaitForNotification();
     on_progress(1, 2);
     on_progress(2, 2);
     DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, batch.GetRows<Image>(kImagesColumn));
@@ -60,7 +69,28 @@ class FakeBackend final : public EditBackend {
     absl::MutexLock lock(&mu_);
     health_ = std::move(health);
   }
-  void set_gate(absl::Notification* gate) { gate_ = gate; }
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+    cancel_.reset();
+  }
+  // WaitForCalls returns once `calls` calls have begun.
+  void WaitForCalls(size_t calls) {
+    absl::MutexLock lock(&mu_);
+    auto begun = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return call_rows_.size() >= calls; };
+    mu_.Await(absl::Condition(&begun));
+  }
+  // WaitForCancel returns the status of the first CancelRunning since Release.
+  absl::Status WaitForCancel() {
+    absl::MutexLock lock(&mu_);
+    auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancel_.has_value(); };
+    mu_.Await(absl::Condition(&cancelled));
+    return *cancel_;
+  }
   std::vector<int64_t> call_rows() const {
     absl::MutexLock lock(&mu_);
     return call_rows_;
@@ -68,8 +98,9 @@ class FakeBackend final : public EditBackend {
 
  private:
   ImageEditConfig config_;
-  absl::Notification* gate_ = nullptr;
   mutable absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> cancel_ ABSL_GUARDED_BY(mu_);
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> call_rows_ ABSL_GUARDED_BY(mu_);
 };
@@ -193,13 +224,29 @@ TEST_F(ImageEditServerUnitTest, EditStreamRelaysEveryStepThenTheResult) {
 }
 
 TEST_F(ImageEditServerUnitTest, ClientDeadlinesEndTheWait) {
-  absl::Notification gate;
-  backend_.set_gate(&gate);
+  backend_.Hold();
   Serve();
   EXPECT_THAT(Edit(Request(), absl::Milliseconds(100)),
               StatusIs(absl::StatusCode::kDeadlineExceeded));
-  gate.Notify();
-  backend_.set_gate(nullptr);
+  backend_.Release();
+  DRAY_EXPECT_OK(Edit(Request()).status());
+}
+
+// A batch whose every client has gone is cancelled, so that the workers
+// need not finish what no one waits for.
+TEST_F(ImageEditServerUnitTest, ABatchNoClientAwaitsIsCancelled) {
+  backend_.Hold();
+  Serve();
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  v1::EditImageResponse response;
+  std::thread client([&] { stub_->Edit(&context, Request(), &response); });
+  backend_.WaitForCalls(1);
+  context.TryCancel();
+  EXPECT_THAT(backend_.WaitForCancel(), StatusIs(absl::StatusCode::kCancelled,
+                                                 HasSubstr("every client of the batch has gone")));
+  client.join();
+  backend_.Release();
   DRAY_EXPECT_OK(Edit(Request()).status());
 }
 

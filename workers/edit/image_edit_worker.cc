@@ -187,6 +187,15 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   return DataProto::Make({}, {}, std::move(figures));
 }
 
+absl::Status QwenImageEditWorker::StopBetweenSteps(int64_t done, int64_t steps) {
+  // Sharded ranks gather parameters together: they stop together.
+  const absl::Status stop =
+      state_->transformer_shards != nullptr ? StopRequestedOnAnyRank() : StopRequested();
+  if (stop.ok()) return stop;
+  return absl::Status(stop.code(),
+                      absl::StrCat(stop.message(), "; stopped after step ", done, " of ", steps));
+}
+
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before editing images");
@@ -218,6 +227,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
                           state_->pipeline->Edit(inputs, options, [&](int step, int) {
                             done = step;
                             ReportProgress(kDenoisingProgress, done_before + step, total_steps);
+                            return StopBetweenSteps(done_before + step, total_steps);
                           }));
     done_before += done;
     for (const at::Tensor& image : images) {

@@ -16,13 +16,16 @@
 // A barrier ends it, and each phase's memory is logged.
 //
 // edit_images_batch reports each denoising step (ReportProgress, as
-// "denoising": steps done of all its micro-batches' steps).
+// "denoising": steps done of all its micro-batches' steps) and, between
+// steps, stops when its caller cancels it or its deadline passes (sharded
+// ranks agree to stop together).
 //
 // With enable_cpu_offload the parameters (the shards, under FSDP) wait in
 // CPU memory between calls and move to the device for each call.
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
 #define DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -46,6 +49,10 @@ class QwenImageEditWorker : public Worker {
 
  private:
   struct State;
+  // StopBetweenSteps: why the call must stop after step `done` of `steps`
+  // (Worker::StopRequested, agreed across shards), or OK.
+  absl::Status StopBetweenSteps(int64_t done, int64_t steps);
+
   std::unique_ptr<State> state_;  // set by init_model
 };
 

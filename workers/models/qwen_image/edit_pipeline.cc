@@ -160,8 +160,7 @@ int64_t DenoisingLoops(const std::vector<EditInput>& inputs) {
 }
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
-    const std::vector<EditInput>& inputs, const EditOptions& options,
-    const ProgressCallback& progress) {
+    const std::vector<EditInput>& inputs, const EditOptions& options, const StepCallback& on_step) {
   DRAY_RETURN_IF_ERROR(CheckOptions(options));
   std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_size;  // rows sharing an image size
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -175,11 +174,11 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
   for (const auto& [size, indices] : by_size) {
     std::vector<const EditInput*> rows;
     for (size_t i : indices) rows.push_back(&inputs[i]);
-    ProgressCallback loop_progress;
-    if (progress) {
-      loop_progress = [&, done_before](int step, int) { progress(done_before + step, total); };
+    StepCallback loop_step;
+    if (on_step) {
+      loop_step = [&, done_before](int step, int) { return on_step(done_before + step, total); };
     }
-    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images, EditBatch(rows, options, loop_progress));
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images, EditBatch(rows, options, loop_step));
     done_before += steps;
     for (size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(images[k]);
   }
@@ -188,7 +187,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
     const std::vector<const EditInput*>& rows, const EditOptions& options,
-    const ProgressCallback& progress) {
+    const StepCallback& on_step) {
   torch::NoGradGuard no_grad;
   const int64_t scale = vae_scale_factor();
   const int64_t image_height = rows[0]->image.size(0), image_width = rows[0]->image.size(1);
@@ -240,7 +239,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
                                 {1, condition_height / scale / 2, condition_width / scale / 2}});
   DRAY_ASSIGN_OR_RETURN(
       latents, Denoise(latents, image_latents, prompt, negative ? &*negative : nullptr, shapes,
-                       options, progress));
+                       options, on_step));
   DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked, UnpackLatents(latents, height, width, scale));
   DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(model_.vae->Denormalize(unpacked)));
   return ToImages(decoded.select(2, 0));
@@ -249,7 +248,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(
     at::Tensor latents, const at::Tensor& image_latents, const PromptEmbeddings& prompt,
     const PromptEmbeddings* negative, const std::vector<SampleImages>& shapes,
-    const EditOptions& options, const ProgressCallback& progress) {
+    const EditOptions& options, const StepCallback& on_step) {
   const FlowMatchEulerConfig& config = model_.scheduler;
   FlowMatchEulerScheduler scheduler(config);
   const int steps = options.num_inference_steps;
@@ -275,7 +274,7 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(
       noise_pred = combined * (noise_pred.norm(2, {-1}, true) / combined.norm(2, {-1}, true));
     }
     DRAY_ASSIGN_OR_RETURN(latents, scheduler.Step(noise_pred, latents));
-    if (progress) progress(i + 1, steps);
+    if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
   }
   return latents;
 }

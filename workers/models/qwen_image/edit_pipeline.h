@@ -58,9 +58,10 @@ struct EditOptions {
   std::optional<int64_t> width, height;
 };
 
-// ProgressCallback: called after each denoising step, with the steps done
-// and the steps of the whole call (every loop's; see DenoisingLoops).
-using ProgressCallback = std::function<void(int step, int steps)>;
+// StepCallback: called after each denoising step, with the steps done and
+// the steps of the whole call (every loop's; see DenoisingLoops). An error
+// it returns ends the edit with that error (a caller's cancellation).
+using StepCallback = std::function<absl::Status(int step, int steps)>;
 
 // DenoisingLoops: how many denoising loops an Edit of `inputs` runs: one per
 // distinct input image size, each of num_inference_steps steps.
@@ -91,7 +92,7 @@ class QwenImageEditPipeline {
   // Edit returns one uint8 [height, width, 3] image per input, in order.
   absl::StatusOr<std::vector<at::Tensor>> Edit(const std::vector<EditInput>& inputs,
                                                const EditOptions& options,
-                                               const ProgressCallback& progress = nullptr);
+                                               const StepCallback& on_step = nullptr);
 
   QwenImageModel& model() { return model_; }
   // vae_scale_factor: pixels per latent along each side.
@@ -101,13 +102,13 @@ class QwenImageEditPipeline {
   // EditBatch edits rows whose images share one size.
   absl::StatusOr<std::vector<at::Tensor>> EditBatch(const std::vector<const EditInput*>& rows,
                                                     const EditOptions& options,
-                                                    const ProgressCallback& progress);
+                                                    const StepCallback& on_step);
   // Denoise runs the flow-matching loop from packed noise.
   absl::StatusOr<at::Tensor> Denoise(at::Tensor latents, const at::Tensor& image_latents,
                                      const PromptEmbeddings& prompt,
                                      const PromptEmbeddings* negative,
                                      const std::vector<SampleImages>& shapes,
-                                     const EditOptions& options, const ProgressCallback& progress);
+                                     const EditOptions& options, const StepCallback& on_step);
 
   QwenImageModel model_;
   int64_t dropped_tokens_;  // template tokens whose hidden states are dropped
