@@ -300,7 +300,11 @@ void WorkerGroup::Impl::FailRank(int rank, const absl::Status& cause) {
     if (first) failure_ = cause;
   }
   clients_[rank]->Fail(cause);
-  if (first && options_.on_failure) options_.on_failure(cause);
+  if (!first) return;
+  // The group is done for: the other ranks' calls fail with its cause too,
+  // rather than as cancelled when the group is shut down.
+  for (auto& client : clients_) client->Fail(cause);
+  if (options_.on_failure) options_.on_failure(cause);
 }
 
 void WorkerGroup::Impl::WatchHeartbeats() {

@@ -2,11 +2,16 @@
 
 #include <chrono>
 #include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,6 +21,40 @@ namespace {
 constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
 constexpr int kKeepaliveTimeMs = 2000;     // ping an idle connection every 2 s
 constexpr int kKeepaliveTimeoutMs = 2000;  // and give up 2 s after an unanswered ping
+
+// UnparsableRequestInterceptor rewrites the status gRPC's protobuf
+// deserialization fails a call with (INTERNAL, no message): no handler ever
+// answers that way.
+class UnparsableRequestInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit UnparsableRequestInterceptor(std::string method) : method_(std::move(method)) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      if (status.error_code() == grpc::StatusCode::INTERNAL && status.error_message().empty()) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("cannot parse the request to ", method_,
+                         ": it is not valid protobuf, or a string field is not valid UTF-8")));
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+};
+
+class UnparsableRequestInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new UnparsableRequestInterceptor(info->method());
+  }
+};
 
 }  // namespace
 
@@ -60,6 +99,12 @@ void ConfigureKeepalive(grpc::ServerBuilder* builder) {
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+void ExplainUnparsableRequests(grpc::ServerBuilder* builder) {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<UnparsableRequestInterceptorFactory>());
+  builder->experimental().SetInterceptorCreators(std::move(factories));
 }
 
 }  // namespace dray

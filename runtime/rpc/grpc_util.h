@@ -1,6 +1,6 @@
 // The one place where gRPC meets the rest of dray: status conversion both
 // ways, the deadline every client call carries, and the channel and server
-// settings every dray endpoint shares (message limits, keepalive).
+// settings every dray endpoint shares (message limits, keepalive, errors).
 //
 //   grpc::ClientContext context;
 //   SetDeadline(&context, absl::Seconds(5));
@@ -45,6 +45,12 @@ void ConfigureDrayServer(grpc::ServerBuilder* builder);
 // and accept their pings (dray's clients ping every few seconds, even during
 // a long call; gRPC's defaults would answer GOAWAY "too_many_pings").
 void ConfigureKeepalive(grpc::ServerBuilder* builder);
+
+// ExplainUnparsableRequests makes a server answer a request it cannot parse
+// (malformed protobuf, or a string field that is not valid UTF-8, which
+// proto3 refuses) with INVALID_ARGUMENT saying so, instead of gRPC's
+// INTERNAL with an empty message.
+void ExplainUnparsableRequests(grpc::ServerBuilder* builder);
 
 }  // namespace dray
 

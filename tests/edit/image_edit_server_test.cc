@@ -23,6 +23,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/raw_bidi_call.h"
 #include "tests/edit/edit_test_util.h"
+#include "tests/edit/serving.h"
 #include "tests/runtime/test_util.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_server.h"
@@ -36,43 +37,6 @@ using ::dray::testing::StatusIs;
 using ::grpc::health::v1::HealthCheckResponse;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-// Serving: a controller with two workers and a server in front of it.
-struct Serving {
-  std::unique_ptr<ImageEditController> controller;
-  std::unique_ptr<ImageEditServer> server;
-  std::shared_ptr<grpc::Channel> channel;
-};
-
-Serving Serve(const ImageEditConfig& config, ServeOptions options = {},
-              ImageEditController::Options controller = {}) {
-  Serving serving;
-  serving.controller = StartTestController(config, 2, std::move(controller)).value();
-  options.address = "127.0.0.1:0";
-  serving.server = ImageEditServer::Start(serving.controller.get(), options).value();
-  serving.channel = CreateDrayChannel(absl::StrCat("127.0.0.1:", serving.server->port()));
-  return serving;
-}
-
-v1::EditImageRequest Request(int index, int64_t seed) {
-  const TestBatch batch = MakeTestBatch(index + 1);
-  v1::EditImageRequest request;
-  request.set_image(std::string(batch.pngs[index].view()));
-  request.set_instruction(batch.instructions[index]);
-  request.set_seed(seed);
-  return request;
-}
-
-absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving,
-                                           const v1::EditImageRequest& request,
-                                           absl::Duration timeout = absl::Minutes(2)) {
-  grpc::ClientContext context;
-  SetDeadline(&context, timeout);
-  v1::EditImageResponse response;
-  DRAY_RETURN_IF_ERROR(ToAbslStatus(
-      v1::ImageEditService::NewStub(serving.channel)->Edit(&context, request, &response), "Edit"));
-  return response;
-}
 
 absl::StatusOr<HealthCheckResponse::ServingStatus> Health(const Serving& serving) {
   grpc::ClientContext context;
@@ -294,33 +258,6 @@ TEST(ImageEditServerLimitsTest, AFullQueueAnswersResourceExhausted) {
   EXPECT_EQ(answered + refused, kClients);
 }
 
-// HealthWatch: the service's standard health Watch stream, opened before
-// the test causes a change, so that no change goes unseen.
-class HealthWatch {
- public:
-  explicit HealthWatch(const Serving& serving) {
-    SetDeadline(&context_, absl::Minutes(2));
-    grpc::health::v1::HealthCheckRequest request;
-    request.set_service(kImageEditServiceName);
-    updates_ = grpc::health::v1::Health::NewStub(serving.channel)->Watch(&context_, request);
-  }
-  ~HealthWatch() { context_.TryCancel(); }
-
-  // WaitFor reads updates until the service reports `wanted`; false if the
-  // stream ends first.
-  bool WaitFor(HealthCheckResponse::ServingStatus wanted) {
-    HealthCheckResponse update;
-    while (updates_->Read(&update)) {
-      if (update.status() == wanted) return true;
-    }
-    return false;
-  }
-
- private:
-  grpc::ClientContext context_;
-  std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> updates_;
-};
-
 TEST(ImageEditServerFailureTest, AKilledWorkerMakesRequestsFailFast) {
   Serving serving = Serve(TestConfig());
   HealthWatch health(serving);
@@ -348,11 +285,7 @@ TEST(ImageEditServerFailureTest, AKilledWorkerMakesRequestsFailFast) {
 // controller restart the group (NOT_SERVING meanwhile), which serves again;
 // past max_restarts it gives up and stays NOT_SERVING.
 TEST(ImageEditServerFailureTest, FailedWorkersAreRestartedUntilTheRestartsAreUsedUp) {
-  ImageEditController::Options healing;
-  healing.max_restarts = 2;
-  healing.restart_backoff = absl::Milliseconds(10);
-  healing.stall_timeout = absl::Seconds(2);
-  Serving serving = Serve(TestConfig(), {}, healing);
+  Serving serving = Serve(TestConfig(), {}, QuickHealing(2));
   HealthWatch health(serving);
   ASSERT_TRUE(health.WaitFor(HealthCheckResponse::SERVING));
   const std::vector<pid_t> first = serving.controller->group()->pids();

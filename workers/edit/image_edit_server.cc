@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -14,7 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
@@ -83,35 +86,42 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
   grpc::Status Edit(grpc::ServerContext* context, const v1::EditImageRequest* request,
                     v1::EditImageResponse* response) override {
-    absl::StatusOr<QueuedEdits> queued = Admit({request}, *context);
-    if (!queued.ok()) return ToGrpcStatus(queued.status());
-    absl::StatusOr<v1::EditImageResponse> result = Await(queued->front(), *context);
-    if (!result.ok()) return ToGrpcStatus(result.status());
-    *response = *std::move(result);
-    return grpc::Status::OK;
+    return Answer(context, "Edit", [&]() -> absl::Status {
+      DRAY_ASSIGN_OR_RETURN(QueuedEdits queued, Admit({request}, *context));
+      DRAY_ASSIGN_OR_RETURN(*response, Await(queued.front(), *context));
+      return absl::OkStatus();
+    });
   }
 
   grpc::Status EditBatch(grpc::ServerContext* context, const v1::EditImageBatchRequest* request,
-                         v1::EditImageBatchResponse* response) override;
+                         v1::EditImageBatchResponse* response) override {
+    return Answer(context, "EditBatch", [&] { return EditAll(*request, *context, response); });
+  }
 
   grpc::Status EditStream(grpc::ServerContext* context, const v1::EditImageRequest* request,
                           grpc::ServerWriter<v1::EditImageEvent>* writer) override {
-    absl::StatusOr<QueuedEdits> queued = Admit({request}, *context);
-    if (!queued.ok()) return ToGrpcStatus(queued.status());
-    v1::EditImageEvent event;
-    absl::StatusOr<v1::EditImageResponse> result =
-        Await(queued->front(), *context, [&](int64_t step, int64_t steps) {
-          event.mutable_progress()->set_step(step);
-          event.mutable_progress()->set_steps(steps);
-          writer->Write(event);
-        });
-    if (!result.ok()) return ToGrpcStatus(result.status());
-    *event.mutable_result() = *std::move(result);
-    writer->Write(event);
-    return grpc::Status::OK;
+    return Answer(context, "EditStream", [&]() -> absl::Status {
+      DRAY_ASSIGN_OR_RETURN(QueuedEdits queued, Admit({request}, *context));
+      v1::EditImageEvent event;
+      DRAY_ASSIGN_OR_RETURN(*event.mutable_result(),
+                            Await(queued.front(), *context, [&](int64_t step, int64_t steps) {
+                              event.mutable_progress()->set_step(step);
+                              event.mutable_progress()->set_steps(steps);
+                              writer->Write(event);
+                            }));
+      writer->Write(event);
+      return absl::OkStatus();
+    });
   }
 
  private:
+  // Answer handles one request under a new request id, which its client
+  // finds in the initial metadata (kRequestIdMetadata) and at the end of an
+  // error's message; errors are logged with it.
+  grpc::Status Answer(grpc::ServerContext* context, absl::string_view method,
+                      const std::function<absl::Status()>& handle);
+  absl::Status EditAll(const v1::EditImageBatchRequest& request, const grpc::ServerContext& context,
+                       v1::EditImageBatchResponse* response);
   // Admit checks the requests and queues them all, or none.
   absl::StatusOr<QueuedEdits> Admit(const std::vector<const v1::EditImageRequest*>& requests,
                                     const grpc::ServerContext& context);
@@ -131,6 +141,8 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   void RunBatch(const QueuedEdits& batch);
   void RunBatches();
   void WatchHealth();
+  // UpdateHealth sets the served health from the backend's and draining_.
+  void UpdateHealth(bool backend_healthy);
   void SetServing(bool serving);
 
   EditBackend* const backend_;
@@ -145,25 +157,38 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   std::deque<std::shared_ptr<QueuedEdit>> queue_ ABSL_GUARDED_BY(mu_);
   QueuedEdits running_batch_ ABSL_GUARDED_BY(mu_);  // the batch with the backend
   bool draining_ ABSL_GUARDED_BY(mu_) = false;      // admitting nothing new
+  bool serving_ ABSL_GUARDED_BY(mu_) = true;        // what health says
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::Status ImageEditServer::Impl::EditBatch(grpc::ServerContext* context,
-                                              const v1::EditImageBatchRequest* request,
-                                              v1::EditImageBatchResponse* response) {
+grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::string_view method,
+                                           const std::function<absl::Status()>& handle) {
+  thread_local absl::BitGen random;
+  const std::string id = absl::StrFormat("%016x", absl::Uniform<uint64_t>(random));
+  context->AddInitialMetadata(kRequestIdMetadata, id);
+  const absl::Status status = handle();
+  if (status.ok()) return grpc::Status::OK;
+  std::fprintf(stderr, "dray serve: request %s (%s): %s\n", id.c_str(), std::string(method).c_str(),
+               status.ToString().c_str());
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      absl::StrCat(status.message(), " [request ", id, "]"));
+}
+
+absl::Status ImageEditServer::Impl::EditAll(const v1::EditImageBatchRequest& request,
+                                            const grpc::ServerContext& context,
+                                            v1::EditImageBatchResponse* response) {
   std::vector<const v1::EditImageRequest*> requests;
-  for (const v1::EditImageRequest& one : request->requests()) requests.push_back(&one);
-  absl::StatusOr<QueuedEdits> queued = Admit(requests, *context);
-  if (!queued.ok()) return ToGrpcStatus(queued.status());
-  for (const std::shared_ptr<QueuedEdit>& edit : *queued) {
-    absl::StatusOr<v1::EditImageResponse> result = Await(edit, *context);
+  for (const v1::EditImageRequest& one : request.requests()) requests.push_back(&one);
+  DRAY_ASSIGN_OR_RETURN(QueuedEdits queued, Admit(requests, context));
+  for (const std::shared_ptr<QueuedEdit>& edit : queued) {
+    absl::StatusOr<v1::EditImageResponse> result = Await(edit, context);
     if (!result.ok()) {
-      for (const auto& other : *queued) Abandon(*other);
-      return ToGrpcStatus(result.status());
+      for (const auto& other : queued) Abandon(*other);
+      return result.status();
     }
     *response->add_responses() = *std::move(result);
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
@@ -197,7 +222,10 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
 
 absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
     const std::vector<const v1::EditImageRequest*>& requests, const grpc::ServerContext& context) {
-  DRAY_RETURN_IF_ERROR(backend_->Health());
+  if (absl::Status health = backend_->Health(); !health.ok()) {
+    UpdateHealth(false);  // now: a client told UNAVAILABLE must not be told SERVING after
+    return health;
+  }
   if (requests.empty()) return QueuedEdits();
   if (requests.size() > static_cast<size_t>(options_.max_queue)) {
     return absl::InvalidArgumentError(
@@ -356,15 +384,17 @@ void ImageEditServer::Impl::RunBatches() {
 }
 
 void ImageEditServer::Impl::WatchHealth() {
-  bool serving = true;
   while (!stopped_.WaitForNotificationWithTimeout(kPollInterval)) {
-    const bool backend_healthy = backend_->Health().ok();
-    absl::MutexLock lock(&mu_);  // Drain's NOT_SERVING is never overwritten
-    const bool healthy = backend_healthy && !draining_;
-    if (healthy == serving) continue;
-    serving = healthy;
-    SetServing(serving);
+    UpdateHealth(backend_->Health().ok());
   }
+}
+
+void ImageEditServer::Impl::UpdateHealth(bool backend_healthy) {
+  absl::MutexLock lock(&mu_);  // Drain's NOT_SERVING is never overwritten
+  const bool healthy = backend_healthy && !draining_;
+  if (healthy == serving_) return;
+  serving_ = healthy;
+  SetServing(serving_);
 }
 
 void ImageEditServer::Impl::SetServing(bool serving) {
@@ -379,6 +409,7 @@ void ImageEditServer::Impl::Drain(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     draining_ = true;
+    serving_ = false;
     SetServing(false);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return shutting_down_ || (queue_.empty() && running_batch_.empty());
@@ -399,6 +430,7 @@ absl::Status ImageEditServer::Impl::Start() {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
   ConfigureKeepalive(&builder);
+  ExplainUnparsableRequests(&builder);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(2 * options_.max_image_bytes + (1 << 20), INT32_MAX)));
   builder.RegisterService(this);

@@ -3,7 +3,8 @@
 // grpc.health.v1 and server reflection on the same port.
 //
 // Requests are checked as they arrive (INVALID_ARGUMENT names what was
-// wrong), then wait in a bounded queue: when it is full a new request gets
+// wrong; a request that does not parse, such as a string that is not
+// UTF-8, too), then wait in a bounded queue: when it is full a new request gets
 // RESOURCE_EXHAUSTED at once. One thread gathers waiting requests that share
 // their options into a batch, up to batch_size rows per worker or until the
 // oldest has waited max_wait, and sends it as one edit_images_batch call.
@@ -37,6 +38,10 @@ namespace dray {
 
 // kImageEditServiceName: the service's full name, as health checks ask for it.
 inline constexpr char kImageEditServiceName[] = "dray.v1.ImageEditService";
+// kRequestIdMetadata: the initial-metadata key of each request's id, which
+// also ends every error message ("[request <id>]") and the server's log line
+// of that error.
+inline constexpr char kRequestIdMetadata[] = "dray-request-id";
 
 struct ServeOptions {
   std::string address = "127.0.0.1:8000";            // host:port; port 0 picks a free one

@@ -25,8 +25,11 @@ namespace dray {
 namespace {
 
 using ::dray::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 
 // FakeBackend answers every row with its own input image, after reporting
 // two steps. While held (Hold), calls wait for Release or a CancelRunning,
@@ -221,6 +224,35 @@ TEST_F(ImageEditServerUnitTest, EditStreamRelaysEveryStepThenTheResult) {
   ASSERT_GE(seen.size(), 2u);
   EXPECT_EQ(seen[seen.size() - 2], "2/2");
   EXPECT_EQ(seen.back(), "result");
+}
+
+TEST_F(ImageEditServerUnitTest, AStringThatIsNotUtf8IsAnInvalidArgument) {
+  Serve();
+  v1::EditImageRequest request = Request();
+  request.set_instruction("make it \xff\xfe blue");  // sent as is; the server cannot parse it
+  EXPECT_THAT(Edit(request), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      AllOf(HasSubstr("dray.v1.ImageEditService/Edit"),
+                                            HasSubstr("not valid UTF-8"))));
+  DRAY_EXPECT_OK(Edit(Request()).status());
+}
+
+// Every answer carries a request id; an error's message ends with it, so
+// that the server's log line of the error can be found.
+TEST_F(ImageEditServerUnitTest, ErrorsNameTheRequestIdTheClientGets) {
+  ServeOptions options;
+  options.max_image_bytes = 64;
+  Serve(options);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Seconds(30));
+  v1::EditImageResponse response;
+  const grpc::Status refused = stub_->Edit(&context, Request(), &response);
+  const auto ids = context.GetServerInitialMetadata().equal_range(kRequestIdMetadata);
+  ASSERT_NE(ids.first, ids.second);
+  const std::string id(ids.first->second.data(), ids.first->second.size());
+  EXPECT_THAT(id, MatchesRegex("[0-9a-f]{16}"));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), AllOf(HasSubstr("at most 64 are accepted"),
+                                             EndsWith(absl::StrCat("[request ", id, "]"))));
 }
 
 TEST_F(ImageEditServerUnitTest, ClientDeadlinesEndTheWait) {
