@@ -128,7 +128,6 @@ int Parity(const std::string& reference) {
 }
 
 int Main(int argc, char** argv) {
-  KeepFreedMemoryForReuse();
   CLI::App app{"dray: a C++ runtime for RL and serving of image-edit diffusion models"};
   app.require_subcommand(1);
 
@@ -176,6 +175,9 @@ int Main(int argc, char** argv) {
   echo->group("");  // internal: hidden from --help
 
   CLI11_PARSE(app, argc, argv);
+  // Batch movers keep freed memory for the next batch (workers do so in
+  // WorkerMain); a serving controller gives it back after a burst.
+  if (*bench || *echo) KeepFreedMemoryForReuse();
   if (*bench) return Bench(suite, workers, quick, json);
   if (std::optional<int> code = edit_commands.Run()) return *code;
   if (*init) return InitModel(preset, out, seed);

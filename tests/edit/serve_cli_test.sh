@@ -3,7 +3,8 @@
 # Python client example and `dray edit --server` answered with the same image
 # for the same seed, bad input refused, a 1024^2 edit run within a 6 GB
 # address-space limit (attention in blocks; it once asked for 36.7 GB) and a
-# larger one refused by the pixel budget, SIGTERM letting a request finish
+# larger one refused by the pixel budget, a burst of concurrent requests that
+# leaves the server's memory where it was, SIGTERM letting a request finish
 # within --shutdown-grace-s and then cancelling it, and a server whose
 # workers fail past --max-restarts exiting with status 1.
 set -euo pipefail
@@ -56,6 +57,47 @@ if "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "x" --
   fail "a 2048^2 edit passed the 1024^2 pixel budget"
 fi
 grep -q "INVALID_ARGUMENT.*max_pixels allows 1048576" "$out/huge.txt" || fail "unexpected error: $(cat "$out/huge.txt")"
+
+# A burst: 32 concurrent EditBatch calls, half with two small images that
+# are edited, half with two 4096^2 ones (50 KB of PNG, 48 MB decoded) for a
+# 2048^2 output that the pixel budget refuses from their headers. The
+# server's memory returns to where it was.
+rss() { awk '/^VmRSS:/ { print $2 }' /proc/$server/status; }
+before=$(rss)
+PYTHONPATH="$root/proto" /usr/bin/python3 - "127.0.0.1:$port" "$image" <<'PY' || fail "the burst failed"
+import concurrent.futures, struct, sys, zlib
+import grpc
+from dray.v1 import image_edit_pb2, image_edit_pb2_grpc
+
+def png(width, height):
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data +
+                                struct.pack(">I", zlib.crc32(kind + data)))
+    rows = zlib.compress(bytes(height * (1 + 3 * width)), 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+small = open(sys.argv[2], "rb").read()
+huge = png(4096, 4096)
+stub = image_edit_pb2_grpc.ImageEditServiceStub(grpc.insecure_channel(sys.argv[1]))
+def call(huge_ones):
+    images = [image_edit_pb2.EditImageRequest(image=small, instruction="x", num_inference_steps=1)] * 2
+    if huge_ones:
+        images = [image_edit_pb2.EditImageRequest(image=huge, instruction="x", width=2048,
+                                                  height=2048)] * 2
+    try:
+        stub.EditBatch(image_edit_pb2.EditImageBatchRequest(requests=images), timeout=300)
+        return "OK"
+    except grpc.RpcError as error:
+        return error.code().name
+with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    answers = list(pool.map(call, [i % 2 == 1 for i in range(32)]))
+print("burst:", {a: answers.count(a) for a in set(answers)})
+assert set(answers[1::2]) == {"INVALID_ARGUMENT"}, answers
+assert set(answers[0::2]) <= {"OK", "RESOURCE_EXHAUSTED"} and "OK" in answers, answers
+PY
+after=$(rss)
+echo "dray serve resident: ${before} KiB before the burst, ${after} KiB after"
+((after < before + 65536)) || fail "the burst left $((after - before)) KiB behind"
 
 worker_pids=$(pgrep -P $server || true)
 # SIGTERM mid-request: the request outlasts the 1 s grace and is cancelled.
