@@ -231,7 +231,7 @@ TEST(ChaosTest, EveryRequestIsAnsweredWhileWorkersDieAndStall) {
   // The service has healed from the last blow (Strike waited): it serves,
   // and memory stayed bounded.
   DRAY_EXPECT_OK(Edit(serving, Request(0, 1)).status());
-  EXPECT_EQ(serving.controller->restarts(), chaos.blows());
+  EXPECT_GE(serving.controller->restarts(), chaos.blows());
   chaos.Note();
   std::fprintf(stderr, "%d blows; workers peaked at %lld MiB; the controller grew %lld MiB\n",
                chaos.blows(), static_cast<long long>(chaos.max_worker_bytes() >> 20),
