@@ -27,6 +27,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "tests/edit/edit_test_util.h"
 #include "tests/edit/serving.h"
+#include "tests/runtime/test_util.h"
 
 namespace dray {
 namespace {
@@ -99,15 +100,6 @@ int64_t ResidentBytes(const std::string& pid) {
     if (key == "VmRSS:" && status >> kib) return kib * 1024;
   }
   return 0;
-}
-
-// Reaped: `pid` is no child of this process any more (not even a zombie).
-bool Reaped(pid_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string pid_field, name, state;
-  pid_t parent = 0;
-  if (!(stat >> pid_field >> name >> state >> parent)) return true;
-  return parent != getpid();
 }
 
 // Chaos strikes the serving workers while the clients run.

@@ -4,6 +4,7 @@
 #define DRAY_TESTS_RUNTIME_TEST_UTIL_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -35,12 +36,30 @@ inline absl::StatusOr<std::unique_ptr<WorkerGroup>> StartGroup(
   return WorkerGroup::Create(resources, std::move(options));
 }
 
+// ProcessState: the state letter and parent of `pid` from /proc (state
+// empty once the process is gone).
+struct ProcessState {
+  std::string state;
+  pid_t parent = 0;
+};
+inline ProcessState StateOf(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string pid_field, name;
+  ProcessState process;
+  if (!(stat >> pid_field >> name >> process.state >> process.parent)) return {};
+  return process;
+}
+
 // ProcessAlive is true while `pid` runs (a zombie counts as dead).
 inline bool ProcessAlive(pid_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string pid_field, name, state;
-  if (!(stat >> pid_field >> name >> state)) return false;
-  return state != "Z" && state != "X";
+  const std::string state = StateOf(pid).state;
+  return !state.empty() && state != "Z" && state != "X";
+}
+
+// Reaped: `pid` is no child of this process any more, not even a zombie.
+inline bool Reaped(pid_t pid) {
+  const ProcessState process = StateOf(pid);
+  return process.state.empty() || process.parent != getpid();
 }
 
 }  // namespace dray

@@ -170,8 +170,8 @@ grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::s
   if (status.ok()) return grpc::Status::OK;
   std::fprintf(stderr, "dray serve: request %s (%s): %s\n", id.c_str(), std::string(method).c_str(),
                status.ToString().c_str());
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      absl::StrCat(status.message(), " [request ", id, "]"));
+  return ToGrpcStatus(
+      absl::Status(status.code(), absl::StrCat(status.message(), " [request ", id, "]")));
 }
 
 absl::Status ImageEditServer::Impl::EditAll(const v1::EditImageBatchRequest& request,
