@@ -27,7 +27,7 @@
 #include "workers/bench/sharding_bench.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"
-#include "workers/models/qwen_image/parity.h"
+#include "workers/parity/parity.h"
 
 namespace dray {
 namespace {
@@ -103,18 +103,17 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
 }
 
 int Parity(const std::string& reference) {
-  absl::StatusOr<std::vector<qwen_image::ParityCase>> cases =
-      qwen_image::ListParityCases(reference);
+  absl::StatusOr<std::vector<ParityCase>> cases = ListParityCases(reference);
   if (!cases.ok()) {
     std::fprintf(stderr, "dray parity: %s\n", cases.status().ToString().c_str());
     return 1;
   }
-  std::printf("%-20s %-32s %-24s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs",
+  std::printf("%-20s %-40s %-40s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs",
               "max_rel", "atol/rtol", "result");
   int passed = 0, failed = 0;
-  for (const qwen_image::ParityCase& parity_case : *cases) {
-    for (const qwen_image::ParityResult& r : qwen_image::RunParityCase(parity_case)) {
-      std::printf("%-20s %-32s %-24s %10.3g %10.3g %4.0e/%-4.0e  %s\n", r.component.c_str(),
+  for (const ParityCase& parity_case : *cases) {
+    for (const ParityResult& r : RunParityCase(parity_case)) {
+      std::printf("%-20s %-40s %-40s %10.3g %10.3g %4.0e/%-4.0e  %s\n", r.component.c_str(),
                   r.case_name.c_str(), r.output.c_str(), r.max_abs, r.max_rel, r.atol, r.rtol,
                   r.passed          ? "ok"
                   : r.error.empty() ? "BEYOND TOLERANCE"
@@ -159,12 +158,14 @@ int Main(int argc, char** argv) {
   init->add_option("--seed", seed, "random seed: the same seed writes the same weights")
       ->capture_default_str();
 
-  CLI::App* parity = app.add_subcommand("parity", "compare dray with diffusers on reference cases");
+  CLI::App* parity =
+      app.add_subcommand("parity", "compare dray with diffusers and flow_grpo on reference cases");
   std::string reference;
   parity
       ->add_option("--reference", reference,
                    "a folder laid out like tests/data/reference/qwen_image (scheduler/, helpers/, "
-                   "model folders)")
+                   "model folders) or tests/data/reference/flow_grpo (cases.json and its "
+                   "safetensors), or a folder of such folders")
       ->required();
 
   CLI::App* worker = app.add_subcommand("worker", "run a worker process (started by a controller)");

@@ -2,13 +2,20 @@
 // through the same library as `dray parity`: scheduler schedules and Euler
 // steps, pipeline helpers, transformer and VAE outputs, within the
 // tolerances of the reference README.
-#include "workers/models/qwen_image/parity.h"
+#include "workers/parity/parity.h"
 
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/models/reference.h"
+
+namespace dray {
+
+// PrintTo names a case in gtest's messages.
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.component << "/" << c.name; }
+
+}  // namespace dray
 
 namespace dray::qwen_image {
 namespace {

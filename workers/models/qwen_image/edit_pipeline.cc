@@ -269,9 +269,7 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(
     DRAY_ASSIGN_OR_RETURN(at::Tensor noise_pred, predict(prompt, timestep));
     if (negative != nullptr) {
       DRAY_ASSIGN_OR_RETURN(at::Tensor negative_pred, predict(*negative, timestep));
-      const at::Tensor combined =
-          negative_pred + options.true_cfg_scale * (noise_pred - negative_pred);
-      noise_pred = combined * (noise_pred.norm(2, {-1}, true) / combined.norm(2, {-1}, true));
+      noise_pred = TrueCfg(noise_pred, negative_pred, options.true_cfg_scale);
     }
     DRAY_ASSIGN_OR_RETURN(latents, scheduler.Step(noise_pred, latents));
     if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));

@@ -19,6 +19,7 @@
 #include "workers/models/qwen_image/scheduler.h"
 #include "workers/models/qwen_image/transformer.h"
 #include "workers/models/qwen_image/vae.h"
+#include "workers/parity/parity_case.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -31,49 +32,13 @@ constexpr double kSigmaTolerance = 1e-7;
 constexpr double kTimestepTolerance = 1e-4;
 constexpr double kStepTolerance = 1e-6;
 
-absl::StatusOr<json> ReadJson(const fs::path& path) {
-  DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(path.string()));
-  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded())
-    return absl::InvalidArgumentError(absl::StrCat(path.string(), " is not JSON"));
-  return parsed;
-}
-
 // JsonTensor reads {"shape": [...], "data": [...]} as float32.
 at::Tensor JsonTensor(const json& stored) {
   std::vector<float> data = stored.at("data").get<std::vector<float>>();
   return at::tensor(data, at::kFloat).reshape(stored.at("shape").get<std::vector<int64_t>>());
 }
 
-// Compare fills a result comparing `actual` with `expected`.
-ParityResult Compare(const ParityCase& c, std::string output, const at::Tensor& actual,
-                     const at::Tensor& expected, double atol, double rtol) {
-  ParityResult result{c.component, c.name, std::move(output)};
-  result.atol = atol;
-  result.rtol = rtol;
-  if (actual.sizes() != expected.sizes()) {
-    result.error = absl::StrCat("shape [", absl::StrJoin(actual.sizes(), ", "), "], reference [",
-                                absl::StrJoin(expected.sizes(), ", "), "]");
-    return result;
-  }
-  const at::Tensor a = actual.to(at::kDouble), b = expected.to(at::kDouble);
-  const at::Tensor diff = (a - b).abs();
-  if (diff.numel() > 0) {
-    result.max_abs = diff.max().item<double>();
-    const at::Tensor scale = b.abs();
-    const at::Tensor significant = scale > atol;
-    if (significant.any().item<bool>())
-      result.max_rel = (diff / scale).masked_select(significant).max().item<double>();
-  }
-  result.passed = (diff <= atol + rtol * b.abs()).all().item<bool>();
-  return result;
-}
-
-ParityResult Failed(const ParityCase& c, const absl::Status& status) {
-  ParityResult result{c.component, c.name, "-"};
-  result.error = std::string(status.message());
-  return result;
-}
+absl::StatusOr<json> ReadJson(const fs::path& path) { return ReadJsonFile(path.string()); }
 
 absl::StatusOr<std::vector<ParityResult>> RunSchedule(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(json cases, ReadJson(fs::path(c.folder) / "cases.json"));
@@ -86,21 +51,22 @@ absl::StatusOr<std::vector<ParityResult>> RunSchedule(const ParityCase& c) {
   const double mu = CalculateShift(static_cast<int64_t>(args[0]), static_cast<int64_t>(args[1]),
                                    static_cast<int64_t>(args[2]), args[3], args[4]);
   std::vector<ParityResult> results;
-  results.push_back(Compare(c, "mu", at::tensor({mu}, at::kDouble),
-                            at::tensor({schedule.at("mu").get<double>()}, at::kDouble), 0, 0));
+  results.push_back(CompareTensors(c, "mu", at::tensor({mu}, at::kDouble),
+                                   at::tensor({schedule.at("mu").get<double>()}, at::kDouble), 0,
+                                   0));
   FlowMatchEulerScheduler scheduler(config);
   const json& pipeline = schedule.at("pipeline");
   DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
-  results.push_back(Compare(c, "pipeline.sigmas", scheduler.sigmas(),
-                            JsonTensor(pipeline.at("sigmas")), kSigmaTolerance, 0));
-  results.push_back(Compare(c, "pipeline.timesteps", scheduler.timesteps(),
-                            JsonTensor(pipeline.at("timesteps")), kTimestepTolerance, 0));
+  results.push_back(CompareTensors(c, "pipeline.sigmas", scheduler.sigmas(),
+                                   JsonTensor(pipeline.at("sigmas")), kSigmaTolerance, 0));
+  results.push_back(CompareTensors(c, "pipeline.timesteps", scheduler.timesteps(),
+                                   JsonTensor(pipeline.at("timesteps")), kTimestepTolerance, 0));
   DRAY_RETURN_IF_ERROR(scheduler.SetTimesteps(steps, mu));
   const json& own = schedule.at("set_timesteps_default");
-  results.push_back(Compare(c, "default.sigmas", scheduler.sigmas(), JsonTensor(own.at("sigmas")),
-                            kSigmaTolerance, 0));
-  results.push_back(Compare(c, "default.timesteps", scheduler.timesteps(),
-                            JsonTensor(own.at("timesteps")), kTimestepTolerance, 0));
+  results.push_back(CompareTensors(c, "default.sigmas", scheduler.sigmas(),
+                                   JsonTensor(own.at("sigmas")), kSigmaTolerance, 0));
+  results.push_back(CompareTensors(c, "default.timesteps", scheduler.timesteps(),
+                                   JsonTensor(own.at("timesteps")), kTimestepTolerance, 0));
   return results;
 }
 
@@ -118,8 +84,9 @@ absl::StatusOr<std::vector<ParityResult>> RunSteps(const ParityCase& c) {
   for (const json& step : steps) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor previous, scheduler.Step(JsonTensor(step.at("model_output")),
                                                               JsonTensor(step.at("sample"))));
-    results.push_back(Compare(c, absl::StrCat("step_", step.at("i").get<int>(), ".prev_sample"),
-                              previous, JsonTensor(step.at("prev_sample")), kStepTolerance, 0));
+    results.push_back(
+        CompareTensors(c, absl::StrCat("step_", step.at("i").get<int>(), ".prev_sample"), previous,
+                       JsonTensor(step.at("prev_sample")), kStepTolerance, 0));
   }
   return results;
 }
@@ -144,10 +111,10 @@ absl::StatusOr<std::vector<ParityResult>> RunHelpers(const ParityCase& c) {
     expected_mus.push_back(s.at("mu").get<double>());
   }
   std::vector<ParityResult> results = {
-      Compare(c, "calculate_dimensions", at::tensor(widths, at::kDouble),
-              at::tensor(expected_widths, at::kDouble), 0, 0),
-      Compare(c, "calculate_shift", at::tensor(mus, at::kDouble),
-              at::tensor(expected_mus, at::kDouble), 0, 0)};
+      CompareTensors(c, "calculate_dimensions", at::tensor(widths, at::kDouble),
+                     at::tensor(expected_widths, at::kDouble), 0, 0),
+      CompareTensors(c, "calculate_shift", at::tensor(mus, at::kDouble),
+                     at::tensor(expected_mus, at::kDouble), 0, 0)};
   DRAY_ASSIGN_OR_RETURN(
       auto file, SafetensorsFile::Open((fs::path(c.folder) / "pack_unpack.safetensors").string()));
   const std::regex unpack_args(R"(height=(\d+), width=(\d+), vae_scale_factor=(\d+))");
@@ -162,7 +129,7 @@ absl::StatusOr<std::vector<ParityResult>> RunHelpers(const ParityCase& c) {
             ? UnpackLatents(input, std::stoll(match[1]), std::stoll(match[2]), std::stoll(match[3]))
             : absl::InvalidArgumentError(absl::StrCat("cannot read the arguments of ", call));
     DRAY_RETURN_IF_ERROR(output.status());
-    results.push_back(Compare(c, name, *output, expected, 0, 0));
+    results.push_back(CompareTensors(c, name, *output, expected, 0, 0));
   }
   return results;
 }
@@ -211,7 +178,7 @@ absl::StatusOr<std::vector<ParityResult>> RunTransformer(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(at::Tensor sample, model->forward(hidden, text, mask, timestep, shapes));
   DRAY_ASSIGN_OR_RETURN(at::Tensor expected, file->Get("sample"));
   std::vector<ParityResult> results = {
-      Compare(c, "sample", sample, expected, kModelTolerance, kModelTolerance)};
+      CompareTensors(c, "sample", sample, expected, kModelTolerance, kModelTolerance)};
   if (file->contains(
           "noise_pred_unpacked")) {  // what the pipeline keeps: the noisy tokens, unpacked
     DRAY_ASSIGN_OR_RETURN(std::string noisy, Meta(*file, "noisy_seq_len"));
@@ -221,9 +188,9 @@ absl::StatusOr<std::vector<ParityResult>> RunTransformer(const ParityCase& c) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked,
                           UnpackLatents(sample.slice(1, 0, std::stoll(noisy)), hw.at(0), hw.at(1),
                                         std::stoll(vae_scale)));
-    results.push_back(Compare(c, "noise_pred_unpacked", unpacked,
-                              file->Get("noise_pred_unpacked").value(), kModelTolerance,
-                              kModelTolerance));
+    results.push_back(CompareTensors(c, "noise_pred_unpacked", unpacked,
+                                     file->Get("noise_pred_unpacked").value(), kModelTolerance,
+                                     kModelTolerance));
   }
   return results;
 }
@@ -261,13 +228,15 @@ absl::StatusOr<std::vector<ParityResult>> RunVae(const ParityCase& c) {
   std::vector<ParityResult> results;
   for (const auto& [name, actual] : outputs) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor expected, file->Get(name));
-    results.push_back(Compare(c, name, actual, expected, kModelTolerance, kModelTolerance));
+    results.push_back(CompareTensors(c, name, actual, expected, kModelTolerance, kModelTolerance));
   }
   return results;
 }
 
-// CasesOf lists the cases of one component folder (none if unrecognized).
-std::vector<ParityCase> CasesOf(const fs::path& folder) {
+}  // namespace
+
+std::vector<ParityCase> QwenImageParityCases(const std::string& dir) {
+  const fs::path folder(dir);
   const std::string component = folder.filename().string();
   std::vector<ParityCase> cases;
   if (fs::exists(folder / "scheduler_config.json") && fs::exists(folder / "cases.json")) {
@@ -275,82 +244,35 @@ std::vector<ParityCase> CasesOf(const fs::path& folder) {
     const size_t schedules =
         all.ok() && all->contains("schedules") ? (*all)["schedules"].size() : 0;
     for (size_t i = 0; i < schedules; ++i) {
-      cases.push_back({ParityCase::Kind::kScheduleCase, component, folder.string(),
-                       absl::StrCat("schedule_", i)});
+      cases.push_back({component, folder.string(), absl::StrCat("schedule_", i), RunSchedule});
     }
-    cases.push_back({ParityCase::Kind::kSchedulerSteps, component, folder.string(), "steps"});
+    cases.push_back({component, folder.string(), "steps", RunSteps});
     return cases;
   }
   if (fs::exists(folder / "pack_unpack.safetensors") && fs::exists(folder / "cases.json")) {
-    return {{ParityCase::Kind::kHelpers, component, folder.string(), "helpers"}};
+    return {{component, folder.string(), "helpers", RunHelpers}};
   }
   const absl::StatusOr<json> config = ReadJson(folder / "config.json");
   if (!config.ok() || !config->is_object() || !config->contains("_class_name")) return cases;
   const std::string class_name =
       (*config)["_class_name"].is_string() ? (*config)["_class_name"].get<std::string>() : "";
-  ParityCase::Kind kind;
+  ParityRun run;
   if (class_name == "QwenImageTransformer2DModel") {
-    kind = ParityCase::Kind::kTransformer;
+    run = RunTransformer;
   } else if (class_name == "AutoencoderKLQwenImage") {
-    kind = ParityCase::Kind::kVae;
+    run = RunVae;
   } else {
     return cases;
   }
   for (const auto& entry : fs::directory_iterator(folder)) {
     const std::string file = entry.path().filename().string();
     if (file.rfind("case_", 0) == 0 && entry.path().extension() == ".safetensors") {
-      cases.push_back({kind, component, folder.string(), entry.path().stem().string()});
+      cases.push_back({component, folder.string(), entry.path().stem().string(), run});
     }
   }
+  std::sort(cases.begin(), cases.end(),
+            [](const ParityCase& a, const ParityCase& b) { return a.name < b.name; });
   return cases;
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<ParityCase>> ListParityCases(const std::string& dir) {
-  std::error_code error;
-  if (!fs::is_directory(dir, error))
-    return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
-  std::vector<ParityCase> cases;
-  for (const auto& entry : fs::directory_iterator(dir, error)) {
-    if (!entry.is_directory()) continue;
-    std::vector<ParityCase> found = CasesOf(entry.path());
-    cases.insert(cases.end(), found.begin(), found.end());
-  }
-  std::sort(cases.begin(), cases.end(), [](const ParityCase& a, const ParityCase& b) {
-    return std::tie(a.component, a.name) < std::tie(b.component, b.name);
-  });
-  if (cases.empty())
-    return absl::NotFoundError(
-        absl::StrCat(dir, " holds no reference cases (see `dray parity --help`)"));
-  return cases;
-}
-
-std::vector<ParityResult> RunParityCase(const ParityCase& c) {
-  absl::StatusOr<std::vector<ParityResult>> results;
-  try {
-    switch (c.kind) {
-      case ParityCase::Kind::kScheduleCase:
-        results = RunSchedule(c);
-        break;
-      case ParityCase::Kind::kSchedulerSteps:
-        results = RunSteps(c);
-        break;
-      case ParityCase::Kind::kHelpers:
-        results = RunHelpers(c);
-        break;
-      case ParityCase::Kind::kTransformer:
-        results = RunTransformer(c);
-        break;
-      case ParityCase::Kind::kVae:
-        results = RunVae(c);
-        break;
-    }
-  } catch (const std::exception& e) {  // malformed case files (JSON fields, tensor shapes)
-    results = absl::InvalidArgumentError(absl::StrCat("malformed case: ", e.what()));
-  }
-  if (!results.ok()) return {Failed(c, results.status())};
-  return *results;
 }
 
 }  // namespace dray::qwen_image

@@ -55,4 +55,9 @@ absl::StatusOr<at::Tensor> UnpackLatents(const at::Tensor& tokens, int64_t heigh
       .reshape({b, c, 1, h, w});
 }
 
+at::Tensor TrueCfg(const at::Tensor& cond, const at::Tensor& negative, double scale) {
+  const at::Tensor combined = negative.add(cond.sub(negative).mul(scale));
+  return combined.mul(cond.norm(2, {-1}, true).div(combined.norm(2, {-1}, true)));
+}
+
 }  // namespace dray::qwen_image

@@ -1,6 +1,6 @@
 // Small functions of the Qwen-Image-Edit pipeline, exactly as diffusers
 // defines them: output size for a target area, and the 2x2 packing of VAE
-// latents into transformer tokens (and back).
+// latents into transformer tokens (and back), and true classifier-free guidance.
 #ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
 #define DRAY_WORKERS_MODELS_QWEN_IMAGE_PIPELINE_HELPERS_H_
 
@@ -37,6 +37,11 @@ absl::StatusOr<at::Tensor> PackLatents(const at::Tensor& latents);
 // tokens [B, S, 4C] -> [B, C, 1, H, W] with H = 2 * (height / (2 * vae_scale_factor)).
 absl::StatusOr<at::Tensor> UnpackLatents(const at::Tensor& tokens, int64_t height, int64_t width,
                                          int64_t vae_scale_factor);
+
+// TrueCfg is diffusers' true classifier-free guidance with norm rescale:
+// negative + scale * (cond - negative), each token rescaled to the norm of
+// the conditional prediction (norms over the last dimension).
+at::Tensor TrueCfg(const at::Tensor& cond, const at::Tensor& negative, double scale);
 
 }  // namespace dray::qwen_image
 

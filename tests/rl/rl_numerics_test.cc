@@ -1,0 +1,112 @@
+// The RL numerics beyond the reference cases: the on-policy identity (a
+// recomputed step scores exactly what the rollout scored), the plain Euler
+// step at noise level 0, and clear errors for bad schedules, windows,
+// shapes and names.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "base/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "workers/rl/advantages.h"
+#include "workers/rl/policy_loss.h"
+#include "workers/rl/sde_sampler.h"
+#include "workers/rl/sde_step.h"
+
+namespace dray::rl {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Schedule: a 6-step linear schedule from 1 to 0.
+SdeSchedule Schedule() {
+  const at::Tensor sigmas = at::linspace(1.0, 0.0, 7, at::kFloat);
+  return {sigmas, (sigmas.narrow(0, 0, 6) * 1000).to(at::kFloat)};
+}
+
+// Velocity: a deterministic stand-in model, nonlinear in the latents.
+absl::StatusOr<at::Tensor> Velocity(const at::Tensor& latents, const at::Tensor& timestep) {
+  return at::tanh(latents) * 0.5 + timestep.view({-1, 1, 1}) / 1000;
+}
+
+TEST(SdeSamplerTest, RecomputedStepsScoreWhatTheRolloutScored) {
+  const SdeSchedule schedule = Schedule();
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor start = at::randn({3, 4, 8}, generator, at::kFloat);
+  const SdeSamplerOptions options{0.7, SdeType::kSde, {1, 5}};
+  DRAY_ASSERT_OK_AND_ASSIGN(Trajectory trajectory,
+                            SampleTrajectory(
+                                schedule, start, Velocity,
+                                [&](int) {
+                                  return at::randn({3, 4, 8}, generator, at::kFloat);
+                                },
+                                options));
+  ASSERT_EQ(trajectory.log_probs.sizes(), (std::vector<int64_t>{3, 4}));
+  for (int64_t j = 0; j < 4; ++j) {
+    DRAY_ASSERT_OK_AND_ASSIGN(SdeStepResult step,
+                              RecomputeStep(schedule, Velocity, trajectory, j, options));
+    const at::Tensor ratio = at::exp(step.log_prob - trajectory.log_probs.select(1, j));
+    EXPECT_LT((ratio - 1).abs().max().item<double>(), 1e-6) << "window step " << j;
+  }
+}
+
+TEST(SdeStepTest, NoiseLevelZeroIsTheEulerStep) {
+  const SdeSchedule schedule = Schedule();
+  const at::Tensor x = at::ones({2, 3, 4}), v = at::full({2, 3, 4}, 0.5);
+  SdeStepInput input{v, schedule.timesteps.narrow(0, 2, 1).expand({2}).contiguous(), x, 0.0};
+  input.noise = at::randn({2, 3, 4});
+  DRAY_ASSERT_OK_AND_ASSIGN(SdeStepResult step, SdeStep(schedule, input));
+  const double dt = schedule.sigmas[3].item<double>() - schedule.sigmas[2].item<double>();
+  EXPECT_TRUE(at::allclose(step.prev_sample, x + dt * v));
+}
+
+TEST(SdeStepTest, RefusesATimestepOutsideTheSchedule) {
+  SdeStepInput input{at::zeros({1, 2, 2}), at::tensor({999.5f}), at::zeros({1, 2, 2}), 0.7};
+  input.noise = at::zeros({1, 2, 2});
+  EXPECT_THAT(SdeStep(Schedule(), input).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("timestep 999.5")));
+}
+
+TEST(SdeStepTest, RefusesMismatchedShapes) {
+  SdeStepInput input{at::zeros({1, 2, 2}), at::tensor({1000.0f}), at::zeros({1, 2, 3}), 0.7};
+  input.noise = at::zeros({1, 2, 3});
+  EXPECT_THAT(SdeStep(Schedule(), input).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[1, 2, 2]")));
+}
+
+TEST(SdeSamplerTest, RefusesAWindowOutsideTheSchedule) {
+  const at::Tensor start = at::zeros({1, 2, 2});
+  EXPECT_THAT(SampleTrajectory(Schedule(), start, Velocity, [&](int) { return start; },
+                               {0.7, SdeType::kSde, {3, 9}})
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 9)")));
+}
+
+TEST(RegistryTest, NamesWhatIsRegistered) {
+  EXPECT_THAT(AdvantageEstimatorNames(), ::testing::ElementsAre("global", "grpo"));
+  EXPECT_THAT(FindAdvantageEstimator("dance").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: global, grpo")));
+  EXPECT_THAT(FindPolicyLoss("nft").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: grpo")));
+  EXPECT_THAT(ParseSdeType("ode").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sde, cps")));
+}
+
+TEST(AdvantagesTest, RefusesRewardsWithoutOneKeyPerRow) {
+  DRAY_ASSERT_OK_AND_ASSIGN(AdvantageEstimator grpo, FindAdvantageEstimator("grpo"));
+  EXPECT_THAT(grpo({"a", "b"}, at::zeros({3}), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one group key per row")));
+}
+
+TEST(PolicyLossTest, KlNeedsTheReferenceMean) {
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLoss grpo, FindPolicyLoss("grpo"));
+  PolicyLossInput input{at::zeros({2}), at::zeros({2}), at::zeros({2})};
+  PolicyLossOptions options;
+  options.beta = 0.04;
+  EXPECT_THAT(grpo(input, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prev_sample_mean_ref")));
+}
+
+}  // namespace
+}  // namespace dray::rl

@@ -1,0 +1,44 @@
+#include "workers/parity/parity.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "workers/models/qwen_image/parity.h"
+#include "workers/rl/flow_grpo_parity.h"
+
+namespace dray {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<ParityCase> CasesIn(const fs::path& folder) {
+  std::vector<ParityCase> cases = qwen_image::QwenImageParityCases(folder.string());
+  std::vector<ParityCase> rl = rl::FlowGrpoParityCases(folder.string());
+  cases.insert(cases.end(), rl.begin(), rl.end());
+  return cases;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<ParityCase>> ListParityCases(const std::string& dir) {
+  std::error_code error;
+  if (!fs::is_directory(dir, error))
+    return absl::NotFoundError(absl::StrCat(dir, " is not a directory"));
+  std::vector<ParityCase> cases = CasesIn(dir);
+  std::vector<fs::path> folders;
+  for (const auto& entry : fs::recursive_directory_iterator(dir, error)) {
+    if (entry.is_directory()) folders.push_back(entry.path());
+  }
+  std::sort(folders.begin(), folders.end());
+  for (const fs::path& folder : folders) {
+    std::vector<ParityCase> found = CasesIn(folder);
+    cases.insert(cases.end(), found.begin(), found.end());
+  }
+  if (cases.empty())
+    return absl::NotFoundError(
+        absl::StrCat(dir, " holds no reference cases (see `dray parity --help`)"));
+  return cases;
+}
+
+}  // namespace dray

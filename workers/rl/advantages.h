@@ -1,0 +1,51 @@
+// Advantage estimators: how one step's rewards become per-sample advantages,
+// registered by name (`algorithm.adv_estimator`) so that a new estimator is
+// one function and one line in advantages.cc.
+//
+//   DRAY_ASSIGN_OR_RETURN(AdvantageEstimator estimate, FindAdvantageEstimator("grpo"));
+//   DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, estimate(groups, rewards, {}));
+//
+// Built in (numbers as flow_grpo computes them; see
+// tests/data/reference/flow_grpo/README.md, section b):
+//   grpo    per group (a prompt with its input image): (r - mean) / (std + 1e-4),
+//           std with ddof 0, over the group or, with global_std, over the
+//           whole batch; float64 (flow_grpo's PerPromptStatTracker).
+//   global  over the whole batch: (r - mean) / (std + 1e-4), float32 (the
+//           fallback flow_grpo uses without per-prompt tracking).
+//
+// Thread-safety: pure functions.
+#ifndef DRAY_WORKERS_RL_ADVANTAGES_H_
+#define DRAY_WORKERS_RL_ADVANTAGES_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace dray::rl {
+
+struct AdvantageOptions {
+  // grpo: normalise by the std of the whole batch instead of each group's.
+  bool global_std = true;
+};
+
+// AdvantageEstimator maps `rewards` ([N] or [N, T]: one row per sample) and
+// each sample's group key to advantages shaped like `rewards`.
+using AdvantageEstimator = std::function<absl::StatusOr<at::Tensor>(
+    const std::vector<std::string>& groups, const at::Tensor& rewards,
+    const AdvantageOptions& options)>;
+
+// FindAdvantageEstimator returns the estimator registered as `name`;
+// NOT_FOUND lists the registered names.
+absl::StatusOr<AdvantageEstimator> FindAdvantageEstimator(absl::string_view name);
+
+// AdvantageEstimatorNames lists the registered names, sorted.
+std::vector<std::string> AdvantageEstimatorNames();
+
+}  // namespace dray::rl
+
+#endif  // DRAY_WORKERS_RL_ADVANTAGES_H_

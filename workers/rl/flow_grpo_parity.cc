@@ -1,0 +1,349 @@
+#include "workers/rl/flow_grpo_parity.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "runtime/io/safetensors.h"
+#include "workers/models/qwen_image/pipeline_helpers.h"
+#include "workers/rl/advantages.h"
+#include "workers/rl/policy_loss.h"
+#include "workers/rl/sde_sampler.h"
+#include "workers/rl/sde_step.h"
+
+namespace dray::rl {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Outputs = std::map<std::string, at::Tensor>;
+
+// CaseData: one case of cases.json with its tensors.
+struct CaseData {
+  json all;   // the whole cases.json (schedules)
+  json spec;  // this case
+  std::shared_ptr<const SafetensorsFile> file;
+
+  at::Tensor Get(const json& tensor_name) const {
+    absl::StatusOr<at::Tensor> tensor = file->Get(tensor_name.get<std::string>());
+    if (!tensor.ok()) throw std::runtime_error(std::string(tensor.status().message()));
+    return tensor->clone();
+  }
+  at::Tensor Input(const std::string& name) const { return Get(spec.at("inputs").at(name)); }
+  const json& Param(const std::string& name) const { return spec.at("params").at(name); }
+};
+
+absl::StatusOr<CaseData> Load(const ParityCase& c) {
+  CaseData data;
+  DRAY_ASSIGN_OR_RETURN(data.all, ReadJsonFile((fs::path(c.folder) / "cases.json").string()));
+  for (const json& spec : data.all.at("cases")) {
+    if (spec.at("name") == c.name) data.spec = spec;
+  }
+  if (data.spec.is_null()) return absl::NotFoundError(absl::StrCat("no case ", c.name));
+  DRAY_ASSIGN_OR_RETURN(
+      data.file, SafetensorsFile::Open(
+                     (fs::path(c.folder) / data.spec.at("file").get<std::string>()).string()));
+  return data;
+}
+
+// Check compares `actual` with the reference tensor `tensor_name` at the
+// case's tolerance for `output`.
+void Check(const ParityCase& c, const CaseData& data, const std::string& output,
+           const json& tensor_name, const at::Tensor& actual, std::vector<ParityResult>& results) {
+  const json& tolerance = data.spec.at("tolerance");
+  const std::string key = output.substr(output.rfind('.') + 1);
+  const json& chosen = tolerance.contains("per_tensor") && tolerance["per_tensor"].contains(key)
+                           ? tolerance["per_tensor"][key]
+                           : tolerance.at("default");
+  if (!actual.defined()) {
+    ParityResult missing{c.component, c.name, output};
+    missing.error = "dray computed no such output";
+    results.push_back(missing);
+    return;
+  }
+  results.push_back(CompareTensors(c, output, actual, data.Get(tensor_name),
+                                   chosen.at("atol").get<double>(),
+                                   chosen.at("rtol").get<double>()));
+}
+
+// CheckAll checks every entry of `names` (output -> tensor name) found in
+// `computed`, prefixing the output with `prefix`; names in `skip` are inputs.
+void CheckAll(const ParityCase& c, const CaseData& data, const json& names, const Outputs& computed,
+              const std::string& prefix, std::vector<ParityResult>& results) {
+  for (const auto& [output, tensor_name] : names.items()) {
+    if (!tensor_name.is_string()) continue;
+    auto found = computed.find(output);
+    Check(c, data, prefix + output, tensor_name,
+          found == computed.end() ? at::Tensor() : found->second, results);
+  }
+}
+
+at::Tensor Randn(at::IntArrayRef shape, at::Generator& generator) {
+  return at::randn(shape, generator, at::kFloat);
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunSdeStep(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const bool f64 = data.spec.at("dtype") == "f64";
+  const json& schedule_json =
+      data.all.at("schedules").at(data.spec.at("schedule").get<std::string>());
+  SdeSchedule schedule{
+      at::tensor(schedule_json.at("sigmas").get<std::vector<double>>(), at::kDouble)
+          .to(at::kFloat)
+          .to(f64 ? at::kDouble : at::kFloat),
+      at::tensor(schedule_json.at("timesteps").get<std::vector<double>>(), at::kDouble)
+          .to(at::kFloat)};
+  DRAY_ASSIGN_OR_RETURN(SdeType type, ParseSdeType(data.Param("sde_type").get<std::string>()));
+  SdeStepInput input{data.Input("model_output"), data.Input("timestep"), data.Input("sample"),
+                     data.Param("noise_level").get<double>(), type};
+  const bool recompute = data.spec.at("path") == "recompute";
+  Outputs computed;
+  if (recompute) {
+    input.prev_sample = data.Input("prev_sample");
+    input.model_output.requires_grad_(true);
+  } else {
+    input.noise = data.Get(data.spec.at("outputs").at("variance_noise"));
+    at::Generator generator =
+        at::make_generator<at::CPUGeneratorImpl>(data.Param("generator_seed").get<uint64_t>());
+    computed["variance_noise"] = Randn(input.sample.sizes(), generator);
+  }
+  DRAY_ASSIGN_OR_RETURN(SdeStepResult step, SdeStep(schedule, input));
+  computed[recompute ? "returned_prev_sample" : "prev_sample"] = step.prev_sample;
+  computed["log_prob"] = step.log_prob;
+  computed["prev_sample_mean"] = step.prev_sample_mean;
+  computed["std_dev_t"] = step.std_dev_t;
+  computed["sqrt_neg_dt"] = step.sqrt_neg_dt;
+  if (recompute) {
+    (data.Input("grad_log_prob") * step.log_prob).sum().backward();
+    computed["grad_model_output"] = input.model_output.grad();
+  }
+  json outputs = data.spec.at("outputs");
+  outputs.erase("old_log_prob");  // the behaviour step's, an input of training
+  std::vector<ParityResult> results;
+  CheckAll(c, data, outputs, computed, "", results);
+  return results;
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunAdvantages(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const at::Tensor rewards = data.Input("rewards");
+  const bool per_prompt = data.spec.at("params").contains("prompts");
+  const std::vector<std::string> groups =
+      per_prompt ? data.Param("prompts").get<std::vector<std::string>>()
+                 : std::vector<std::string>(rewards.size(0));
+  DRAY_ASSIGN_OR_RETURN(AdvantageEstimator estimate,
+                        FindAdvantageEstimator(per_prompt ? "grpo" : "global"));
+  AdvantageOptions options;
+  if (per_prompt) options.global_std = data.Param("global_std").get<bool>();
+  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, estimate(groups, rewards, options));
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), {{"advantages", advantages}}, "", results);
+  return results;
+}
+
+// LossOutputs names a loss's results as the reference does.
+Outputs LossOutputs(const PolicyLossOutput& out) {
+  return {{"advantages", out.advantages},
+          {"ratio", out.ratio},
+          {"unclipped_loss", out.unclipped_loss},
+          {"clipped_loss", out.clipped_loss},
+          {"policy_loss", out.policy_loss},
+          {"kl_loss", out.kl_loss},
+          {"loss", out.loss},
+          {"info.approx_kl", out.approx_kl},
+          {"info.clipfrac", out.clipfrac},
+          {"info.clipfrac_gt_one", out.clipfrac_gt_one},
+          {"info.clipfrac_lt_one", out.clipfrac_lt_one}};
+}
+
+PolicyLossOptions LossOptions(const json& params, int64_t accumulation_steps) {
+  return {params.at("clip_range").get<double>(), params.at("adv_clip_max").get<double>(),
+          params.at("beta").get<double>(), accumulation_steps};
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const int64_t j = data.Param("j").get<int64_t>();
+  PolicyLossInput input{data.Input("advantages_all").select(1, j),
+                        data.Input("log_prob").requires_grad_(true),
+                        data.Input("old_log_probs_all").select(1, j),
+                        data.Input("prev_sample_mean").requires_grad_(true),
+                        data.Input("prev_sample_mean_ref"),
+                        data.Input("std_dev_t")};
+  DRAY_ASSIGN_OR_RETURN(PolicyLoss loss, FindPolicyLoss("grpo"));
+  DRAY_ASSIGN_OR_RETURN(
+      PolicyLossOutput out,
+      loss(input, LossOptions(data.spec.at("params"),
+                              data.Param("gradient_accumulation_steps").get<int64_t>())));
+  out.loss.backward();
+  Outputs computed = LossOutputs(out);
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  json info;
+  for (const auto& [name, tensor_name] : data.spec.at("info").items())
+    info["info." + name] = tensor_name;
+  CheckAll(c, data, info, computed, "", results);
+  CheckAll(c, data, data.spec.at("gradients"),
+           {{"grad_log_prob", input.log_prob.grad()},
+            {"grad_prev_sample_mean", input.prev_sample_mean.grad()}},
+           "", results);
+  return results;
+}
+
+// ToyTransformer is the reference rollouts' stand-in model: output =
+// table[k] + 0.5 * hidden for the 2B rows (conditional, then negative) of
+// [latents, image latents], k the timestep's schedule index; the velocity is
+// the true-CFG combination of the first S tokens. It keeps its last output
+// (a leaf, for the gradient) and velocity.
+struct ToyTransformer {
+  at::Tensor table, image_latents, timesteps;
+  double guidance_scale = 1;
+  at::Tensor output, velocity;
+
+  absl::StatusOr<at::Tensor> operator()(const at::Tensor& latents, const at::Tensor& timestep) {
+    DRAY_ASSIGN_OR_RETURN(int64_t k, StepIndex(timesteps, timestep[0].item<float>()));
+    const at::Tensor hidden = at::cat({latents, image_latents}, 1);
+    output = (table[k] + 0.5 * at::cat({hidden, hidden}, 0)).detach().requires_grad_(true);
+    const int64_t batch = latents.size(0);
+    const at::Tensor noisy = output.narrow(1, 0, latents.size(1));
+    velocity = qwen_image::TrueCfg(noisy.narrow(0, 0, batch), noisy.narrow(0, batch, batch),
+                                   guidance_scale);
+    return velocity;
+  }
+};
+
+absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const json& params = data.spec.at("params");
+  const json& tensors = data.spec.at("tensors");
+  const json& inputs = tensors.at("inputs");
+  const SdeSchedule schedule{data.Get(inputs.at("schedule_sigmas")),
+                             data.Get(inputs.at("schedule_timesteps"))};
+  auto toy = [&](const json& table) {
+    return std::make_shared<ToyTransformer>(
+        ToyTransformer{data.Get(table), data.Get(inputs.at("image_latents")), schedule.timesteps,
+                       params.at("guidance_scale").get<double>()});
+  };
+  std::vector<ParityResult> results;
+
+  // Rollout: the reference's noise, and dray's draws from the same seed checked against it.
+  const json& per_step = tensors.at("per_step");
+  at::Generator generator =
+      at::make_generator<at::CPUGeneratorImpl>(data.spec.at("global_rng_seed").get<uint64_t>());
+  auto sampling_model = toy(inputs.at("toy_table"));
+  std::vector<at::Tensor> velocities;
+  PredictVelocity predict = [&](const at::Tensor& latents, const at::Tensor& timestep) {
+    absl::StatusOr<at::Tensor> velocity = (*sampling_model)(latents, timestep);
+    if (velocity.ok()) velocities.push_back(velocity->detach());
+    return velocity;
+  };
+  DrawNoise draw = [&](int step) {
+    const json& names = per_step.at(std::to_string(step));
+    const at::Tensor recorded = data.Get(names.at("variance_noise"));
+    Check(c, data, absl::StrCat("step", step, ".variance_noise"), names.at("variance_noise"),
+          Randn(recorded.sizes(), generator), results);
+    return recorded;
+  };
+  const std::vector<int> window = data.spec.at("sde_window").get<std::vector<int>>();
+  const SdeSamplerOptions options{
+      params.at("noise_level").get<double>(), SdeType::kSde, {window.at(0), window.at(1)}};
+  DRAY_ASSIGN_OR_RETURN(
+      Trajectory trajectory,
+      SampleTrajectory(schedule, data.Get(inputs.at("initial_latents")), predict, draw, options));
+  for (size_t step = 0; step < velocities.size(); ++step) {
+    const json& names = per_step.at(std::to_string(step));
+    Check(c, data, absl::StrCat("step", step, ".noise_pred"), names.at("noise_pred"),
+          velocities[step], results);
+  }
+  json outputs = tensors.at("outputs");
+  for (const char* text : {"prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds",
+                           "negative_prompt_embeds_mask"}) {
+    outputs.erase(text);  // the toy model ignores text
+  }
+  CheckAll(
+      c, data, outputs,
+      {{"all_latents", at::cat({trajectory.latents.narrow(1, 0, 1), trajectory.next_latents}, 1)},
+       {"all_timesteps", trajectory.timesteps.select(0, 0)},
+       {"samples.latents", trajectory.latents},
+       {"samples.next_latents", trajectory.next_latents},
+       {"samples.log_probs", trajectory.log_probs},
+       {"samples.timesteps", trajectory.timesteps},
+       {"all_log_probs", trajectory.log_probs},
+       {"final_latents", trajectory.final_latents}},
+      "", results);
+
+  // Training: advantages, then every window step's recomputed log-prob, loss and gradient.
+  const json& train = tensors.at("train");
+  DRAY_ASSIGN_OR_RETURN(AdvantageEstimator estimate, FindAdvantageEstimator("grpo"));
+  DRAY_ASSIGN_OR_RETURN(
+      at::Tensor advantages,
+      estimate(params.at("prompts").get<std::vector<std::string>>(), data.Get(train.at("rewards")),
+               {params.at("global_std").get<bool>()}));
+  Check(c, data, "train.advantages", train.at("advantages"), advantages, results);
+  DRAY_ASSIGN_OR_RETURN(PolicyLoss loss, FindPolicyLoss("grpo"));
+  const PolicyLossOptions loss_options = LossOptions(
+      params, data.spec.at("derived_shapes").at("gradient_accumulation_steps").get<int64_t>());
+  auto policy = toy(train.at("policy_table"));
+  auto reference = toy(train.at("ref_table"));
+  for (const auto& [j_text, names] : train.at("per_j").items()) {
+    const int64_t j = std::stoll(j_text);
+    DRAY_ASSIGN_OR_RETURN(SdeStepResult step,
+                          RecomputeStep(schedule, std::ref(*policy), trajectory, j, options));
+    PolicyLossInput input{advantages.select(1, j), step.log_prob, trajectory.log_probs.select(1, j),
+                          step.prev_sample_mean,   at::Tensor(),  step.std_dev_t};
+    if (loss_options.beta > 0) {
+      at::NoGradGuard no_grad;
+      DRAY_ASSIGN_OR_RETURN(SdeStepResult ref,
+                            RecomputeStep(schedule, std::ref(*reference), trajectory, j, options));
+      input.prev_sample_mean_ref = ref.prev_sample_mean;
+    }
+    DRAY_ASSIGN_OR_RETURN(PolicyLossOutput out, loss(input, loss_options));
+    out.loss.backward();
+    Outputs computed = LossOutputs(out);
+    computed.insert({{"transformer_output_policy", policy->output},
+                     {"noise_pred_policy", policy->velocity},
+                     {"prev_sample", trajectory.next_latents.select(1, j)},
+                     {"log_prob", step.log_prob},
+                     {"prev_sample_mean", step.prev_sample_mean},
+                     {"std_dev_t", step.std_dev_t},
+                     {"grad_transformer_output_policy", policy->output.grad()},
+                     {"prev_sample_mean_ref", input.prev_sample_mean_ref},
+                     {"transformer_output_ref", reference->output}});
+    json checked = names;
+    checked.erase("transformer_hidden_states");  // inputs of the toy model
+    checked.erase("transformer_timestep");
+    CheckAll(c, data, checked, computed, absl::StrCat("train.j", j, "."), results);
+  }
+  return results;
+}
+
+}  // namespace
+
+std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
+  const absl::StatusOr<json> all = ReadJsonFile((fs::path(folder) / "cases.json").string());
+  if (!all.ok() || !all->is_object() || !all->contains("flow_grpo_files") ||
+      !all->contains("cases")) {
+    return {};
+  }
+  const std::map<std::string, ParityRun> runs = {
+      {"sde", RunSdeStep}, {"adv", RunAdvantages}, {"loss", RunLoss}, {"rollout", RunRollout}};
+  const std::string component = fs::path(folder).filename().string();
+  std::vector<ParityCase> cases;
+  for (const json& spec : (*all)["cases"]) {
+    const std::string name = spec.value("name", "");
+    auto run = runs.find(name.substr(0, name.find('.')));
+    if (run == runs.end()) continue;
+    cases.push_back({component, folder, name, run->second});
+  }
+  return cases;
+}
+
+}  // namespace dray::rl

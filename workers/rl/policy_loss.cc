@@ -1,0 +1,82 @@
+#include "workers/rl/policy_loss.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "workers/rl/registry.h"
+
+namespace dray::rl {
+namespace {
+
+absl::Status CheckInput(const PolicyLossInput& in, const PolicyLossOptions& options) {
+  if (!in.log_prob.defined() || in.log_prob.dim() != 1 || !in.old_log_prob.defined() ||
+      !in.advantages.defined() || in.old_log_prob.sizes() != in.log_prob.sizes() ||
+      in.advantages.sizes() != in.log_prob.sizes()) {
+    return absl::InvalidArgumentError(
+        "policy loss: log_prob, old_log_prob and advantages must each be [B]");
+  }
+  if (options.accumulation_steps < 1) {
+    return absl::InvalidArgumentError("policy loss: accumulation_steps must be at least 1");
+  }
+  if (options.beta > 0 &&
+      (!in.prev_sample_mean.defined() || !in.prev_sample_mean_ref.defined() ||
+       !in.std_dev_t.defined() || in.prev_sample_mean.sizes() != in.prev_sample_mean_ref.sizes() ||
+       in.prev_sample_mean.size(0) != in.log_prob.size(0))) {
+    return absl::InvalidArgumentError(
+        "policy loss: beta > 0 needs prev_sample_mean and prev_sample_mean_ref of one shape "
+        "[B, ...] and std_dev_t");
+  }
+  return absl::OkStatus();
+}
+
+// ClippedGrpo is flow_grpo's "# grpo logic" block, operation for operation
+// (so the dtypes promote as there: float64 advantages make a float64 loss).
+absl::StatusOr<PolicyLossOutput> ClippedGrpo(const PolicyLossInput& in,
+                                             const PolicyLossOptions& options) {
+  DRAY_RETURN_IF_ERROR(CheckInput(in, options));
+  const double g = static_cast<double>(options.accumulation_steps);
+  PolicyLossOutput out;
+  out.advantages = at::clamp(in.advantages, -options.adv_clip_max, options.adv_clip_max);
+  out.ratio = at::exp(in.log_prob - in.old_log_prob);
+  out.unclipped_loss = -out.advantages * out.ratio;
+  out.clipped_loss =
+      -out.advantages * at::clamp(out.ratio, 1.0 - options.clip_range, 1.0 + options.clip_range);
+  out.policy_loss = at::mean(at::maximum(out.unclipped_loss, out.clipped_loss)) / g;
+  out.loss = out.policy_loss;
+  if (options.beta > 0) {
+    std::vector<int64_t> sample_dims;
+    for (int64_t d = 1; d < in.prev_sample_mean.dim(); ++d) sample_dims.push_back(d);
+    const at::Tensor kl =
+        (in.prev_sample_mean - in.prev_sample_mean_ref).pow(2).mean(sample_dims, true) /
+        (2 * in.std_dev_t.pow(2));
+    out.kl_loss = at::mean(kl) / g;
+    out.loss = out.policy_loss + options.beta * out.kl_loss;
+  }
+  const at::Tensor drift = (in.log_prob - in.old_log_prob).detach();
+  const at::Tensor ratio = out.ratio.detach();
+  out.approx_kl = 0.5 * at::mean(drift.pow(2));
+  out.clipfrac = at::mean((at::abs(ratio - 1.0) > options.clip_range).to(at::kFloat));
+  out.clipfrac_gt_one = at::mean((ratio - 1.0 > options.clip_range).to(at::kFloat));
+  out.clipfrac_lt_one = at::mean((1.0 - ratio > options.clip_range).to(at::kFloat));
+  return out;
+}
+
+const std::map<std::string, PolicyLoss>& Registry() {
+  static const auto* registry = new std::map<std::string, PolicyLoss>{
+      {"grpo", ClippedGrpo},
+  };
+  return *registry;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicyLoss> FindPolicyLoss(absl::string_view name) {
+  return FindRegistered(Registry(), "policy loss", name);
+}
+
+std::vector<std::string> PolicyLossNames() { return RegisteredNames(Registry()); }
+
+}  // namespace dray::rl

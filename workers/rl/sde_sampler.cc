@@ -1,0 +1,71 @@
+#include "workers/rl/sde_sampler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+
+namespace dray::rl {
+
+absl::StatusOr<Trajectory> SampleTrajectory(
+    const SdeSchedule& schedule, at::Tensor latents, const PredictVelocity& predict,
+    const DrawNoise& draw_noise, const SdeSamplerOptions& options,
+    const std::function<absl::Status(int step, int steps)>& on_step) {
+  const int steps = static_cast<int>(schedule.timesteps.size(0));
+  const SdeWindow& window = options.window;
+  if (window.begin < 0 || window.end > steps || window.begin >= window.end) {
+    return absl::InvalidArgumentError(absl::StrCat("SDE window [", window.begin, ", ", window.end,
+                                                   ") must be a non-empty part of the ", steps,
+                                                   " steps"));
+  }
+  at::NoGradGuard no_grad;  // a rollout only samples; training recomputes its steps
+  const int64_t batch = latents.size(0);
+  std::vector<at::Tensor> kept, log_probs, timesteps;
+  for (int i = 0; i < steps; ++i) {
+    const bool stochastic = i >= window.begin && i < window.end;
+    if (i == window.begin) kept.push_back(latents);
+    const at::Tensor timestep = schedule.timesteps[i].expand({batch}).contiguous();
+    DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(latents, timestep));
+    SdeStepInput input{velocity, timestep, latents, stochastic ? options.noise_level : 0.0,
+                       options.type};
+    input.noise = draw_noise(i);
+    DRAY_ASSIGN_OR_RETURN(SdeStepResult step, SdeStep(schedule, input));
+    latents = step.prev_sample;
+    if (stochastic) {
+      kept.push_back(latents);
+      log_probs.push_back(step.log_prob);
+      timesteps.push_back(timestep);
+    }
+    if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
+  }
+  Trajectory trajectory;
+  const at::Tensor all = at::stack(kept, 1);
+  const int64_t t = all.size(1) - 1;
+  trajectory.latents = all.narrow(1, 0, t);
+  trajectory.next_latents = all.narrow(1, 1, t);
+  trajectory.log_probs = at::stack(log_probs, 1);
+  trajectory.timesteps = at::stack(timesteps, 1);
+  trajectory.final_latents = latents;
+  return trajectory;
+}
+
+absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,
+                                            const PredictVelocity& predict,
+                                            const Trajectory& trajectory, int64_t j,
+                                            const SdeSamplerOptions& options) {
+  if (j < 0 || j >= trajectory.timesteps.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("window step ", j, " is outside the ",
+                                                   trajectory.timesteps.size(1), " kept steps"));
+  }
+  const at::Tensor latents = trajectory.latents.select(1, j);
+  const at::Tensor timestep = trajectory.timesteps.select(1, j);
+  DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(latents, timestep));
+  SdeStepInput input{velocity, timestep, latents, options.noise_level, options.type};
+  input.prev_sample = trajectory.next_latents.select(1, j);
+  return SdeStep(schedule, input);
+}
+
+}  // namespace dray::rl

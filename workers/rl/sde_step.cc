@@ -1,0 +1,130 @@
+#include "workers/rl/sde_step.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/shape_string.h"
+#include "base/status_macros.h"
+
+namespace dray::rl {
+namespace {
+
+std::string ShapeOf(const at::Tensor& tensor) {
+  return tensor.defined() ? ShapeString(tensor.sizes()) : "(none)";
+}
+
+absl::Status CheckInput(const SdeSchedule& schedule, const SdeStepInput& in) {
+  if (!schedule.sigmas.defined() || !schedule.timesteps.defined() || schedule.sigmas.dim() != 1 ||
+      schedule.timesteps.dim() != 1 || schedule.sigmas.size(0) != schedule.timesteps.size(0) + 1 ||
+      schedule.sigmas.size(0) < 2) {
+    return absl::InvalidArgumentError(
+        "SDE step: the schedule needs timesteps [n] and sigmas [n + 1], n >= 1");
+  }
+  if (!in.sample.defined() || in.sample.dim() < 2 || !in.model_output.defined() ||
+      in.model_output.sizes() != in.sample.sizes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SDE step: model_output ", ShapeOf(in.model_output), " and sample ",
+                     ShapeOf(in.sample), " must have one shape [B, ...]"));
+  }
+  if (!in.timestep.defined() || in.timestep.dim() != 1 ||
+      in.timestep.size(0) != in.sample.size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat("SDE step: timestep ", ShapeOf(in.timestep),
+                                                   " must be [", in.sample.size(0),
+                                                   "], one per sample"));
+  }
+  const at::Tensor& given = in.prev_sample ? *in.prev_sample : in.noise;
+  if (!given.defined() || given.sizes() != in.sample.sizes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SDE step: ", in.prev_sample ? "prev_sample " : "noise ", ShapeOf(given),
+                     " must be shaped like sample ", ShapeOf(in.sample)));
+  }
+  return absl::OkStatus();
+}
+
+// Indices returns each sample's step index in the schedule, refusing the
+// last sigma's (a step needs a next sigma).
+absl::StatusOr<at::Tensor> Indices(const SdeSchedule& schedule, const at::Tensor& timestep) {
+  const at::Tensor wanted = timestep.to(at::kCPU, at::kFloat).contiguous();
+  std::vector<int64_t> indices;
+  for (int64_t b = 0; b < wanted.size(0); ++b) {
+    DRAY_ASSIGN_OR_RETURN(int64_t index,
+                          StepIndex(schedule.timesteps, wanted.data_ptr<float>()[b]));
+    indices.push_back(index);
+  }
+  return at::tensor(indices, at::kLong).to(schedule.sigmas.device());
+}
+
+}  // namespace
+
+absl::StatusOr<SdeType> ParseSdeType(absl::string_view name) {
+  if (name == "sde") return SdeType::kSde;
+  if (name == "cps") return SdeType::kCps;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown SDE type '", name, "' (valid: sde, cps)"));
+}
+
+absl::StatusOr<int64_t> StepIndex(const at::Tensor& timesteps, float timestep) {
+  const at::Tensor all = timesteps.to(at::kCPU, at::kFloat).contiguous();
+  std::vector<int64_t> matches;
+  for (int64_t i = 0; i < all.size(0); ++i) {
+    if (all.data_ptr<float>()[i] == timestep) matches.push_back(i);
+  }
+  if (matches.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timestep ", timestep, " is not one of the schedule's ", all.size(0),
+                     " timesteps (they must be the scheduler's float32 values, bit for bit)"));
+  }
+  return matches.size() > 1 ? matches[1] : matches[0];
+}
+
+absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStepInput& in) {
+  DRAY_RETURN_IF_ERROR(CheckInput(schedule, in));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor index, Indices(schedule, in.timestep));
+  const at::Tensor v = in.model_output.to(at::kFloat);
+  const at::Tensor x = in.sample.to(at::kFloat);
+  std::vector<int64_t> per_sample(x.dim(), 1);
+  per_sample[0] = -1;
+  const at::Tensor& sigmas = schedule.sigmas;
+  const at::Tensor sigma = sigmas.index_select(0, index).view(per_sample);
+  const at::Tensor sigma_next = sigmas.index_select(0, index + 1).view(per_sample);
+  const double sigma_max = sigmas[1].item<double>();  // the guard at sigma == 1 (flow_grpo's)
+  const at::Tensor dt = sigma_next - sigma;           // negative
+  const at::Tensor sqrt_neg_dt = at::sqrt(-1 * dt);
+
+  SdeStepResult out;
+  out.sqrt_neg_dt = sqrt_neg_dt;
+  if (in.type == SdeType::kSde) {
+    out.std_dev_t =
+        at::sqrt(sigma / (1 - at::where(sigma == 1, sigma_max, sigma))) * in.noise_level;
+    const at::Tensor& s = out.std_dev_t;
+    out.prev_sample_mean =
+        x * (1 + s.pow(2) / (2 * sigma) * dt) + v * (1 + s.pow(2) * (1 - sigma) / (2 * sigma)) * dt;
+    out.prev_sample = in.prev_sample
+                          ? in.prev_sample->to(at::kFloat)
+                          : out.prev_sample_mean + s * sqrt_neg_dt * in.noise.to(at::kFloat);
+    const at::Tensor scale = s * sqrt_neg_dt;
+    const at::Tensor log_sqrt_2pi =
+        at::log(at::sqrt(2 * at::scalar_tensor(M_PI, out.prev_sample_mean.options())));
+    out.log_prob = -(out.prev_sample.detach() - out.prev_sample_mean).pow(2) / (2 * scale.pow(2)) -
+                   at::log(scale) - log_sqrt_2pi;
+  } else {
+    out.std_dev_t = sigma_next * std::sin(in.noise_level * M_PI / 2);
+    const at::Tensor& s = out.std_dev_t;
+    const at::Tensor predicted_image = x - sigma * v;
+    const at::Tensor predicted_noise = x + v * (1 - sigma);
+    out.prev_sample_mean = predicted_image * (1 - sigma_next) +
+                           predicted_noise * at::sqrt(sigma_next.pow(2) - s.pow(2));
+    out.prev_sample = in.prev_sample ? in.prev_sample->to(at::kFloat)
+                                     : out.prev_sample_mean + s * in.noise.to(at::kFloat);
+    out.log_prob = -(out.prev_sample.detach() - out.prev_sample_mean).pow(2);
+  }
+  std::vector<int64_t> sample_dims;
+  for (int64_t d = 1; d < out.log_prob.dim(); ++d) sample_dims.push_back(d);
+  out.log_prob = out.log_prob.mean(sample_dims);
+  return out;
+}
+
+}  // namespace dray::rl
