@@ -56,7 +56,11 @@ LinearImpl::LinearImpl(const Options& options) {
     bias = register_parameter("bias", NewParameter({options.out_features}, options.tensor));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (lora_A != nullptr && lora_enabled) y = y + lora_B->forward(lora_A->forward(x)) * lora_scale;
+  return y;
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, at::TensorOptions options) : eps(eps) {
   weight = register_parameter("weight", NewParameter({dim}, options));

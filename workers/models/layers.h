@@ -52,7 +52,9 @@ enum class Weights { kRead, kShapeOnly };
 // shape-only under DeferredAllocation (runtime/sharding/tensor_storage.h).
 at::Tensor NewParameter(at::IntArrayRef shape, const at::TensorOptions& options);
 
-// LinearImpl: y = x W^T + b, like torch.nn.Linear (parameters "weight", "bias").
+// LinearImpl: y = x W^T + b, like torch.nn.Linear (parameters "weight",
+// "bias"), optionally with a LoRA adapter (workers/models/lora.h):
+// y += (alpha / rank) * B(A(x)), submodules "lora_A" and "lora_B".
 class LinearImpl : public torch::nn::Module {
  public:
   struct Options {
@@ -65,6 +67,10 @@ class LinearImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
   at::Tensor weight, bias;
+  // The adapter, when one is attached (see AddLoraAdapters).
+  std::shared_ptr<LinearImpl> lora_A, lora_B;
+  double lora_scale = 0;     // alpha / rank
+  bool lora_enabled = true;  // off: the base layer alone (the reference policy)
 };
 TORCH_MODULE(Linear);
 
