@@ -95,9 +95,13 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   std::map<const torch::nn::Module*, std::string> prefixes;
   for (const auto& named : root->named_modules()) prefixes[named.value().get()] = named.key();
   for (const auto& members : units) {
-    std::unique_ptr<Unit> unit = sharded->Flatten(members, prefixes);
-    DRAY_RETURN_IF_ERROR(sharded->ShardUnit(*unit));
-    sharded->units_.push_back(std::move(unit));
+    std::vector<size_t> group;
+    for (std::unique_ptr<Unit>& unit : sharded->Flatten(members, prefixes)) {
+      DRAY_RETURN_IF_ERROR(sharded->ShardUnit(*unit));
+      group.push_back(sharded->units_.size());
+      sharded->units_.push_back(std::move(unit));
+    }
+    sharded->groups_.push_back(std::move(group));
   }
   DRAY_RETURN_IF_ERROR(sharded->ReplicateTheRest());
   sharded->reduce_dtype_ =
@@ -122,25 +126,34 @@ absl::Status FullyShardedModule::SplitHybridGroups() {
   return absl::OkStatus();
 }
 
-std::unique_ptr<FullyShardedModule::Unit> FullyShardedModule::Flatten(
+std::vector<std::unique_ptr<FullyShardedModule::Unit>> FullyShardedModule::Flatten(
     const std::vector<std::shared_ptr<torch::nn::Module>>& members,
     const std::map<const torch::nn::Module*, std::string>& prefixes) {
-  auto unit = std::make_unique<Unit>();
-  int64_t numel = 0;
+  auto trainable = std::make_unique<Unit>();
+  auto frozen = std::make_unique<Unit>();
+  frozen->trainable = false;
   for (const auto& module : members) {
-    unit_of_hook_.push_back(units_.size());
+    group_of_hook_.push_back(groups_.size());
     auto found = prefixes.find(module.get());
     const std::string prefix = found == prefixes.end() ? "" : found->second;
     for (const auto& named : module->named_parameters()) {
-      unit->names.push_back(prefix.empty() ? named.key() : absl::StrCat(prefix, ".", named.key()));
-      unit->params.push_back(named.value());
-      unit->offsets.push_back(numel);
-      numel += named.value().numel();
+      Unit& unit = named.value().requires_grad() ? *trainable : *frozen;
+      unit.names.push_back(prefix.empty() ? named.key() : absl::StrCat(prefix, ".", named.key()));
+      unit.params.push_back(named.value());
+      unit.offsets.push_back(unit.padded);
+      unit.padded += named.value().numel();  // the flat size so far; padded below
     }
   }
   const int64_t group = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
-  unit->padded = (numel + group - 1) / group * group;
-  return unit;
+  const bool has_frozen = !frozen->params.empty();
+  std::vector<std::unique_ptr<Unit>> flats;
+  if (!trainable->params.empty() || !has_frozen) flats.push_back(std::move(trainable));
+  if (has_frozen) flats.push_back(std::move(frozen));
+  for (auto& unit : flats) {
+    unit->padded = (unit->padded + group - 1) / group * group;
+    unit->free_after_gradients = !has_frozen;
+  }
+  return flats;
 }
 
 absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
@@ -158,15 +171,15 @@ absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
         .copy_(unit.params[i].reshape(-1));
   }
   if (options_.sync_module_states) DRAY_RETURN_IF_ERROR(comm_->Broadcast(flat, 0));
-  // This rank's float32 master, for the optimizer.
+  // This rank's part: a float32 master for the optimizer, or frozen as computed.
   const int64_t group = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_size = unit.padded / group;
   const int64_t rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
   const at::Device shard_device = options_.cpu_offload ? at::Device(at::kCPU) : flat.device();
   unit.shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size)
-                   .to(shard_device, at::kFloat)
+                   .to(shard_device, unit.trainable ? at::kFloat : param_dtype_)
                    .clone()
-                   .requires_grad_(true);
+                   .requires_grad_(unit.trainable);
   // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
   unit.full = Shards(options_.strategy)
                   ? at::empty({unit.padded}, flat.options().dtype(param_dtype_))
@@ -184,6 +197,7 @@ void FullyShardedModule::RebindParameters(Unit& unit) {
     // accumulator), then the accumulator's hook.
     param.set_data(
         unit.full.slice(0, unit.offsets[i], unit.offsets[i] + param.numel()).view(param.sizes()));
+    if (!unit.trainable) continue;  // a frozen parameter has no gradient accumulator
     auto accumulator = torch::autograd::impl::grad_accumulator(param);
     Unit* raw = &unit;
     accumulator->add_post_hook(
@@ -213,7 +227,8 @@ absl::Status FullyShardedModule::ReplicateTheRest() {
     replicated_names_.push_back(named.key());
     if (precision.param_dtype
             .has_value()) {  // a float32 master, and a working copy to compute with
-      replicated_masters_.push_back(parameter.detach().to(at::kFloat).clone().requires_grad_(true));
+      replicated_masters_.push_back(
+          parameter.detach().to(at::kFloat).clone().requires_grad_(parameter.requires_grad()));
       parameter.set_data(parameter.detach().to(*precision.param_dtype));
     } else {
       replicated_masters_.push_back(parameter);
@@ -281,44 +296,60 @@ std::string FullyShardedModule::DescribePrecision() const {
                       c10::toString(reduce_dtype_));
 }
 
-int FullyShardedModule::GatheredUnits() const {
+bool FullyShardedModule::Gathered(size_t group) const {
+  for (size_t u : groups_[group]) {
+    if (units_[u]->gathered && Shards(options_.strategy)) return true;
+  }
+  return false;
+}
+
+int FullyShardedModule::GatheredGroups() const {
   int gathered = 0;
-  for (const auto& unit : units_) gathered += unit->gathered && Shards(options_.strategy) ? 1 : 0;
+  for (size_t group = 0; group < groups_.size(); ++group) gathered += Gathered(group) ? 1 : 0;
   return gathered;
 }
 
-void FullyShardedModule::Prefetch(size_t index) {
-  if (!options_.prefetch || index >= units_.size() || units_[index]->gathered) return;
-  if (GatheredUnits() >= options_.limit_all_gathers) return;
-  Check(Gather(*units_[index]), "prefetching a unit");
+void FullyShardedModule::GatherGroup(size_t group, const char* why) {
+  for (size_t u : groups_[group]) Check(Gather(*units_[u]), why);
+}
+
+void FullyShardedModule::FreeGroup(size_t group) {
+  for (size_t u : groups_[group]) Free(*units_[u]);
+}
+
+void FullyShardedModule::Prefetch(size_t group) {
+  if (!options_.prefetch || group >= groups_.size() || Gathered(group)) return;
+  if (GatheredGroups() >= options_.limit_all_gathers) return;
+  GatherGroup(group, "prefetching a unit");
 }
 
 void FullyShardedModule::BeforeUnit(size_t hook) {
-  const size_t index = unit_of_hook_.at(hook);
-  Unit& unit = *units_[index];
-  Check(Gather(unit), "gathering a unit for forward");
-  Prefetch(index + 1);
-  if (hook == 0 || unit_of_hook_[hook - 1] != index) {  // the unit's first module: a new pass
-    unit.pending_gradients = 0;
-    for (const at::Tensor& param : unit.params)
-      unit.pending_gradients += param.requires_grad() ? 1 : 0;
-    unit.gradients_reduced = false;
+  const size_t group = group_of_hook_.at(hook);
+  GatherGroup(group, "gathering a unit for forward");
+  Prefetch(group + 1);
+  if (hook == 0 || group_of_hook_[hook - 1] != group) {  // the unit's first module: a new pass
+    for (size_t u : groups_[group]) {
+      Unit& unit = *units_[u];
+      unit.pending_gradients = 0;
+      for (const at::Tensor& param : unit.params)
+        unit.pending_gradients += param.requires_grad() ? 1 : 0;
+      unit.gradients_reduced = !unit.trainable;
+    }
   }
 }
 
 void FullyShardedModule::AfterUnit(size_t hook, const std::vector<at::Tensor>& outputs) {
-  const size_t index = unit_of_hook_.at(hook);
-  Unit& unit = *units_[index];
+  const size_t group = group_of_hook_.at(hook);
   bool backward_follows = false;
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
     backward_follows = true;
     // Pre-backward: the unit's parameters are needed again when its output
     // gradients arrive.
-    at::Tensor(output).register_hook([this, &unit, index](const at::Tensor& grad) {
-      FinishLaterUnits(index);  // first, so that later units are freed before gathering
-      Check(Gather(unit), "gathering a unit for backward");
-      if (index > 0) Prefetch(index - 1);
+    at::Tensor(output).register_hook([this, group](const at::Tensor& grad) {
+      FinishLaterGroups(group);  // first, so that later units are freed before gathering
+      GatherGroup(group, "gathering a unit for backward");
+      if (group > 0) Prefetch(group - 1);
       if (!backward_callback_queued_) {
         backward_callback_queued_ = true;
         torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishBackward(); });
@@ -326,14 +357,15 @@ void FullyShardedModule::AfterUnit(size_t hook, const std::vector<at::Tensor>& o
       return grad;
     });
   }
-  const bool last_module = hook + 1 == unit_of_hook_.size() || unit_of_hook_[hook + 1] != index;
-  if (last_module && (!backward_follows || ReshardsAfterForward(options_.strategy))) Free(unit);
+  const bool last_module = hook + 1 == group_of_hook_.size() || group_of_hook_[hook + 1] != group;
+  if (last_module && (!backward_follows || ReshardsAfterForward(options_.strategy)))
+    FreeGroup(group);
 }
 
 void FullyShardedModule::OnParameterGradient(Unit& unit) {
   if (--unit.pending_gradients > 0) return;
   if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
-  Free(unit);
+  if (unit.free_after_gradients) Free(unit);
 }
 
 absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
@@ -364,16 +396,19 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   return absl::OkStatus();
 }
 
-void FullyShardedModule::FinishLaterUnits(size_t index) {
+void FullyShardedModule::FinishLaterGroups(size_t group) {
   // Units run in index order, so backward reaches them in reverse: when unit
-  // `index` starts its backward, every later unit has finished its own, even
+  // `group` starts its backward, every later unit has finished its own, even
   // if some of its parameters got no gradient (and so no post-hook fired).
-  for (size_t later = index + 1; later < units_.size(); ++later) {
-    Unit& unit = *units_[later];
-    if (unit.gradients_reduced) continue;
-    if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
-    unit.gradients_reduced = true;
-    Free(unit);
+  for (size_t later = group + 1; later < groups_.size(); ++later) {
+    for (size_t u : groups_[later]) {
+      Unit& unit = *units_[u];
+      if (!unit.gradients_reduced) {
+        if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
+        unit.gradients_reduced = true;
+      }
+      Free(unit);
+    }
   }
 }
 
@@ -388,6 +423,7 @@ void FullyShardedModule::FinishBackward() {
   if (!gradient_sync_) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < replicated_.size(); ++i) {
+    if (!replicated_[i].requires_grad()) continue;  // frozen
     at::Tensor& grad = replicated_[i].mutable_grad();
     at::Tensor reduced = grad.defined() ? grad.to(reduce_dtype_)
                                         : at::zeros(replicated_[i].sizes(),
@@ -406,8 +442,12 @@ void FullyShardedModule::FinishBackward() {
 
 std::vector<at::Tensor> FullyShardedModule::shards() const {
   std::vector<at::Tensor> tensors;
-  for (const auto& unit : units_) tensors.push_back(unit->shard);
-  tensors.insert(tensors.end(), replicated_masters_.begin(), replicated_masters_.end());
+  for (const auto& unit : units_) {
+    if (unit->trainable) tensors.push_back(unit->shard);
+  }
+  for (const at::Tensor& master : replicated_masters_) {
+    if (master.requires_grad()) tensors.push_back(master);
+  }
   return tensors;
 }
 

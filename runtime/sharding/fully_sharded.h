@@ -14,6 +14,12 @@
 // The model stays single-device code: it calls UnitHooks around each unit.
 // Parameters outside every unit are replicated (their gradients all-reduced).
 //
+// Parameters frozen before sharding (requires_grad false: a base model under
+// LoRA, FSDP's use_orig_params with frozen parameters) are flattened apart
+// from the trainable ones of their unit: their shards stay in the compute
+// dtype, get no gradients, are never reduced, and the optimizer never sees
+// them, so weight decay cannot move them.
+//
 //   DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(
 //                                           model.ptr(), UnitsOfType<BlockImpl>(*model), comm,
 //                                           {ShardingStrategy::kFullShard}));
@@ -115,8 +121,9 @@ class FullyShardedModule : public UnitHooks {
   void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) override;
 
   // shards returns the tensors an optimizer updates, all float32 masters:
-  // every unit's local shard, then the replicated parameters (themselves, or
-  // under mixed precision their masters). Their .grad is set by backward.
+  // every unit's local shard of trainable parameters, then the trainable
+  // replicated parameters (themselves, or under mixed precision their
+  // masters). Their .grad is set by backward.
   std::vector<at::Tensor> shards() const;
 
   // DescribePrecision says which dtype is stored, gathered and reduced.
@@ -182,9 +189,11 @@ class FullyShardedModule : public UnitHooks {
   // The steps of Shard, in order. SplitHybridGroups makes the shard and
   // replica groups of a hybrid strategy.
   absl::Status SplitHybridGroups();
-  // Flatten lays the parameters of `members` out as one unit (no memory yet).
-  std::unique_ptr<Unit> Flatten(const std::vector<std::shared_ptr<torch::nn::Module>>& members,
-                                const std::map<const torch::nn::Module*, std::string>& prefixes);
+  // Flatten lays the parameters of `members` out as flat parameters (no
+  // memory yet): the trainable ones, then the frozen ones, if any.
+  std::vector<std::unique_ptr<Unit>> Flatten(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& members,
+      const std::map<const torch::nn::Module*, std::string>& prefixes);
   // ShardUnit fills the unit's flat parameter (rank 0's, when synced), keeps
   // this rank's float32 master shard, and frees the rest.
   absl::Status ShardUnit(Unit& unit);
@@ -199,13 +208,17 @@ class FullyShardedModule : public UnitHooks {
   std::pair<int64_t, int64_t> ShardRange(const Unit& unit) const;
   absl::Status Gather(Unit& unit);
   absl::Status MoveMasters(at::Device device);
-  // Prefetch gathers unit `index` if it exists and the limit allows.
-  void Prefetch(size_t index);
-  int GatheredUnits() const;
+  // A group: the flat parameters of one unit of modules, gathered and freed together.
+  void GatherGroup(size_t group, const char* why);
+  void FreeGroup(size_t group);
+  bool Gathered(size_t group) const;
+  int GatheredGroups() const;
+  // Prefetch gathers group `group` if it exists and the limit allows.
+  void Prefetch(size_t group);
   void Free(Unit& unit);
   absl::Status ReduceGradients(Unit& unit);
   void OnParameterGradient(Unit& unit);
-  void FinishLaterUnits(size_t index);
+  void FinishLaterGroups(size_t group);
   void FinishBackward();
   void Check(const absl::Status& status, const char* what);
 
@@ -215,9 +228,10 @@ class FullyShardedModule : public UnitHooks {
   std::unique_ptr<Communicator> replica_group_;  // hybrid: its replicas in other groups
   Communicator* shard_comm_;                     // where units are gathered and reduce-scattered
   ShardingOptions options_;
-  std::vector<std::unique_ptr<Unit>> units_;
-  std::vector<size_t> unit_of_hook_;    // model hook index -> unit
-  std::vector<at::Tensor> replicated_;  // parameters outside every unit
+  std::vector<std::unique_ptr<Unit>> units_;  // flat parameters
+  std::vector<std::vector<size_t>> groups_;   // unit of modules -> its flat parameters
+  std::vector<size_t> group_of_hook_;         // model hook index -> unit of modules
+  std::vector<at::Tensor> replicated_;        // parameters outside every unit
   std::vector<std::string> replicated_names_;
   std::vector<at::Tensor>
       replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)

@@ -27,7 +27,8 @@ FullyShardedModule::FullParameters() {
   for (auto& unit : units_) {
     at::Tensor flat = at::empty({unit->padded}, unit->full.options().dtype(at::kFloat));
     if (Shards(options_.strategy)) {
-      DRAY_RETURN_IF_ERROR(shard_comm_->AllGather(unit->shard.detach().to(flat.device()), flat));
+      DRAY_RETURN_IF_ERROR(
+          shard_comm_->AllGather(unit->shard.detach().to(flat.device(), at::kFloat), flat));
     } else {
       flat.copy_(unit->shard.detach());
     }

@@ -23,6 +23,7 @@
 #include "runtime/collectives/local_group.h"
 #include "runtime/sharding/activation_checkpoint.h"
 #include "workers/models/layers.h"
+#include "workers/models/lora.h"
 
 namespace dray {
 namespace {
@@ -224,6 +225,70 @@ INSTANTIATE_TEST_SUITE_P(
       return absl::StrCat("w", std::get<0>(info.param), "_",
                           std::string(ShardingStrategyName(std::get<1>(info.param))));
     });
+
+// Frozen parameters (LoRA): only the adapters train, sharded or not; the
+// frozen base, sharded apart, gets no gradient and weight decay never moves it.
+std::map<std::string, at::Tensor> TrainLora(Communicator* comm, ShardingStrategy strategy,
+                                            const Data& data) {
+  ToyModel model;
+  const LoraOptions lora{2, 4, {"fc1", "fc2"}};
+  EXPECT_TRUE(AddLoraAdapters(*model, lora, at::make_generator<at::CPUGeneratorImpl>(9)).ok());
+  std::unique_ptr<FullyShardedModule> sharded;
+  std::vector<at::Tensor> trained;
+  for (const auto& p : model->parameters()) {
+    if (p.requires_grad()) trained.push_back(p);
+  }
+  if (comm != nullptr) {
+    ShardingOptions options;
+    options.strategy = strategy;
+    sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+    trained = sharded->shards();
+  }
+  torch::optim::AdamW optimizer(trained, Adam());
+  const int world = comm == nullptr ? 1 : comm->world_size();
+  const int rank = comm == nullptr ? 0 : comm->rank();
+  const int64_t rows = kBatch / world;
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer.zero_grad();
+    const at::Tensor out =
+        model->forward(data.x.slice(0, rank * rows, (rank + 1) * rows), sharded.get());
+    (out - data.y.slice(0, rank * rows, (rank + 1) * rows)).pow(2).mean().backward();
+    optimizer.step();
+  }
+  std::map<std::string, at::Tensor> params;
+  if (sharded == nullptr) {
+    for (const auto& p : model->named_parameters()) params[p.key()] = p.value().detach().clone();
+  } else {
+    const auto full = sharded->FullParameters().value();
+    for (const auto& [name, tensor] : full) params[name] = tensor;
+  }
+  return params;
+}
+
+TEST(FullyShardedFrozenTest, LoraAdaptersTrainAloneAndMatchUnsharded) {
+  const Data data = MakeData();
+  const std::map<std::string, at::Tensor> reference =
+      TrainLora(nullptr, ShardingStrategy::kFullShard, data);
+  ToyModel untouched;
+  for (const auto& p : untouched->named_parameters()) {
+    EXPECT_TRUE(at::equal(reference.at(p.key()), p.value())) << p.key() << " is frozen";
+  }
+  EXPECT_GT(MaxDiff(reference.at("blocks.0.fc1.lora_B.weight"), at::zeros({15, 2})), 1e-3);
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    for (int world : {2, 3}) {
+      std::vector<std::map<std::string, at::Tensor>> trained(world);
+      RunInGroup(world, [&](int rank, Communicator* comm) {
+        trained[rank] = TrainLora(comm, strategy, data);
+      });
+      for (const auto& [name, tensor] : reference) {
+        SCOPED_TRACE(absl::StrCat(ShardingStrategyName(strategy), " at world ", world, ": ", name));
+        EXPECT_LE(MaxDiff(trained[0].at(name), tensor), 1e-6);
+        if (name.find("lora_") == std::string::npos)
+          EXPECT_TRUE(at::equal(trained[0].at(name), tensor));
+      }
+    }
+  }
+}
 
 TEST(WrapPolicyTest, TransformerAndSizeBasedUnits) {
   ToyModel model;
