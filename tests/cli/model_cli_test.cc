@@ -138,8 +138,10 @@ TEST(ModelCliTest, ParityFailsOnATamperedReferenceNamingTheCase) {
               ::testing::ContainsRegex("transformer_tiny +case_a +sample .*BEYOND TOLERANCE"));
   EXPECT_THAT(output, HasSubstr("5 cases: 9 outputs within tolerance, 1 not"));
 
+  const fs::path empty = fs::path(std::getenv("TEST_TMPDIR")) / "empty";
+  fs::create_directories(empty);
   const auto [empty_code, empty_output] =
-      RunDray(absl::StrCat("parity --reference ", std::getenv("TEST_TMPDIR")));
+      RunDray(absl::StrCat("parity --reference ", empty.string()));
   EXPECT_EQ(empty_code, 1);
   EXPECT_THAT(empty_output, HasSubstr("holds no reference cases"));
 }

@@ -107,7 +107,9 @@ TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fsdp_sharding_strategy")));
   EXPECT_THAT(ImageEditConfig::Load("", {"batch_size=2"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("must read worker.image_edit.KEY=VALUE")));
+                       HasSubstr("unknown key batch_size; valid keys: worker")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.batch_size"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must read KEY=VALUE")));
   EXPECT_THAT(ImageEditConfig::Load("/nonexistent.yaml", {}),
               StatusIs(absl::StatusCode::kNotFound));
   const std::string broken = WriteYaml("broken.yaml", "worker: [unclosed\n");

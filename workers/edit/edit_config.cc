@@ -1,137 +1,14 @@
 #include "workers/edit/edit_config.h"
 
-#include <functional>
-
-#include <yaml-cpp/yaml.h>
-
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/strategy.h"
+#include "workers/config/yaml_config.h"
 
 namespace dray {
-namespace {
 
-// Field: one key, how to set it from YAML and how to print it.
-struct Field {
-  const char* name;
-  std::function<absl::Status(ImageEditConfig&, const YAML::Node&)> set;
-  std::function<YAML::Node(const ImageEditConfig&)> get;
-};
-
-template <typename T>
-Field MakeField(const char* name, T ImageEditConfig::*member, const char* type) {
-  return {name,
-          [=](ImageEditConfig& config, const YAML::Node& value) -> absl::Status {
-            try {
-              if (value.IsScalar()) {
-                config.*member = value.as<T>();
-                return absl::OkStatus();
-              }
-            } catch (const YAML::Exception&) {
-            }
-            return absl::InvalidArgumentError(absl::StrCat(
-                kConfigSection, ".", name, " must be ", type, ", got '", YAML::Dump(value), "'"));
-          },
-          [=](const ImageEditConfig& config) { return YAML::Node(config.*member); }};
-}
-
-const std::vector<Field>& Fields() {
-  static const std::vector<Field>* fields = new std::vector<Field>{
-      MakeField("model_path", &ImageEditConfig::model_path, "a path"),
-      MakeField("enable_fsdp", &ImageEditConfig::enable_fsdp, "true or false"),
-      MakeField("fsdp_sharding_strategy", &ImageEditConfig::fsdp_sharding_strategy,
-                "a strategy name"),
-      MakeField("fsdp_cpu_offload", &ImageEditConfig::fsdp_cpu_offload, "true or false"),
-      MakeField("fsdp_sync_module_states", &ImageEditConfig::fsdp_sync_module_states,
-                "true or false"),
-      MakeField("enable_cpu_offload", &ImageEditConfig::enable_cpu_offload, "true or false"),
-      MakeField("torch_dtype", &ImageEditConfig::torch_dtype, "a dtype name"),
-      MakeField("batch_size", &ImageEditConfig::batch_size, "an integer"),
-      MakeField("image_size", &ImageEditConfig::image_size, "an integer"),
-      MakeField("max_pixels", &ImageEditConfig::max_pixels, "an integer"),
-      MakeField("max_prompt_tokens", &ImageEditConfig::max_prompt_tokens, "an integer"),
-      MakeField("true_cfg_scale", &ImageEditConfig::true_cfg_scale, "a number"),
-      MakeField("num_inference_steps", &ImageEditConfig::num_inference_steps, "an integer"),
-      MakeField("negative_prompt", &ImageEditConfig::negative_prompt, "a string"),
-      MakeField("seed", &ImageEditConfig::seed, "an integer"),
-      MakeField("device", &ImageEditConfig::device, "a device (cpu, cuda, cuda:N)"),
-  };
-  return *fields;
-}
-
-absl::Status Set(ImageEditConfig& config, const std::string& key, const YAML::Node& value) {
-  for (const Field& field : Fields()) {
-    if (key == field.name) return field.set(config, value);
-  }
-  std::vector<std::string> names;
-  for (const Field& field : Fields()) names.push_back(field.name);
-  return absl::InvalidArgumentError(absl::StrCat("unknown key ", kConfigSection, ".", key,
-                                                 "; valid keys: ", absl::StrJoin(names, ", ")));
-}
-
-// ApplyDocument applies the `worker: image_edit:` section of a YAML
-// document; errors name `where` (a file, or "config").
-absl::Status ApplyDocument(const YAML::Node& root, const std::string& where,
-                           ImageEditConfig& config) {
-  if (root.IsNull()) return absl::OkStatus();
-  auto only = [&](const YAML::Node& node, const char* key,
-                  const std::string& path) -> absl::Status {
-    if (!node.IsMap())
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", path, " must be a mapping"));
-    for (const auto& entry : node) {
-      if (entry.first.as<std::string>() != key) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": unknown key ", path.empty() ? "" : path + ".",
-                         entry.first.as<std::string>(), "; valid keys: ", key));
-      }
-    }
-    return absl::OkStatus();
-  };
-  DRAY_RETURN_IF_ERROR(only(root, "worker", ""));
-  DRAY_RETURN_IF_ERROR(only(root["worker"], "image_edit", "worker"));
-  const YAML::Node section = root["worker"]["image_edit"];
-  if (section.IsNull()) return absl::OkStatus();
-  if (!section.IsMap())
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": ", kConfigSection, " must be a mapping"));
-  for (const auto& entry : section) {
-    absl::Status set = Set(config, entry.first.as<std::string>(), entry.second);
-    if (!set.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", set.message()));
-  }
-  return absl::OkStatus();
-}
-
-// ParseYaml reads a YAML document from `text` (a file when `is_path`).
-absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, bool is_path) {
-  const std::string where = is_path ? text : "config";
-  try {
-    return is_path ? YAML::LoadFile(text) : YAML::Load(text);
-  } catch (const YAML::BadFile&) {
-    return absl::NotFoundError(absl::StrCat("cannot read config file ", text));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": not valid YAML: ", e.what()));
-  }
-}
-
-absl::Status ApplyOverride(const std::string& text, ImageEditConfig& config) {
-  const size_t equals = text.find('=');
-  const std::string prefix = absl::StrCat(kConfigSection, ".");
-  if (equals == std::string::npos || text.rfind(prefix, 0) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("override '", text, "' must read ", prefix, "KEY=VALUE"));
-  }
-  YAML::Node value;
-  try {
-    value = YAML::Load(text.substr(equals + 1));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("override '", text, "': ", e.what()));
-  }
-  if (value.IsNull()) value = YAML::Node(std::string());  // "key=" means the empty string
-  return Set(config, text.substr(prefix.size(), equals - prefix.size()), value);
-}
-
-absl::Status Validate(const ImageEditConfig& c) {
+absl::Status ImageEditConfig::Validate() const {
+  const ImageEditConfig& c = *this;
   auto bad = [](const char* key, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(kConfigSection, ".", key, " ", why));
   };
@@ -167,7 +44,32 @@ absl::Status Validate(const ImageEditConfig& c) {
   return absl::OkStatus();
 }
 
-}  // namespace
+std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
+  const std::string s = absl::StrCat(kConfigSection, ".");
+  return {
+      Key(s + "model_path", c.model_path, "a path"),
+      Key(s + "enable_fsdp", c.enable_fsdp, "true or false"),
+      Key(s + "fsdp_sharding_strategy", c.fsdp_sharding_strategy, "a strategy name"),
+      Key(s + "fsdp_cpu_offload", c.fsdp_cpu_offload, "true or false"),
+      Key(s + "fsdp_sync_module_states", c.fsdp_sync_module_states, "true or false"),
+      Key(s + "enable_cpu_offload", c.enable_cpu_offload, "true or false"),
+      Key(s + "torch_dtype", c.torch_dtype, "a dtype name"),
+      Key(s + "batch_size", c.batch_size, "an integer"),
+      Key(s + "image_size", c.image_size, "an integer"),
+      Key(s + "max_pixels", c.max_pixels, "an integer"),
+      Key(s + "max_prompt_tokens", c.max_prompt_tokens, "an integer"),
+      Key(s + "true_cfg_scale", c.true_cfg_scale, "a number"),
+      Key(s + "num_inference_steps", c.num_inference_steps, "an integer"),
+      Key(s + "negative_prompt", c.negative_prompt, "a string"),
+      Key(s + "seed", c.seed, "an integer"),
+      Key(s + "device", c.device, "a device (cpu, cuda, cuda:N)"),
+  };
+}
+
+void ImageEditConfig::UseEmbeddedDefaults() {
+  num_inference_steps = kEmbeddedSteps;
+  image_size = kEmbeddedImageSize;
+}
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_path,
                                                       const std::vector<std::string>& overrides) {
@@ -176,35 +78,30 @@ absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_pa
     DRAY_ASSIGN_OR_RETURN(document, ParseYaml(yaml_path, /*is_path=*/true));
   }
   auto resolve = [&](ImageEditConfig config) -> absl::StatusOr<ImageEditConfig> {
-    DRAY_RETURN_IF_ERROR(ApplyDocument(document, yaml_path, config));
-    for (const std::string& text : overrides) DRAY_RETURN_IF_ERROR(ApplyOverride(text, config));
-    DRAY_RETURN_IF_ERROR(Validate(config));
+    DRAY_RETURN_IF_ERROR(ApplyYaml(document, yaml_path, ImageEditConfigKeys(config)));
+    for (const std::string& text : overrides)
+      DRAY_RETURN_IF_ERROR(ApplyOverride(text, ImageEditConfigKeys(config)));
+    DRAY_RETURN_IF_ERROR(config.Validate());
     return config;
   };
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, resolve(ImageEditConfig()));
   if (!config.model_path.empty()) return config;
   ImageEditConfig embedded;  // what the tiny model needs: unset keys take these instead
-  embedded.num_inference_steps = kEmbeddedSteps;
-  embedded.image_size = kEmbeddedImageSize;
+  embedded.UseEmbeddedDefaults();
   return resolve(embedded);
 }
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::FromYaml(const std::string& text) {
   DRAY_ASSIGN_OR_RETURN(YAML::Node document, ParseYaml(text, /*is_path=*/false));
   ImageEditConfig config;
-  DRAY_RETURN_IF_ERROR(ApplyDocument(document, "config", config));
-  DRAY_RETURN_IF_ERROR(Validate(config));
+  DRAY_RETURN_IF_ERROR(ApplyYaml(document, "config", ImageEditConfigKeys(config)));
+  DRAY_RETURN_IF_ERROR(config.Validate());
   return config;
 }
 
 std::string ImageEditConfig::ToYaml() const {
-  YAML::Emitter out;
-  out << YAML::BeginMap << YAML::Key << "worker" << YAML::Value << YAML::BeginMap << YAML::Key
-      << "image_edit" << YAML::Value << YAML::BeginMap;
-  for (const Field& field : Fields())
-    out << YAML::Key << field.name << YAML::Value << field.get(*this);
-  out << YAML::EndMap << YAML::EndMap << YAML::EndMap;
-  return std::string(out.c_str()) + "\n";
+  ImageEditConfig copy = *this;
+  return KeysToYaml(ImageEditConfigKeys(copy));
 }
 
 }  // namespace dray

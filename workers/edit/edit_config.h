@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/config/yaml_config.h"
 
 namespace dray {
 
@@ -68,7 +69,16 @@ struct ImageEditConfig {
   static absl::StatusOr<ImageEditConfig> FromYaml(const std::string& text);
   // ToYaml writes the configuration in the file layout, every key present.
   std::string ToYaml() const;
+  // Validate checks every value's range (what Load and FromYaml check).
+  absl::Status Validate() const;
+  // UseEmbeddedDefaults sets what the embedded tiny model needs (20 steps
+  // at 256^2), for keys a file and overrides leave unset.
+  void UseEmbeddedDefaults();
 };
+
+// ImageEditConfigKeys binds the `worker.image_edit.*` keys to `config`
+// (workers/config/yaml_config.h), for configurations that embed it.
+std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& config);
 
 }  // namespace dray
 
