@@ -159,43 +159,56 @@ int64_t DenoisingLoops(const std::vector<EditInput>& inputs) {
   return static_cast<int64_t>(sizes.size());
 }
 
-absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
-    const std::vector<EditInput>& inputs, const EditOptions& options, const StepCallback& on_step) {
+absl::StatusOr<std::vector<std::vector<size_t>>> SameSizeGroups(
+    const std::vector<EditInput>& inputs, const EditOptions& options) {
   DRAY_RETURN_IF_ERROR(CheckOptions(options));
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_size;  // rows sharing an image size
+  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_size;
   for (size_t i = 0; i < inputs.size(); ++i) {
     DRAY_RETURN_IF_ERROR(CheckImage(inputs[i].image, i));
     by_size[{inputs[i].image.size(0), inputs[i].image.size(1)}].push_back(i);
   }
+  std::vector<std::vector<size_t>> groups;
+  for (auto& [size, indices] : by_size) groups.push_back(std::move(indices));
+  return groups;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
+    const std::vector<EditInput>& inputs, const EditOptions& options, const StepCallback& on_step) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> groups, SameSizeGroups(inputs, options));
   std::vector<at::Tensor> results(inputs.size());
   const int steps = options.num_inference_steps;
-  const int total = steps * static_cast<int>(by_size.size());
+  const int total = steps * static_cast<int>(groups.size());
   int done_before = 0;
-  for (const auto& [size, indices] : by_size) {
+  for (const std::vector<size_t>& indices : groups) {
     std::vector<const EditInput*> rows;
     for (size_t i : indices) rows.push_back(&inputs[i]);
     StepCallback loop_step;
     if (on_step) {
       loop_step = [&, done_before](int step, int) { return on_step(done_before + step, total); };
     }
-    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images, EditBatch(rows, options, loop_step));
+    torch::NoGradGuard no_grad;
+    DRAY_ASSIGN_OR_RETURN(PreparedEdit prepared, Prepare(rows, options));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor latents, Denoise(prepared, options, loop_step));
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
+                          Decode(latents, prepared.height, prepared.width));
     done_before += steps;
     for (size_t k = 0; k < indices.size(); ++k) results[indices[k]] = std::move(images[k]);
   }
   return results;
 }
 
-absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
-    const std::vector<const EditInput*>& rows, const EditOptions& options,
-    const StepCallback& on_step) {
+absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
+    const std::vector<const EditInput*>& rows, const EditOptions& options) {
   torch::NoGradGuard no_grad;
   const int64_t scale = vae_scale_factor();
   const int64_t image_height = rows[0]->image.size(0), image_width = rows[0]->image.size(1);
   const double area = static_cast<double>(options.image_size * options.image_size);
   const auto [condition_width, condition_height] = CalculateDimensions(
       area, static_cast<double>(image_width) / static_cast<double>(image_height));
-  const auto [width, height] =
+  PreparedEdit prepared;
+  std::tie(prepared.width, prepared.height) =
       EditOutputSize(image_width, image_height, options.width, options.height, scale, area);
+  const int64_t width = prepared.width, height = prepared.height;
   if (width < 2 * scale || height < 2 * scale || condition_width < 2 * scale ||
       condition_height < 2 * scale) {
     return absl::InvalidArgumentError(absl::StrCat("image ", image_width, "x", image_height,
@@ -211,18 +224,17 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
     resized.push_back(image);
     instructions.push_back(row->instruction);
   }
-  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompt, EncodePrompts(instructions, resized));
-  std::optional<PromptEmbeddings> negative;
+  DRAY_ASSIGN_OR_RETURN(prepared.prompt, EncodePrompts(instructions, resized));
   if (options.negative_prompt.has_value() && options.true_cfg_scale > 1) {
     DRAY_ASSIGN_OR_RETURN(
-        negative,
+        prepared.negative,
         EncodePrompts(std::vector<std::string>(rows.size(), *options.negative_prompt), resized));
   }
 
   const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
   DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
                         model_.vae->Encode(ToPixels(resized, model_options)));
-  DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
+  DRAY_ASSIGN_OR_RETURN(prepared.image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
 
   // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
   const int64_t channels = model_.transformer->config().in_channels / 4;
@@ -232,46 +244,61 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::EditBatch(
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(row->seed);
     noise.push_back(at::randn({1, channels, 1, latent_h, latent_w}, generator, at::kFloat));
   }
-  DRAY_ASSIGN_OR_RETURN(at::Tensor latents, PackLatents(at::cat(noise).to(model_options)));
-
-  const std::vector<SampleImages> shapes(
+  DRAY_ASSIGN_OR_RETURN(prepared.noise, PackLatents(at::cat(noise).to(model_options)));
+  prepared.shapes.assign(
       rows.size(), SampleImages{{1, latent_h / 2, latent_w / 2},
                                 {1, condition_height / scale / 2, condition_width / scale / 2}});
-  DRAY_ASSIGN_OR_RETURN(
-      latents, Denoise(latents, image_latents, prompt, negative ? &*negative : nullptr, shapes,
-                       options, on_step));
-  DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked, UnpackLatents(latents, height, width, scale));
+  return prepared;
+}
+
+absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::Tensor& latents,
+                                                                      int64_t height,
+                                                                      int64_t width) {
+  torch::NoGradGuard no_grad;
+  DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked,
+                        UnpackLatents(latents, height, width, vae_scale_factor()));
   DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(model_.vae->Denormalize(unpacked)));
   return ToImages(decoded.select(2, 0));
 }
 
-absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(
-    at::Tensor latents, const at::Tensor& image_latents, const PromptEmbeddings& prompt,
-    const PromptEmbeddings* negative, const std::vector<SampleImages>& shapes,
-    const EditOptions& options, const StepCallback& on_step) {
+absl::StatusOr<FlowMatchEulerScheduler> QwenImageEditPipeline::Scheduler(int64_t image_seq_len,
+                                                                         int steps) const {
   const FlowMatchEulerConfig& config = model_.scheduler;
   FlowMatchEulerScheduler scheduler(config);
-  const int steps = options.num_inference_steps;
-  const double mu = CalculateShift(latents.size(1), config.base_image_seq_len,
+  const double mu = CalculateShift(image_seq_len, config.base_image_seq_len,
                                    config.max_image_seq_len, config.base_shift, config.max_shift);
   DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
-  const int64_t noisy = latents.size(1);
-  auto predict = [&](const PromptEmbeddings& text,
-                     const at::Tensor& timestep) -> absl::StatusOr<at::Tensor> {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor out,
-                          model_.transformer->forward(at::cat({latents, image_latents}, 1),
-                                                      text.embeds, text.mask, timestep, shapes));
-    return out.narrow(1, 0, noisy);
+  return scheduler;
+}
+
+absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& prepared,
+                                                           const at::Tensor& latents,
+                                                           const at::Tensor& timestep,
+                                                           double true_cfg_scale) {
+  const at::Tensor scaled = (timestep / 1000).to(latents.options());
+  auto predict = [&](const PromptEmbeddings& text) -> absl::StatusOr<at::Tensor> {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor out, model_.transformer->forward(
+                                              at::cat({latents, prepared.image_latents}, 1),
+                                              text.embeds, text.mask, scaled, prepared.shapes));
+    return out.narrow(1, 0, latents.size(1));
   };
+  DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(prepared.prompt));
+  if (!prepared.negative.has_value()) return velocity;
+  DRAY_ASSIGN_OR_RETURN(at::Tensor negative, predict(*prepared.negative));
+  return TrueCfg(velocity, negative, true_cfg_scale);
+}
+
+absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(const PreparedEdit& prepared,
+                                                          const EditOptions& options,
+                                                          const StepCallback& on_step) {
+  const int steps = options.num_inference_steps;
+  at::Tensor latents = prepared.noise;
+  DRAY_ASSIGN_OR_RETURN(FlowMatchEulerScheduler scheduler, Scheduler(latents.size(1), steps));
   for (int i = 0; i < steps; ++i) {
-    const at::Tensor timestep =
-        (scheduler.timesteps()[i].expand({latents.size(0)}) / 1000).to(latents.options());
-    DRAY_ASSIGN_OR_RETURN(at::Tensor noise_pred, predict(prompt, timestep));
-    if (negative != nullptr) {
-      DRAY_ASSIGN_OR_RETURN(at::Tensor negative_pred, predict(*negative, timestep));
-      noise_pred = TrueCfg(noise_pred, negative_pred, options.true_cfg_scale);
-    }
-    DRAY_ASSIGN_OR_RETURN(latents, scheduler.Step(noise_pred, latents));
+    const at::Tensor timestep = scheduler.timesteps()[i].expand({latents.size(0)});
+    DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,
+                          Velocity(prepared, latents, timestep, options.true_cfg_scale));
+    DRAY_ASSIGN_OR_RETURN(latents, scheduler.Step(velocity, latents));
     if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
   }
   return latents;

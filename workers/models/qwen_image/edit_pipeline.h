@@ -36,6 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "workers/models/qwen_image/model.h"
+#include "workers/models/qwen_image/scheduler.h"
 
 namespace dray::qwen_image {
 
@@ -80,6 +81,22 @@ struct PromptEmbeddings {
   at::Tensor mask;    // int64 [B, L]: 1 for real tokens
 };
 
+// PreparedEdit: rows sharing an image size, ready to denoise: what the
+// edit loop and an RL rollout (or its training step) start from.
+struct PreparedEdit {
+  at::Tensor noise;          // packed initial latents [B, S, C], each row's from its seed
+  at::Tensor image_latents;  // packed, normalized VAE latents of the resized inputs
+  PromptEmbeddings prompt;
+  std::optional<PromptEmbeddings> negative;  // set when guidance runs
+  std::vector<SampleImages> shapes;
+  int64_t width = 0, height = 0;  // output pixels
+};
+
+// SameSizeGroups returns the indices of `inputs` grouped by image size (each
+// group one denoising loop), after checking every image and `options`.
+absl::StatusOr<std::vector<std::vector<size_t>>> SameSizeGroups(
+    const std::vector<EditInput>& inputs, const EditOptions& options);
+
 class QwenImageEditPipeline {
  public:
   explicit QwenImageEditPipeline(QwenImageModel model);
@@ -94,21 +111,33 @@ class QwenImageEditPipeline {
                                                const EditOptions& options,
                                                const StepCallback& on_step = nullptr);
 
+  // Prepare resizes and encodes the images and instructions of `rows` (one
+  // image size) and draws their noise; without gradients.
+  absl::StatusOr<PreparedEdit> Prepare(const std::vector<const EditInput*>& rows,
+                                       const EditOptions& options);
+
+  // Velocity: the transformer's prediction for `latents` at schedule
+  // timestep `timestep` ([B], 0..1000), with true CFG when the prepared
+  // edit has a negative prompt. Differentiable when grad mode is on.
+  absl::StatusOr<at::Tensor> Velocity(const PreparedEdit& prepared, const at::Tensor& latents,
+                                      const at::Tensor& timestep, double true_cfg_scale);
+
+  // Scheduler: the shifted schedule of `steps` steps for `image_seq_len`
+  // latent tokens, as the edit loop runs it.
+  absl::StatusOr<FlowMatchEulerScheduler> Scheduler(int64_t image_seq_len, int steps) const;
+
+  // Decode turns packed latents into uint8 [height, width, 3] images.
+  absl::StatusOr<std::vector<at::Tensor>> Decode(const at::Tensor& latents, int64_t height,
+                                                 int64_t width);
+
   QwenImageModel& model() { return model_; }
   // vae_scale_factor: pixels per latent along each side.
   int64_t vae_scale_factor() const;
 
  private:
-  // EditBatch edits rows whose images share one size.
-  absl::StatusOr<std::vector<at::Tensor>> EditBatch(const std::vector<const EditInput*>& rows,
-                                                    const EditOptions& options,
-                                                    const StepCallback& on_step);
-  // Denoise runs the flow-matching loop from packed noise.
-  absl::StatusOr<at::Tensor> Denoise(at::Tensor latents, const at::Tensor& image_latents,
-                                     const PromptEmbeddings& prompt,
-                                     const PromptEmbeddings* negative,
-                                     const std::vector<SampleImages>& shapes,
-                                     const EditOptions& options, const StepCallback& on_step);
+  // Denoise runs the flow-matching loop from the prepared noise.
+  absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
+                                     const StepCallback& on_step);
 
   QwenImageModel model_;
   int64_t dropped_tokens_;  // template tokens whose hidden states are dropped
