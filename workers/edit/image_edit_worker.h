@@ -34,6 +34,8 @@
 
 namespace dray {
 
+struct EditModel;
+
 // kImageEditRole: the role QwenImageEditWorker is registered under.
 inline constexpr char kImageEditRole[] = "image_edit";
 // kDenoisingProgress: what edit_images_batch's progress reports count.
@@ -48,12 +50,11 @@ class QwenImageEditWorker : public Worker {
   absl::StatusOr<DataProto> EditImagesBatch(const DataProto& batch);
 
  private:
-  struct State;
   // StopBetweenSteps: why the call must stop after step `done` of `steps`
   // (Worker::StopRequested, agreed across shards), or OK.
   absl::Status StopBetweenSteps(int64_t done, int64_t steps);
 
-  std::unique_ptr<State> state_;  // set by init_model
+  std::unique_ptr<EditModel> model_;  // set by init_model
 };
 
 }  // namespace dray

@@ -1,0 +1,160 @@
+#include "workers/edit/edit_model.h"
+
+#include <ATen/Context.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "runtime/sharding/replicate.h"
+#include "workers/models/qwen_image/model.h"
+
+namespace dray {
+namespace {
+
+absl::StatusOr<at::Device> ParseDevice(const std::string& name) {
+  if (name == "cpu") return at::Device(at::kCPU);
+  if (!at::globalContext().hasCUDA()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device '", name, "' needs CUDA; this build or machine has none (use device=cpu)"));
+  }
+  // The controller sets CUDA_VISIBLE_DEVICES to the local rank: "cuda" is this worker's GPU.
+  return name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(name);
+}
+
+at::ScalarType ParseDtype(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  return at::kFloat;  // validated by ImageEditConfig
+}
+
+// ResidentBytes: this process's resident memory, from /proc/self/statm.
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * 4096;
+}
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// WholeModels: transformer, text encoder and VAE, as plain modules.
+std::vector<std::shared_ptr<torch::nn::Module>> WholeModels(
+    const qwen_image::QwenImageModel& model) {
+  return {model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
+}
+
+int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  int64_t bytes = 0;
+  for (const auto& module : modules) bytes += ModuleBytes(*module);
+  return bytes;
+}
+
+}  // namespace
+
+int64_t EditModel::BlockModelBytes() {
+  if (transformer_shards == nullptr)
+    return ModelsBytes({model().transformer.ptr(), model().text_encoder.ptr()});
+  return transformer_shards->LocalBytes().parameters + text_encoder_shards->LocalBytes().parameters;
+}
+
+int64_t EditModel::ParameterBytes() { return BlockModelBytes() + ModuleBytes(*model().vae); }
+
+MetaInfo EditModel::MemoryFigures(int rank) {
+  return {{"rank", int64_t{rank}},
+          {"parameter_bytes", ParameterBytes()},
+          {"block_model_parameter_bytes", BlockModelBytes()},
+          {"resident_bytes", ResidentBytes()}};
+}
+
+absl::Status EditModel::MoveParameters(at::Device target) {
+  torch::NoGradGuard no_grad;
+  if (transformer_shards != nullptr) {
+    DRAY_RETURN_IF_ERROR(target.is_cpu() ? transformer_shards->Offload()
+                                         : transformer_shards->Load(target));
+    DRAY_RETURN_IF_ERROR(target.is_cpu() ? text_encoder_shards->Offload()
+                                         : text_encoder_shards->Load(target));
+  } else {
+    model().transformer->to(target);
+    model().text_encoder->to(target);
+  }
+  model().vae->to(target);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& config,
+                                                         Worker& worker,
+                                                         const BeforeSharding& before_sharding) {
+  if (config.model_path.empty()) {
+    return absl::InvalidArgumentError(
+        "init_model needs worker.image_edit.model_path (the controller writes the "
+        "embedded model and passes its path)");
+  }
+  auto state = std::make_unique<EditModel>();
+  DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
+  const at::ScalarType dtype = ParseDtype(config.torch_dtype);
+  auto log = [&](const char* phase, int64_t parameter_bytes) {
+    std::fprintf(stderr, "init_model: %-26s resident %8.1f MiB, parameters %8.1f MiB\n", phase,
+                 MiB(ResidentBytes()), MiB(parameter_bytes));
+    std::fflush(stderr);
+  };
+  log("start", 0);
+
+  // With sync_module_states only rank 0 reads the weights; the others build
+  // shape-only and receive them. Under FSDP the shards are float32 masters
+  // and torch_dtype is the compute dtype (mixed precision).
+  const int world = worker.world_size(), rank = worker.rank();
+  const bool receives = config.fsdp_sync_module_states && world > 1 && rank != 0;
+  const bool sends = config.fsdp_sync_module_states && world > 1;
+  const at::TensorOptions options =
+      at::TensorOptions().device(state->device).dtype(config.enable_fsdp ? at::kFloat : dtype);
+  DRAY_ASSIGN_OR_RETURN(
+      qwen_image::QwenImageModel model,
+      qwen_image::LoadQwenImageModel(config.model_path, options,
+                                     receives ? Weights::kShapeOnly : Weights::kRead));
+  log(receives ? "built shape-only" : "weights read", ModelsBytes(WholeModels(model)));
+  if (before_sharding) DRAY_RETURN_IF_ERROR(before_sharding(model));
+
+  Communicator* group = nullptr;
+  if (sends || config.enable_fsdp) {
+    DRAY_ASSIGN_OR_RETURN(group, state->device.is_cuda() ? worker.device_comm() : worker.comm());
+  }
+  if (config.enable_fsdp) {
+    ShardingOptions sharding;
+    DRAY_ASSIGN_OR_RETURN(sharding.strategy, ParseShardingStrategy(config.fsdp_sharding_strategy));
+    sharding.sync_module_states = sends;
+    sharding.cpu_offload = config.fsdp_cpu_offload;
+    if (dtype != at::kFloat) sharding.mixed_precision.param_dtype = dtype;
+    std::vector<std::shared_ptr<torch::nn::Module>> blocks(model.transformer->blocks()->begin(),
+                                                           model.transformer->blocks()->end());
+    DRAY_ASSIGN_OR_RETURN(
+        state->transformer_shards,
+        FullyShardedModule::Shard(model.transformer.ptr(), blocks, group, sharding));
+    DRAY_ASSIGN_OR_RETURN(state->text_encoder_shards,
+                          FullyShardedModule::Shard(model.text_encoder.ptr(),
+                                                    model.text_encoder->blocks(), group, sharding));
+    model.transformer->set_unit_hooks(state->transformer_shards.get());
+    model.text_encoder->set_unit_hooks(state->text_encoder_shards.get());
+    if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
+    if (dtype != at::kFloat) model.vae->to(dtype);
+  } else if (sends) {
+    for (const auto& module : WholeModels(model))
+      DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
+  }
+  state->config = config;
+  state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));
+  log(state->sharded() ? "sharded" : sends ? "received" : "ready", state->ParameterBytes());
+  if (config.enable_cpu_offload) {
+    DRAY_RETURN_IF_ERROR(state->MoveParameters(at::kCPU));
+    log("offloaded to CPU", state->ParameterBytes());
+  }
+  if (group != nullptr) DRAY_RETURN_IF_ERROR(group->Barrier());
+  return state;
+}
+
+}  // namespace dray

@@ -1,0 +1,67 @@
+// EditModel: the Qwen-Image-Edit model a worker process holds, as every
+// worker class that runs it loads it: read from config.model_path (by rank
+// 0 alone with fsdp_sync_module_states, the others building shape-only and
+// receiving), the transformer's and text encoder's blocks sharded with
+// FSDP's design when enable_fsdp is set (the VAE is replicated), and the
+// edit pipeline over it. Each phase's memory is logged to stderr.
+//
+//   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<EditModel> model,
+//                         LoadEditModel(config, *this, [&](qwen_image::QwenImageModel& m) {
+//                           return AddLoraAdapters(*m.transformer, lora, generator).status();
+//                         }));
+//   model->pipeline->Edit(...);
+//
+// Thread-safety: not thread-safe (the models are not).
+#ifndef DRAY_WORKERS_EDIT_EDIT_MODEL_H_
+#define DRAY_WORKERS_EDIT_EDIT_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+#include "absl/status/statusor.h"
+#include "dispatch/data_proto.h"
+#include "runtime/sharding/fully_sharded.h"
+#include "runtime/worker/worker.h"
+#include "workers/edit/edit_config.h"
+#include "workers/models/qwen_image/edit_pipeline.h"
+
+namespace dray {
+
+struct EditModel {
+  ImageEditConfig config;
+  at::Device device{at::kCPU};
+  // Declared before the pipeline, whose models call them: destroyed after it.
+  std::unique_ptr<FullyShardedModule> transformer_shards, text_encoder_shards;
+  std::unique_ptr<qwen_image::QwenImageEditPipeline> pipeline;
+
+  qwen_image::QwenImageModel& model() { return pipeline->model(); }
+  bool sharded() const { return transformer_shards != nullptr; }
+
+  // BlockModelBytes: the parameter memory this rank holds of the models
+  // FSDP shards (transformer and text encoder); the VAE is always whole.
+  int64_t BlockModelBytes();
+  int64_t ParameterBytes();
+  // MemoryFigures: rank, parameter_bytes, block_model_parameter_bytes and
+  // resident_bytes, as init_model returns them.
+  MetaInfo MemoryFigures(int rank);
+
+  // MoveParameters puts every parameter (the shards, under FSDP) on `device`.
+  absl::Status MoveParameters(at::Device device);
+};
+
+// BeforeSharding: a change to the loaded model before it is sharded (LoRA
+// adapters, freezing what is not trained).
+using BeforeSharding = std::function<absl::Status(qwen_image::QwenImageModel& model)>;
+
+// LoadEditModel loads the model `config` names into `worker`'s process (a
+// collective when sharding or syncing: every rank calls it), ending with a
+// barrier.
+absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(
+    const ImageEditConfig& config, Worker& worker, const BeforeSharding& before_sharding = nullptr);
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_EDIT_EDIT_MODEL_H_
