@@ -20,6 +20,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/edit_commands.h"
+#include "cli/train_command.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/process/allocator.h"
 #include "runtime/worker/worker_process.h"
@@ -28,6 +29,7 @@
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/parity/parity.h"
+#include "workers/train/flow_grpo_worker.h"
 
 namespace dray {
 namespace {
@@ -43,6 +45,7 @@ WorkerClassRegistry WorkerClasses() {
   WorkerClassRegistry classes;
   RegisterBenchWorkers(&classes);
   classes.Add<QwenImageEditWorker>(kImageEditRole);
+  classes.Add<FlowGrpoWorker>(kFlowGrpoRole);
   return classes;
 }
 
@@ -146,6 +149,7 @@ int Main(int argc, char** argv) {
   bench->add_flag("--json", json, "one JSON object per line: {\"name\", \"value\", \"unit\"}");
 
   EditCommands edit_commands(app, SelfPath());
+  TrainCommand train_command(app, SelfPath());
 
   CLI::App* init = app.add_subcommand(
       "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
@@ -181,6 +185,7 @@ int Main(int argc, char** argv) {
   if (*bench || *echo) KeepFreedMemoryForReuse();
   if (*bench) return Bench(suite, workers, quick, json);
   if (std::optional<int> code = edit_commands.Run()) return *code;
+  if (std::optional<int> code = train_command.Run()) return *code;
   if (*init) return InitModel(preset, out, seed);
   if (*parity) return Parity(reference);
   if (*worker) {

@@ -396,14 +396,24 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   return absl::OkStatus();
 }
 
+bool FullyShardedModule::HasGradients(const Unit& unit) {
+  for (const at::Tensor& param : unit.params) {
+    if (param.grad().defined()) return true;
+  }
+  return false;
+}
+
 void FullyShardedModule::FinishLaterGroups(size_t group) {
   // Units run in index order, so backward reaches them in reverse: when unit
   // `group` starts its backward, every later unit has finished its own, even
   // if some of its parameters got no gradient (and so no post-hook fired).
+  // When several graphs share the units (two forwards, one backward: true
+  // CFG), their backward passes interleave and a later unit may get its
+  // gradients only after this: it is reduced then, or at FinishBackward.
   for (size_t later = group + 1; later < groups_.size(); ++later) {
     for (size_t u : groups_[later]) {
       Unit& unit = *units_[u];
-      if (!unit.gradients_reduced) {
+      if (!unit.gradients_reduced && HasGradients(unit)) {
         if (gradient_sync_) Check(ReduceGradients(unit), "reducing gradients");
         unit.gradients_reduced = true;
       }
@@ -414,9 +424,10 @@ void FullyShardedModule::FinishLaterGroups(size_t group) {
 
 void FullyShardedModule::FinishBackward() {
   backward_callback_queued_ = false;
-  // Units whose parameters did not all receive gradients (unused ones).
+  // Units whose parameters did not all receive gradients (unused ones), and
+  // gradients that arrived after their unit was first reduced.
   for (auto& unit : units_) {
-    if (gradient_sync_ && !unit->gradients_reduced)
+    if (gradient_sync_ && unit->trainable && (!unit->gradients_reduced || HasGradients(*unit)))
       Check(ReduceGradients(*unit), "reducing gradients");
     Free(*unit);
   }

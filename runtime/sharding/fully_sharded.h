@@ -219,6 +219,8 @@ class FullyShardedModule : public UnitHooks {
   absl::Status ReduceGradients(Unit& unit);
   void OnParameterGradient(Unit& unit);
   void FinishLaterGroups(size_t group);
+  // HasGradients: whether any parameter of `unit` holds a gradient not yet reduced.
+  static bool HasGradients(const Unit& unit);
   void FinishBackward();
   void Check(const absl::Status& status, const char* what);
 

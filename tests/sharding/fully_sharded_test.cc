@@ -36,9 +36,11 @@ constexpr int kSteps = 3;
 
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl() {
+  // `spare`: a layer the block never uses (its parameters get no gradient).
+  explicit BlockImpl(bool spare = false) {
     fc1 = register_module("fc1", Linear(LinearImpl::Options{kWidth, 3 * kWidth}));
     fc2 = register_module("fc2", Linear(LinearImpl::Options{3 * kWidth, kWidth}));
+    if (spare) register_module("spare", Linear(LinearImpl::Options{kWidth, kWidth}));
   }
   at::Tensor forward(const at::Tensor& x) { return x + fc2->forward(at::tanh(fc1->forward(x))); }
   Linear fc1{nullptr}, fc2{nullptr};
@@ -47,10 +49,10 @@ class BlockImpl : public torch::nn::Module {
 // ToyModel: input projection, 3 residual blocks (the units), output projection.
 class ToyModelImpl : public torch::nn::Module {
  public:
-  explicit ToyModelImpl(uint64_t seed = 0) {
+  explicit ToyModelImpl(uint64_t seed = 0, bool spare = false) {
     input = register_module("input", Linear(LinearImpl::Options{3, kWidth}));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int i = 0; i < 3; ++i) blocks->push_back(std::make_shared<BlockImpl>());
+    for (int i = 0; i < 3; ++i) blocks->push_back(std::make_shared<BlockImpl>(spare));
     output = register_module("output", Linear(LinearImpl::Options{kWidth, 2}));
     InitializeLikePyTorch(*this, at::make_generator<at::CPUGeneratorImpl>(seed));
   }
@@ -285,6 +287,75 @@ TEST(FullyShardedFrozenTest, LoraAdaptersTrainAloneAndMatchUnsharded) {
         EXPECT_LE(MaxDiff(trained[0].at(name), tensor), 1e-6);
         if (name.find("lora_") == std::string::npos)
           EXPECT_TRUE(at::equal(trained[0].at(name), tensor));
+      }
+    }
+  }
+}
+
+// True CFG runs the model twice (conditional and negative input) before one
+// backward: every unit is used by two graphs whose backward passes
+// interleave, and, as in the transformer's last block, some parameters get
+// no gradient at all. Gradients must equal unsharded ones.
+// TwoForwardGradients returns the trainable parameters' gradients in
+// parameter order, unsharded, or each unit's shard gradient ("unitN").
+std::vector<std::pair<std::string, at::Tensor>> TwoForwardGradients(Communicator* comm,
+                                                                    ShardingStrategy strategy,
+                                                                    const Data& data, bool lora) {
+  ToyModel model(/*seed=*/0, /*spare=*/true);
+  if (lora) {  // adapters with B drawn too, so that every adapter weight gets a gradient
+    EXPECT_TRUE(
+        AddLoraAdapters(*model, {2, 4, {"fc1", "fc2"}}, at::make_generator<at::CPUGeneratorImpl>(9))
+            .ok());
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : LoraState(*model))
+      tensor.normal_(0, 0.3, at::make_generator<at::CPUGeneratorImpl>(name.size()));
+  }
+  std::unique_ptr<FullyShardedModule> sharded;
+  if (comm != nullptr) {
+    ShardingOptions options;
+    options.strategy = strategy;
+    sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+  }
+  for (int micro_batch = 0; micro_batch < 2; ++micro_batch) {  // gradients accumulate
+    const at::Tensor x = data.x.narrow(0, micro_batch * 6, 6);
+    const at::Tensor first = model->forward(x, sharded.get());
+    const at::Tensor second = model->forward(x.flip(0) * 0.5, sharded.get());
+    (first * 3 - second).pow(2).mean().backward();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> gradients;
+  if (sharded == nullptr) {
+    for (const auto& p : model->named_parameters()) {
+      if (!p.value().requires_grad()) continue;
+      const at::Tensor& grad = p.value().grad();  // none for the spare layer
+      gradients.emplace_back(p.key(), grad.defined() ? grad.clone() : at::zeros_like(p.value()));
+    }
+    return gradients;
+  }
+  // At world 1 each unit's shard is its whole flat parameter.
+  const std::vector<at::Tensor> shards = sharded->shards();
+  for (size_t u = 0; u < 3; ++u)
+    gradients.emplace_back(absl::StrCat("unit", u), shards[u].grad().clone());
+  return gradients;
+}
+
+TEST(FullyShardedGradientTest, TwoForwardsBeforeOneBackwardGiveUnshardedGradients) {
+  const Data data = MakeData();
+  for (bool lora : {false, true}) {
+    const auto reference = TwoForwardGradients(nullptr, ShardingStrategy::kFullShard, data, lora);
+    for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                      ShardingStrategy::kNoShard}) {
+      std::vector<std::pair<std::string, at::Tensor>> sharded;
+      RunInGroup(1, [&](int, Communicator* comm) {
+        sharded = TwoForwardGradients(comm, strategy, data, lora);
+      });
+      for (size_t u = 0; u < 3; ++u) {
+        std::vector<at::Tensor> parts;
+        for (const auto& [name, gradient] : reference) {
+          if (name.rfind(absl::StrCat("blocks.", u, "."), 0) == 0)
+            parts.push_back(gradient.reshape(-1));
+        }
+        EXPECT_LE(MaxDiff(sharded.at(u).second, at::cat(parts)), 1e-6)
+            << ShardingStrategyName(strategy) << (lora ? " with LoRA" : "") << ", unit " << u;
       }
     }
   }

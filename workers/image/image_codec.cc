@@ -187,6 +187,49 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
   return png;
 }
 
+absl::StatusOr<std::string> EncodeJpeg(const at::Tensor& rgb, int quality) {
+  if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || rgb.numel() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("JPEG encoding needs a non-empty uint8 [H, W, 3] image, got ",
+                     c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
+  }
+  const at::Tensor pixels = rgb.contiguous();
+  // As in DecodeJpeg: nothing with a destructor lives across libjpeg calls.
+  jpeg_compress_struct info{};
+  JpegError error{};
+  info.err = jpeg_std_error(&error.manager);
+  error.manager.error_exit = OnJpegError;
+  unsigned char* volatile buffer = nullptr;
+  unsigned long size = 0;  // NOLINT(runtime/int): libjpeg's type
+  if (setjmp(error.jump)) {
+    jpeg_destroy_compress(&info);
+    std::free(buffer);
+    return absl::InternalError(absl::StrCat("JPEG encoding failed: ", error.message));
+  }
+  jpeg_create_compress(&info);
+  unsigned char* out = nullptr;
+  jpeg_mem_dest(&info, &out, &size);
+  info.image_width = static_cast<JDIMENSION>(pixels.size(1));
+  info.image_height = static_cast<JDIMENSION>(pixels.size(0));
+  info.input_components = 3;
+  info.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&info);
+  jpeg_set_quality(&info, quality, TRUE);
+  jpeg_start_compress(&info, TRUE);
+  const size_t stride = static_cast<size_t>(info.image_width) * 3;
+  const uint8_t* data = pixels.data_ptr<uint8_t>();
+  while (info.next_scanline < info.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(data + info.next_scanline * stride);
+    jpeg_write_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_compress(&info);
+  buffer = out;
+  jpeg_destroy_compress(&info);
+  std::string jpeg(reinterpret_cast<const char*>(buffer), size);
+  std::free(buffer);
+  return jpeg;
+}
+
 absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
   absl::StatusOr<at::Tensor> image = DecodeImage(bytes);

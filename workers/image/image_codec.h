@@ -1,4 +1,4 @@
-// Decoding PNG and JPEG files into RGB tensors and encoding PNG, for what
+// Decoding PNG and JPEG files into RGB tensors and encoding PNG and JPEG, for what
 // users send (image bytes) and what dray returns.
 //
 //   DRAY_ASSIGN_OR_RETURN(ImageHeader header, ProbeImage(bytes));  // size, no pixels
@@ -49,6 +49,10 @@ absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes,
 
 // EncodePng writes an RGB image (uint8 [H, W, 3]) as PNG.
 absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb);
+
+// EncodeJpeg writes an RGB image (uint8 [H, W, 3]) as JPEG at `quality`
+// (1-100, libjpeg's scale).
+absl::StatusOr<std::string> EncodeJpeg(const at::Tensor& rgb, int quality);
 
 // ReadImageFile and WritePngFile: the same, through files.
 absl::StatusOr<at::Tensor> ReadImageFile(const std::string& path);

@@ -1,0 +1,118 @@
+// TrainConfig, training data and reward functions: what a user gets wrong is
+// an error naming the key, file and line, or row; the built-in rewards score
+// what they say they score.
+#include <filesystem>
+#include <fstream>
+
+#include <ATen/ATen.h>
+
+#include "base/files.h"
+#include "base/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "workers/image/image_codec.h"
+#include "workers/train/rewards.h"
+#include "workers/train/train_config.h"
+#include "workers/train/train_data.h"
+
+namespace dray {
+namespace {
+
+namespace fs = std::filesystem;
+using ::dray::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(TrainConfigTest, TheEmbeddedTaskFillsWhatIsUnset) {
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", {"trainer.total_steps=7"}));
+  EXPECT_TRUE(config.embedded_task());
+  EXPECT_EQ(config.total_steps, 7);
+  EXPECT_EQ(config.resolution, 64);
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig again, TrainConfig::FromYaml(config.ToYaml()));
+  EXPECT_EQ(again.ToYaml(), config.ToYaml());
+  EXPECT_THAT(config.ToYaml(), HasSubstr("lora_target_modules:"));
+}
+
+TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
+  EXPECT_THAT(TrainConfig::Load("", {"worker.actor.learning_rate=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown key worker.actor.learning_rate; valid keys: lr,")));
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.total_steps=many"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("trainer.total_steps must be an integer")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.adv_estimator=dance"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("registered: global, grpo")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"worker.reward.functions=[color, beauty]"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'beauty' is not registered")));
+  EXPECT_THAT(TrainConfig::Load("", {"worker.reward.weights=[1, 2]"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one weight per function")));
+  EXPECT_THAT(TrainConfig::Load("", {"worker.actor.lora_rank=0", "algorithm.beta=0.1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reference policy")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.sde_window_size=8"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
+}
+
+std::string Scratch(const std::string& name) {
+  const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+TEST(TrainDataTest, TheEmbeddedTaskReadsBack) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::string jsonl, WriteEmbeddedTask(Scratch("task")));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<TrainPrompt> prompts, ReadTrainPrompts(jsonl));
+  ASSERT_EQ(prompts.size(), 4u);
+  EXPECT_EQ(prompts[0].instruction, "make it blue");
+  EXPECT_EQ(prompts[0].fields["target_color"], "blue");
+  EXPECT_EQ(prompts[0].pixels.sizes(), (std::vector<int64_t>{64, 64, 3}));
+}
+
+TEST(TrainDataTest, BadRowsNameTheFileAndLine) {
+  const std::string dir = Scratch("bad");
+  ASSERT_TRUE(WritePngFile(dir + "/a.png", at::zeros({8, 8, 3}, at::kByte)).ok());
+  ASSERT_TRUE(WritePngFile(dir + "/b.png", at::zeros({8, 9, 3}, at::kByte)).ok());
+  auto data = [&](const std::string& text) {
+    EXPECT_TRUE(WriteFile(dir + "/train.jsonl", text).ok());
+    return ReadTrainPrompts(dir + "/train.jsonl");
+  };
+  const std::string good = R"({"image": "a.png", "instruction": "make it red"})";
+  EXPECT_THAT(data(good + "\n" + R"({"image": "missing.png", "instruction": "x"})"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("train.jsonl:2: cannot read image")));
+  EXPECT_THAT(data(good + "\n" + R"({"image": "a.png"})"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.jsonl:2: the row has no \"instruction\"")));
+  EXPECT_THAT(data("[1, 2]"), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("train.jsonl:1: not a JSON object")));
+  EXPECT_THAT(data(good + "\n" + R"({"image": "b.png", "instruction": "x"})"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must share one size")));
+  EXPECT_THAT(ReadTrainPrompts(dir + "/nothing.jsonl"), StatusIs(absl::StatusCode::kNotFound));
+}
+
+double Score(const std::string& name, const RewardInput& input) {
+  absl::StatusOr<RewardFunction> reward = FindRewardFunction(name);
+  EXPECT_TRUE(reward.ok()) << reward.status();
+  absl::StatusOr<double> value = (*reward)(input);
+  EXPECT_TRUE(value.ok()) << value.status();
+  return value.value_or(NAN);
+}
+
+TEST(RewardsTest, ScoreWhatTheySay) {
+  const at::Tensor red = at::zeros({16, 16, 3}, at::kByte);
+  red.select(2, 0).fill_(255);
+  const at::Tensor noise = at::randint(0, 256, {16, 16, 3}, at::kLong).to(at::kByte);
+  EXPECT_DOUBLE_EQ(Score("color", {red, red, "make it red", nlohmann::json::object()}), 1.0);
+  EXPECT_LT(Score("color", {red, red, "make it cyan", nlohmann::json::object()}), 0.2);
+  EXPECT_DOUBLE_EQ(Score("color", {red, red, "anything", {{"target_color", {255, 0, 0}}}}), 1.0);
+  EXPECT_GT(Score("jpeg_compressibility", {red, red, "", {}}),
+            Score("jpeg_compressibility", {noise, red, "", {}}));
+  EXPECT_GT(Score("jpeg_incompressibility", {noise, red, "", {}}),
+            Score("jpeg_incompressibility", {red, red, "", {}}));
+  EXPECT_GT(Score("consistency", {red, red, "", {}}), Score("consistency", {noise, red, "", {}}));
+  EXPECT_THAT(FindRewardFunction("color").value()({red, red, "make it nice", {}}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("names no colour")));
+  EXPECT_THAT(FindRewardFunction("aesthetic").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: color, consistency")));
+}
+
+}  // namespace
+}  // namespace dray

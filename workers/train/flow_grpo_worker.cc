@@ -1,0 +1,344 @@
+#include "workers/train/flow_grpo_worker.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/adamw.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "runtime/io/safetensors.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/edit/edit_model.h"
+#include "workers/models/lora.h"
+#include "workers/rl/policy_loss.h"
+#include "workers/rl/sde_sampler.h"
+#include "workers/rl/sde_step.h"
+#include "workers/train/train_config.h"
+
+namespace dray {
+namespace {
+
+// kSdeNoiseStream: offset of a row's SDE noise seed from its initial-noise
+// seed, so the two streams never coincide.
+constexpr uint64_t kSdeNoiseStream = uint64_t{1} << 40;
+constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
+
+// Micro-batch: rows of a batch processed together, with their trajectory.
+struct MicroBatch {
+  std::vector<qwen_image::EditInput> inputs;
+  rl::Trajectory trajectory;
+  at::Tensor advantages;
+};
+
+}  // namespace
+
+struct FlowGrpoWorker::State {
+  TrainConfig config;
+  std::unique_ptr<EditModel> model;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  rl::SdeSamplerOptions sampler;
+  rl::PolicyLoss loss;
+  qwen_image::EditOptions options;  // the rollout's: steps, resolution, guidance
+
+  qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
+
+  // Schedule: the sampler's schedule for latents of `tokens` tokens.
+  absl::StatusOr<rl::SdeSchedule> Schedule(int64_t tokens) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
+                          pipeline().Scheduler(tokens, options.num_inference_steps));
+    return rl::SdeSchedule{scheduler.sigmas().to(model->device), scheduler.timesteps()};
+  }
+
+  // Predictor: the policy's guided velocity for a prepared micro-batch.
+  rl::PredictVelocity Predictor(const qwen_image::PreparedEdit& prepared) {
+    return [this, &prepared](const at::Tensor& latents, const at::Tensor& timestep) {
+      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale);
+    };
+  }
+
+  // MicroBatches splits a batch's rows (and trajectory, when it has one).
+  absl::StatusOr<std::vector<MicroBatch>> MicroBatches(const DataProto& batch) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, config.seed));
+    const bool has_trajectory = batch.HasColumn(kLatentsColumn);
+    std::vector<MicroBatch> out;
+    for (size_t start = 0; start < rows.size(); start += config.micro_batch_size) {
+      const int64_t end = std::min<int64_t>(rows.size(), start + config.micro_batch_size);
+      MicroBatch& micro = out.emplace_back();
+      for (int64_t i = start; i < end; ++i)
+        micro.inputs.push_back(
+            {rows[i].image.to(model->device), rows[i].instruction, rows[i].seed});
+      auto rows_of = [&](const char* column) -> absl::StatusOr<at::Tensor> {
+        DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
+        return all.slice(0, start, end).to(model->device);
+      };
+      if (has_trajectory) {
+        DRAY_ASSIGN_OR_RETURN(micro.trajectory.latents, rows_of(kLatentsColumn));
+        DRAY_ASSIGN_OR_RETURN(micro.trajectory.next_latents, rows_of(kNextLatentsColumn));
+        DRAY_ASSIGN_OR_RETURN(micro.trajectory.log_probs, rows_of(kLogProbsColumn));
+        DRAY_ASSIGN_OR_RETURN(micro.trajectory.timesteps, rows_of(kTimestepsColumn));
+      }
+      if (batch.HasColumn(kAdvantagesColumn)) {
+        DRAY_ASSIGN_OR_RETURN(micro.advantages, rows_of(kAdvantagesColumn));
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro) {
+    std::vector<const qwen_image::EditInput*> rows;
+    for (const qwen_image::EditInput& input : micro.inputs) rows.push_back(&input);
+    DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options));
+    if (groups.size() != 1) {
+      return absl::InvalidArgumentError(
+          "a training batch's input images must share one size (sharded ranks run in step)");
+    }
+    return pipeline().Prepare(rows, options);
+  }
+};
+
+FlowGrpoWorker::FlowGrpoWorker() {
+  Def("init_model", &FlowGrpoWorker::InitModel, {kOneToAll});
+  MethodOptions batched;  // sharded ranks run in step: every rank gets an equal share
+  batched.dispatch_mode = kDpComputeProto;
+  Def("rollout", &FlowGrpoWorker::Rollout, batched);
+  Def("compute_log_prob", &FlowGrpoWorker::ComputeLogProb, batched);
+  MethodOptions per_rank_metrics = batched;  // each rank's metrics come back
+  per_rank_metrics.dispatch_mode = kDpComputeMetric;
+  Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
+  Def("save", &FlowGrpoWorker::Save, {kOneToAll});
+}
+
+FlowGrpoWorker::~FlowGrpoWorker() = default;
+
+absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
+  DRAY_ASSIGN_OR_RETURN(std::string yaml, input.GetMeta<std::string>("config"));
+  auto state = std::make_unique<State>();
+  DRAY_ASSIGN_OR_RETURN(state->config, TrainConfig::FromYaml(yaml));
+  const TrainConfig& config = state->config;
+  ImageEditConfig model_config = config.model;
+  model_config.enable_fsdp = true;  // training always shards (NO_SHARD is DDP)
+  auto freeze = [&config](qwen_image::QwenImageModel& model) -> absl::Status {
+    for (auto& parameter : model.text_encoder->parameters()) parameter.set_requires_grad(false);
+    for (auto& parameter : model.vae->parameters()) parameter.set_requires_grad(false);
+    if (config.lora_rank == 0) return absl::OkStatus();
+    const LoraOptions lora{config.lora_rank, config.lora_alpha, config.lora_target_modules};
+    return AddLoraAdapters(*model.transformer, lora,
+                           at::make_generator<at::CPUGeneratorImpl>(config.seed))
+        .status();
+  };
+  DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
+  state->optimizer = std::make_unique<torch::optim::AdamW>(
+      state->model->transformer_shards->shards(),
+      torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
+  DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
+  state->sampler.noise_level = config.noise_level;
+  DRAY_ASSIGN_OR_RETURN(state->loss, rl::FindPolicyLoss(config.loss));
+  qwen_image::EditOptions& options = state->options;
+  options.num_inference_steps = static_cast<int>(config.num_inference_steps);
+  options.true_cfg_scale = config.model.true_cfg_scale;
+  if (!config.model.negative_prompt.empty()) options.negative_prompt = config.model.negative_prompt;
+  options.image_size = config.model.image_size;
+  options.width = options.height = config.resolution;
+  state_ = std::move(state);
+  return DataProto::Make({}, {}, state_->model->MemoryFigures(rank()));
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
+  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before rollout");
+  DRAY_ASSIGN_OR_RETURN(int64_t begin, batch.GetMeta<int64_t>("sde_window_begin"));
+  DRAY_ASSIGN_OR_RETURN(int64_t end, batch.GetMeta<int64_t>("sde_window_end"));
+  rl::SdeSamplerOptions sampler = state_->sampler;
+  sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  const int64_t steps = state_->options.num_inference_steps;
+  const int64_t total = steps * static_cast<int64_t>(micro_batches.size());
+  std::vector<rl::Trajectory> trajectories;
+  std::vector<Image> images;
+  int64_t done_before = 0;
+  torch::NoGradGuard no_grad;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    std::vector<at::Generator> generators;
+    for (const qwen_image::EditInput& input : micro.inputs)
+      generators.push_back(at::make_generator<at::CPUGeneratorImpl>(input.seed + kSdeNoiseStream));
+    auto draw = [&](int) {
+      std::vector<at::Tensor> noise;
+      for (at::Generator& generator : generators) {
+        noise.push_back(
+            at::randn({1, prepared.noise.size(1), prepared.noise.size(2)}, generator, at::kFloat));
+      }
+      return at::cat(noise).to(prepared.noise.device());
+    };
+    auto on_step = [&](int step, int) -> absl::Status {
+      ReportProgress("denoising", done_before + step, total);
+      return StopRequestedOnAnyRank();
+    };
+    DRAY_ASSIGN_OR_RETURN(
+        rl::Trajectory trajectory,
+        rl::SampleTrajectory(schedule, prepared.noise, state_->Predictor(prepared), draw, sampler,
+                             on_step));
+    done_before += steps;
+    DRAY_ASSIGN_OR_RETURN(
+        std::vector<at::Tensor> decoded,
+        state_->pipeline().Decode(trajectory.final_latents, prepared.height, prepared.width));
+    for (const at::Tensor& image : decoded) {
+      const at::Tensor pixels = image.cpu().contiguous();
+      images.push_back(
+          {Image::Format::kRaw, static_cast<int32_t>(pixels.size(1)),
+           static_cast<int32_t>(pixels.size(0)), 3,
+           Bytes(std::string(static_cast<const char*>(pixels.data_ptr()), pixels.nbytes()))});
+    }
+    trajectories.push_back(std::move(trajectory));
+  }
+  auto joined = [&](at::Tensor rl::Trajectory::*part) {
+    std::vector<at::Tensor> parts;
+    for (const rl::Trajectory& trajectory : trajectories) parts.push_back((trajectory.*part).cpu());
+    return at::cat(parts);
+  };
+  return DataProto::Make({{kLatentsColumn, joined(&rl::Trajectory::latents)},
+                          {kNextLatentsColumn, joined(&rl::Trajectory::next_latents)},
+                          {kLogProbsColumn, joined(&rl::Trajectory::log_probs)},
+                          {kTimestepsColumn, joined(&rl::Trajectory::timesteps)}},
+                         {{kEditedColumn, std::move(images)}});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch) {
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before compute_log_prob");
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> log_probs;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    std::vector<at::Tensor> steps;
+    for (int64_t j = 0; j < micro.trajectory.timesteps.size(1); ++j) {
+      DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult step,
+                            rl::RecomputeStep(schedule, state_->Predictor(prepared),
+                                              micro.trajectory, j, state_->sampler));
+      steps.push_back(step.log_prob.cpu());
+    }
+    log_probs.push_back(at::stack(steps, 1));
+  }
+  return DataProto::Make({{kLogProbsColumn, at::cat(log_probs)}});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before update_actor");
+  const TrainConfig& config = state_->config;
+  DRAY_ASSIGN_OR_RETURN(Json steps_json, batch.GetMeta<Json>("train_steps"));
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  const std::vector<int64_t> train_steps =
+      nlohmann::json::parse(steps_json.text, nullptr, false).get<std::vector<int64_t>>();
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  FullyShardedModule& shards = *state_->model->transformer_shards;
+  torch::nn::Module& transformer = *state_->model->model().transformer;
+  for (auto& param_group : state_->optimizer->param_groups())
+    static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(lr);
+  state_->optimizer->zero_grad();
+
+  const int64_t accumulation = static_cast<int64_t>(micro_batches.size() * train_steps.size());
+  const rl::PolicyLossOptions loss_options{config.clip_range, config.adv_clip_max, config.beta,
+                                           accumulation};
+  std::map<std::string, double> sums;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    for (int64_t j : train_steps) {
+      rl::PolicyLossInput input;
+      if (config.beta > 0) {  // the reference policy: the base model, adapters off
+        torch::NoGradGuard no_grad;
+        SetLoraEnabled(transformer, false);
+        absl::StatusOr<rl::SdeStepResult> reference = rl::RecomputeStep(
+            schedule, state_->Predictor(prepared), micro.trajectory, j, state_->sampler);
+        SetLoraEnabled(transformer, true);
+        DRAY_RETURN_IF_ERROR(reference.status());
+        input.prev_sample_mean_ref = reference->prev_sample_mean;
+      }
+      DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult policy,
+                            rl::RecomputeStep(schedule, state_->Predictor(prepared),
+                                              micro.trajectory, j, state_->sampler));
+      input.advantages = micro.advantages;
+      input.log_prob = policy.log_prob;
+      input.old_log_prob = micro.trajectory.log_probs.select(1, j);
+      input.prev_sample_mean = policy.prev_sample_mean;
+      input.std_dev_t = policy.std_dev_t;
+      DRAY_ASSIGN_OR_RETURN(rl::PolicyLossOutput out, state_->loss(input, loss_options));
+      // Every rank agrees before backward (a rank that skipped it would hang the others).
+      at::Tensor bad = at::full({1}, std::isfinite(out.loss.item<double>()) ? 0.0 : 1.0);
+      DRAY_RETURN_IF_ERROR(group->AllReduce(bad, ReduceOp::kMax));
+      if (bad.item<double>() > 0) {
+        state_->optimizer->zero_grad();
+        return absl::DataLossError(absl::StrCat("the loss is not finite at window step ", j,
+                                                "; no parameter was changed"));
+      }
+      out.loss.backward();
+      const double g = static_cast<double>(accumulation);
+      sums["loss"] += out.loss.item<double>();
+      sums["policy_loss"] += out.policy_loss.item<double>();
+      if (out.kl_loss.defined()) sums["kl"] += out.kl_loss.item<double>() * g;
+      sums["approx_kl"] += out.approx_kl.item<double>();
+      sums["clipfrac"] += out.clipfrac.item<double>();
+      sums["ratio_mean"] += out.ratio.mean().item<double>();
+    }
+  }
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, shards.ClipGradNorm(config.max_grad_norm));
+  state_->optimizer->step();
+  state_->optimizer->zero_grad();
+  const double n = static_cast<double>(accumulation);
+  MetaInfo metrics = {{"loss", sums["loss"]},  // the accumulated objective of this rank
+                      {"policy_loss", sums["policy_loss"]},
+                      {"kl", sums["kl"] / n},
+                      {"approx_kl", sums["approx_kl"] / n},
+                      {"clipfrac", sums["clipfrac"] / n},
+                      {"ratio_mean", sums["ratio_mean"] / n},
+                      {"grad_norm", grad_norm}};
+  return DataProto::Make({}, {}, std::move(metrics));
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
+  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before save");
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  const TrainConfig& config = state_->config;
+  DRAY_ASSIGN_OR_RETURN(auto parameters, state_->model->transformer_shards->FullParameters());
+  if (rank() == 0) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    std::vector<std::pair<std::string, at::Tensor>> kept;
+    if (config.lora_rank > 0) {
+      for (auto& [name, tensor] : parameters) {
+        if (name.find(".lora_") != std::string::npos)
+          kept.emplace_back(absl::StrCat("transformer.", name), tensor);
+      }
+      DRAY_RETURN_IF_ERROR(WriteSafetensors(
+          absl::StrCat(dir, "/", kLoraFile), kept,
+          {{"format", "pt"},
+           {"lora_rank", std::to_string(config.lora_rank)},
+           {"lora_alpha", absl::StrCat(config.lora_alpha)},
+           {"target_modules", nlohmann::json(config.lora_target_modules).dump()}}));
+    } else {
+      std::filesystem::create_directories(dir + "/transformer", error);
+      DRAY_RETURN_IF_ERROR(
+          WriteSafetensors(dir + "/transformer/diffusion_pytorch_model.safetensors", parameters,
+                           {{"format", "pt"}}));
+    }
+  }
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  DRAY_RETURN_IF_ERROR(group->Barrier());  // written when any rank returns
+  return DataProto::Make({});
+}
+
+}  // namespace dray

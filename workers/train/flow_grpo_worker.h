@@ -1,0 +1,66 @@
+// FlowGrpoWorker: the worker class that trains Qwen-Image-Edit with
+// Flow-GRPO, one process per GPU, holding the model as the edit worker does
+// (workers/edit/edit_model.h) with LoRA adapters on the transformer (or the
+// whole transformer trainable), always sharded with FSDP's design (NO_SHARD
+// is DDP), and an AdamW optimizer over the trainable parameters:
+//
+//   init_model        ONE_TO_ALL        meta "config": the resolved TrainConfig (ToYaml);
+//                                       returns the memory figures as meta
+//   rollout           DP_COMPUTE_PROTO  the edit batch columns (image, instruction,
+//                                       seed) and meta sde_window_begin/end in; out:
+//                                       the SDE window's trajectory (latents,
+//                                       next_latents [B, T, S, C], log_probs,
+//                                       timesteps [B, T]) and final_edited_images (raw RGB)
+//   compute_log_prob  DP_COMPUTE_PROTO  a rollout's rows and trajectory in; the log_probs
+//                                       [B, T] of its steps under the current policy
+//   update_actor      DP_COMPUTE_METRIC a rollout's rows, trajectory and advantages [B]
+//                                       in, meta train_steps (window steps to train,
+//                                       JSON list) and lr: one optimizer step; returns
+//                                       the step's metrics as meta
+//   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
+//                                       there (LoRA: pytorch_lora_weights.safetensors)
+//
+// update_actor accumulates the gradient of every micro-batch and trained
+// step (the loss divided by their count), averages it over ranks, clips its
+// global norm and steps the optimizer. A loss that is not finite is
+// DATA_LOSS naming the step, and no parameter changes.
+#ifndef DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
+#define DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "dispatch/data_proto.h"
+#include "runtime/worker/worker.h"
+
+namespace dray {
+
+// kFlowGrpoRole: the role FlowGrpoWorker is registered under.
+inline constexpr char kFlowGrpoRole[] = "flow_grpo";
+
+// Trajectory columns of rollout's output (and update_actor's input).
+inline constexpr char kLatentsColumn[] = "latents";
+inline constexpr char kNextLatentsColumn[] = "next_latents";
+inline constexpr char kLogProbsColumn[] = "log_probs";
+inline constexpr char kTimestepsColumn[] = "timesteps";
+inline constexpr char kAdvantagesColumn[] = "advantages";
+
+class FlowGrpoWorker : public Worker {
+ public:
+  FlowGrpoWorker();
+  ~FlowGrpoWorker() override;
+
+  absl::StatusOr<DataProto> InitModel(const DataProto& input);
+  absl::StatusOr<DataProto> Rollout(const DataProto& batch);
+  absl::StatusOr<DataProto> ComputeLogProb(const DataProto& batch);
+  absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
+  absl::StatusOr<DataProto> Save(const DataProto& input);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;  // set by init_model
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_

@@ -1,0 +1,177 @@
+#include "workers/train/train_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "workers/config/yaml_config.h"
+#include "workers/rl/advantages.h"
+#include "workers/rl/policy_loss.h"
+#include "workers/rl/sde_step.h"
+#include "workers/train/rewards.h"
+
+namespace dray {
+namespace {
+
+std::vector<ConfigKey> Keys(TrainConfig& c) {
+  std::vector<ConfigKey> keys = {
+      Key("data.train_files", c.train_files, "a path"),
+      Key("data.prompts_per_step", c.prompts_per_step, "an integer"),
+      Key("algorithm.adv_estimator", c.adv_estimator, "a name"),
+      Key("algorithm.loss", c.loss, "a name"),
+      Key("algorithm.group_size", c.group_size, "an integer"),
+      Key("algorithm.global_std", c.global_std, "true or false"),
+      Key("algorithm.clip_range", c.clip_range, "a number"),
+      Key("algorithm.adv_clip_max", c.adv_clip_max, "a number"),
+      Key("algorithm.beta", c.beta, "a number"),
+      Key("algorithm.timestep_fraction", c.timestep_fraction, "a number"),
+      Key("algorithm.num_inner_epochs", c.num_inner_epochs, "an integer"),
+      Key("algorithm.noise_level", c.noise_level, "a number"),
+      Key("algorithm.sde_type", c.sde_type, "sde or cps"),
+      Key("algorithm.sde_window_size", c.sde_window_size, "an integer"),
+      Key("algorithm.sde_window_range", c.sde_window_range, "a list of two integers"),
+  };
+  for (ConfigKey& key : ImageEditConfigKeys(c.model)) keys.push_back(std::move(key));
+  for (ConfigKey& key : std::vector<ConfigKey>{
+           Key("worker.actor.lr", c.lr, "a number"),
+           Key("worker.actor.lr_warmup_steps", c.lr_warmup_steps, "an integer"),
+           Key("worker.actor.weight_decay", c.weight_decay, "a number"),
+           Key("worker.actor.max_grad_norm", c.max_grad_norm, "a number"),
+           Key("worker.actor.micro_batch_size", c.micro_batch_size, "an integer"),
+           Key("worker.actor.lora_rank", c.lora_rank, "an integer"),
+           Key("worker.actor.lora_alpha", c.lora_alpha, "a number"),
+           Key("worker.actor.lora_target_modules", c.lora_target_modules, "a list of names"),
+           Key("worker.rollout.num_inference_steps", c.num_inference_steps, "an integer"),
+           Key("worker.rollout.resolution", c.resolution, "an integer"),
+           Key("worker.reward.functions", c.reward_functions, "a list of names"),
+           Key("worker.reward.weights", c.reward_weights, "a list of numbers"),
+           Key("trainer.total_steps", c.total_steps, "an integer"),
+           Key("trainer.save_dir", c.save_dir, "a path"),
+           Key("trainer.seed", c.seed, "an integer"),
+           Key("trainer.log_every", c.log_every, "an integer"),
+           Key("trainer.sample_every", c.sample_every, "an integer"),
+           Key("trainer.on_nan", c.on_nan, "stop or skip"),
+       }) {
+    keys.push_back(std::move(key));
+  }
+  return keys;
+}
+
+// EmbeddedDefaults: the embedded task on the tiny model, a few minutes on
+// two CPU cores.
+TrainConfig EmbeddedDefaults() {
+  TrainConfig c;
+  c.model.UseEmbeddedDefaults();
+  c.model.image_size = 64;
+  c.prompts_per_step = 4;
+  c.group_size = 4;
+  c.num_inference_steps = 8;
+  c.resolution = 64;
+  c.global_std = false;
+  c.lr = 3e-2;
+  c.weight_decay = 0;
+  c.micro_batch_size = 4;
+  c.lora_rank = 8;
+  c.lora_alpha = 16;
+  c.total_steps = 30;
+  c.sample_every = 10;
+  return c;
+}
+
+}  // namespace
+
+absl::Status TrainConfig::Validate() const {
+  auto bad = [](const char* key, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(key, " ", why));
+  };
+  DRAY_RETURN_IF_ERROR(model.Validate());
+  if (prompts_per_step < 1) return bad("data.prompts_per_step", "must be at least 1");
+  if (!rl::FindAdvantageEstimator(adv_estimator).ok())
+    return bad("algorithm.adv_estimator",
+               absl::StrCat("'", adv_estimator, "' is not registered (registered: ",
+                            absl::StrJoin(rl::AdvantageEstimatorNames(), ", "), ")"));
+  if (!rl::FindPolicyLoss(loss).ok())
+    return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
+                                              absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
+  if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
+  if (!(clip_range > 0)) return bad("algorithm.clip_range", "must be > 0");
+  if (!(adv_clip_max > 0)) return bad("algorithm.adv_clip_max", "must be > 0");
+  if (!(beta >= 0)) return bad("algorithm.beta", "must be >= 0");
+  if (!(timestep_fraction > 0 && timestep_fraction <= 1))
+    return bad("algorithm.timestep_fraction", "must lie in (0, 1]");
+  if (num_inner_epochs < 1) return bad("algorithm.num_inner_epochs", "must be at least 1");
+  if (!(noise_level >= 0)) return bad("algorithm.noise_level", "must be >= 0");
+  if (!rl::ParseSdeType(sde_type).ok()) return bad("algorithm.sde_type", "must be sde or cps");
+  if (num_inference_steps < 2)
+    return bad("worker.rollout.num_inference_steps", "must be at least 2");
+  if (sde_window_size < 0 || sde_window_size >= num_inference_steps)
+    return bad("algorithm.sde_window_size",
+               absl::StrCat("must lie in [0, ", num_inference_steps - 1, "]"));
+  if (sde_window_range.size() != 2 || sde_window_range[0] < 0 ||
+      sde_window_range[1] < sde_window_range[0] || sde_window_range[1] > num_inference_steps)
+    return bad("algorithm.sde_window_range",
+               absl::StrCat("must be [lo, hi] with 0 <= lo <= hi <= ", num_inference_steps));
+  if (!(lr > 0)) return bad("worker.actor.lr", "must be > 0");
+  if (lr_warmup_steps < 0) return bad("worker.actor.lr_warmup_steps", "must be >= 0");
+  if (!(weight_decay >= 0)) return bad("worker.actor.weight_decay", "must be >= 0");
+  if (!(max_grad_norm > 0)) return bad("worker.actor.max_grad_norm", "must be > 0");
+  if (micro_batch_size < 1) return bad("worker.actor.micro_batch_size", "must be at least 1");
+  if (lora_rank < 0) return bad("worker.actor.lora_rank", "must be >= 0 (0: full fine-tuning)");
+  if (lora_rank > 0 && lora_target_modules.empty())
+    return bad("worker.actor.lora_target_modules", "must name at least one module");
+  if (lora_rank == 0 && beta > 0)
+    return bad("algorithm.beta",
+               "> 0 needs a reference policy: with full fine-tuning (lora_rank 0) dray has no "
+               "frozen copy yet; use LoRA (lora_rank > 0) or beta 0");
+  if (resolution < 16 || resolution % 16 != 0)
+    return bad("worker.rollout.resolution", "must be a multiple of 16, at least 16");
+  if (reward_functions.empty()) return bad("worker.reward.functions", "must name at least one");
+  for (const std::string& name : reward_functions) {
+    if (!FindRewardFunction(name).ok())
+      return bad("worker.reward.functions",
+                 absl::StrCat("'", name, "' is not registered (registered: ",
+                              absl::StrJoin(RewardFunctionNames(), ", "), ")"));
+  }
+  if (reward_weights.size() != reward_functions.size())
+    return bad("worker.reward.weights",
+               absl::StrCat("must have one weight per function (", reward_functions.size(), ")"));
+  if (total_steps < 1) return bad("trainer.total_steps", "must be at least 1");
+  if (save_dir.empty()) return bad("trainer.save_dir", "must be a directory");
+  if (seed < 0) return bad("trainer.seed", "must be >= 0");
+  if (log_every < 1) return bad("trainer.log_every", "must be at least 1");
+  if (sample_every < 1) return bad("trainer.sample_every", "must be at least 1");
+  if (on_nan != "stop" && on_nan != "skip") return bad("trainer.on_nan", "must be stop or skip");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
+                                              const std::vector<std::string>& overrides) {
+  YAML::Node document;
+  if (!yaml_path.empty()) {
+    DRAY_ASSIGN_OR_RETURN(document, ParseYaml(yaml_path, /*is_path=*/true));
+  }
+  auto resolve = [&](TrainConfig config) -> absl::StatusOr<TrainConfig> {
+    DRAY_RETURN_IF_ERROR(ApplyYaml(document, yaml_path, Keys(config)));
+    for (const std::string& text : overrides)
+      DRAY_RETURN_IF_ERROR(ApplyOverride(text, Keys(config)));
+    DRAY_RETURN_IF_ERROR(config.Validate());
+    return config;
+  };
+  DRAY_ASSIGN_OR_RETURN(TrainConfig config, resolve(TrainConfig()));
+  if (!config.embedded_task()) return config;
+  return resolve(EmbeddedDefaults());
+}
+
+absl::StatusOr<TrainConfig> TrainConfig::FromYaml(const std::string& text) {
+  DRAY_ASSIGN_OR_RETURN(YAML::Node document, ParseYaml(text, /*is_path=*/false));
+  TrainConfig config;
+  DRAY_RETURN_IF_ERROR(ApplyYaml(document, "config", Keys(config)));
+  DRAY_RETURN_IF_ERROR(config.Validate());
+  return config;
+}
+
+std::string TrainConfig::ToYaml() const {
+  TrainConfig copy = *this;
+  return KeysToYaml(Keys(copy));
+}
+
+}  // namespace dray

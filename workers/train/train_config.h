@@ -1,0 +1,113 @@
+// TrainConfig: a Flow-GRPO training job's configuration, in verl/EasyR1's
+// YAML layout with dotted command-line overrides:
+//
+//   data:      train_files (JSONL rows {"image", "instruction", ...}), prompts_per_step
+//   algorithm: adv_estimator, loss, group_size, global_std, clip_range, adv_clip_max,
+//              beta, timestep_fraction, num_inner_epochs, noise_level, sde_type,
+//              sde_window_size, sde_window_range
+//   worker.image_edit: the model and its sharding (workers/edit/edit_config.h)
+//   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
+//                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
+//   worker.rollout: num_inference_steps, resolution
+//   worker.reward:  functions, weights
+//   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan
+//
+//   DRAY_ASSIGN_OR_RETURN(TrainConfig config,
+//                         TrainConfig::Load("job.yaml", {"worker.actor.lr=3e-4"}));
+//   std::cout << config.ToYaml();  // the resolved configuration
+//
+// With no train_files, the job is the embedded task (a colour-naming edit
+// task on the embedded tiny model); keys a file and overrides leave unset
+// then default to what suits it (EmbeddedDefaults). An unknown key, a
+// wrong type or an out-of-range value is INVALID_ARGUMENT naming the key.
+#ifndef DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
+#define DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "workers/edit/edit_config.h"
+
+namespace dray {
+
+struct TrainConfig {
+  // data.*
+  std::string train_files;  // a JSONL file; empty: the embedded task
+  int64_t prompts_per_step = 8;
+
+  // algorithm.*
+  std::string adv_estimator = "grpo";  // workers/rl/advantages.h
+  std::string loss = "grpo";           // workers/rl/policy_loss.h
+  int64_t group_size = 4;              // samples per prompt
+  bool global_std = true;
+  double clip_range = 1e-4;
+  double adv_clip_max = 5.0;
+  double beta = 0.0;               // KL weight to the reference policy (LoRA: adapters off)
+  double timestep_fraction = 1.0;  // share of the SDE window's steps trained
+  int64_t num_inner_epochs = 1;    // optimizer steps on each rollout batch
+  double noise_level = 0.7;        // eta inside the SDE window
+  std::string sde_type = "sde";    // or "cps"
+  int64_t sde_window_size = 0;     // 0: every step but the last is stochastic
+  std::vector<int64_t> sde_window_range = {
+      0, 0};  // where a window may start and end; {0, 0}: anywhere
+
+  // worker.image_edit.*: the model, its sharding and guidance.
+  ImageEditConfig model;
+
+  // worker.actor.*
+  double lr = 1e-4;
+  int64_t lr_warmup_steps = 0;  // linear warm-up, then constant
+  double weight_decay = 1e-4;
+  double max_grad_norm = 1.0;
+  int64_t micro_batch_size = 2;  // rows per forward/backward on a worker
+  int64_t lora_rank = 32;        // 0: full fine-tuning of the transformer
+  double lora_alpha = 64;
+  std::vector<std::string> lora_target_modules = {"to_q",
+                                                  "to_k",
+                                                  "to_v",
+                                                  "to_out.0",
+                                                  "add_q_proj",
+                                                  "add_k_proj",
+                                                  "add_v_proj",
+                                                  "to_add_out",
+                                                  "img_mlp.net.0.proj",
+                                                  "img_mlp.net.2",
+                                                  "txt_mlp.net.0.proj",
+                                                  "txt_mlp.net.2"};
+
+  // worker.rollout.*
+  int64_t num_inference_steps = 10;
+  int64_t resolution = 512;  // outputs are resolution x resolution
+
+  // worker.reward.*
+  std::vector<std::string> reward_functions = {"color"};  // workers/train/rewards.h
+  std::vector<double> reward_weights = {1.0};
+
+  // trainer.*
+  int64_t total_steps = 100;
+  std::string save_dir = "dray_train";
+  int64_t seed = 0;
+  int64_t log_every = 1;
+  int64_t sample_every = 10;
+  std::string on_nan = "stop";  // or "skip": a step whose loss is not finite
+
+  // Load reads `yaml_path` (none when empty), then applies `overrides`
+  // ("section.key=VALUE"), then validates.
+  static absl::StatusOr<TrainConfig> Load(const std::string& yaml_path,
+                                          const std::vector<std::string>& overrides);
+  // FromYaml reads what ToYaml writes (how the controller hands the resolved
+  // configuration to workers).
+  static absl::StatusOr<TrainConfig> FromYaml(const std::string& text);
+  std::string ToYaml() const;
+  absl::Status Validate() const;
+
+  bool embedded_task() const { return train_files.empty(); }
+  // rows_per_step: samples per step, prompts_per_step x group_size.
+  int64_t rows_per_step() const { return prompts_per_step * group_size; }
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_

@@ -1,0 +1,374 @@
+#include "workers/train/trainer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/image/image_codec.h"
+#include "workers/models/qwen_image/model.h"
+#include "workers/train/flow_grpo_worker.h"
+#include "workers/train/plot.h"
+#include "workers/train/rewards.h"
+
+namespace dray {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Seed mixes a job seed with step-local numbers (splitmix64), so that
+// every random choice depends on the seed and the step alone.
+uint64_t Seed(uint64_t seed, uint64_t a, uint64_t b = 0) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + a * 0xBF58476D1CE4E5B9ULL + b * 0x94D049BB133111EBULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+std::string Duration(double seconds) {
+  const int64_t s = std::llround(seconds);
+  return s >= 60 ? absl::StrFormat("%dm%02ds", s / 60, s % 60) : absl::StrFormat("%ds", s);
+}
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+absl::StatusOr<at::Tensor> Pixels(const Image& image) {
+  if (image.format != Image::Format::kRaw) return DecodeImage(image.bytes.view());
+  return at::from_blob(const_cast<char*>(image.bytes.data()), {image.height, image.width, 3},
+                       at::kByte)
+      .clone();
+}
+
+}  // namespace
+
+FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
+    : config_(std::move(config)), options_(std::move(options)) {}
+
+FlowGrpoTrainer::~FlowGrpoTrainer() {
+  if (group_ != nullptr) group_->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainConfig config,
+                                                                        Options options) {
+  DRAY_RETURN_IF_ERROR(config.Validate());
+  if (options.workers < 1 || config.rows_per_step() % options.workers != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.prompts_per_step x algorithm.group_size = ", config.rows_per_step(),
+                     " rows per step must divide among --workers ", options.workers));
+  }
+  std::unique_ptr<FlowGrpoTrainer> trainer(new FlowGrpoTrainer(config, std::move(options)));
+  if (config.model.model_path.empty() || config.embedded_task()) {
+    DRAY_ASSIGN_OR_RETURN(trainer->scratch_, ScratchDir::Create("dray-train"));
+  }
+  trainer->model_path_ = config.model.model_path;
+  if (trainer->model_path_.empty()) {
+    trainer->model_path_ = trainer->scratch_->path() + "/model";
+    DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(trainer->model_path_, tiny, 0));
+  }
+  std::string data = config.train_files;
+  if (config.embedded_task()) {
+    const std::string task = trainer->scratch_->path() + "/task";
+    fs::create_directories(task);
+    DRAY_ASSIGN_OR_RETURN(data, WriteEmbeddedTask(task));
+  }
+  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data));
+  DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
+
+  std::error_code error;
+  fs::create_directories(fs::path(config.save_dir) / "samples", error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create trainer.save_dir ", config.save_dir, ": ", error.message()));
+  }
+  DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
+  DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/metrics.jsonl", ""));
+
+  WorkerGroupOptions group_options;
+  group_options.command = trainer->options_.worker_command;
+  group_options.roles = {kFlowGrpoRole};
+  group_options.env = trainer->options_.env;
+  group_options.call_timeout = trainer->options_.call_timeout;
+  group_options.stall_timeout = absl::Minutes(1);
+  DRAY_ASSIGN_OR_RETURN(trainer->group_,
+                        WorkerGroup::Create({1, trainer->options_.workers}, group_options));
+  TrainConfig worker_config = config;
+  worker_config.model.model_path = trainer->model_path_;
+  DRAY_ASSIGN_OR_RETURN(DataProto init,
+                        DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
+  CallOptions call;
+  call.timeout = trainer->options_.init_timeout;
+  absl::StatusOr<std::vector<DataProto>> initialized =
+      trainer->group_->Call("init_model", {init}, call);
+  if (!initialized.ok()) {
+    return absl::Status(initialized.status().code(),
+                        absl::StrCat("init_model: ", initialized.status().message()));
+  }
+  return trainer;
+}
+
+std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
+  // Epochs over the prompts, each in its own seeded order.
+  std::vector<size_t> chosen;
+  const int64_t count = static_cast<int64_t>(prompts_.size());
+  for (int64_t k = step * config_.prompts_per_step; k < (step + 1) * config_.prompts_per_step;
+       ++k) {
+    std::vector<size_t> order(prompts_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(Seed(config_.seed, 1, k / count)));
+    chosen.push_back(order[k % count]);
+  }
+  return chosen;
+}
+
+absl::StatusOr<DataProto> FlowGrpoTrainer::RolloutBatch(int64_t step) const {
+  std::vector<Bytes> images;
+  std::vector<std::string> instructions;
+  std::vector<int64_t> seeds;
+  for (size_t prompt : PromptsOf(step)) {
+    for (int64_t g = 0; g < config_.group_size; ++g) {
+      images.push_back(prompts_[prompt].image);
+      instructions.push_back(prompts_[prompt].instruction);
+      seeds.push_back(
+          static_cast<int64_t>(Seed(config_.seed, 2, step * 1000003 + seeds.size()) >> 2));
+    }
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
+  // The SDE window: every step but the last, or a seeded window of the given size.
+  const int64_t steps = config_.num_inference_steps;
+  int64_t begin = 0, end = steps - 1;
+  if (config_.sde_window_size > 0) {
+    const int64_t lo = config_.sde_window_range[0];
+    const int64_t hi = config_.sde_window_range[1] > 0 ? config_.sde_window_range[1] : steps - 1;
+    const int64_t starts = std::max<int64_t>(1, hi - config_.sde_window_size - lo + 1);
+    begin = lo + static_cast<int64_t>(Seed(config_.seed, 3, step) % starts);
+    end = begin + config_.sde_window_size;
+  }
+  batch.SetMeta("sde_window_begin", begin);
+  batch.SetMeta("sde_window_end", end);
+  return batch;
+}
+
+absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
+    int64_t step, const DataProto& rollout, const DataProto& rows,
+    std::map<std::string, double>& metrics) const {
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+  DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
+                        rows.GetRows<std::string>(kInstructionsColumn));
+  std::vector<size_t> prompt_of;
+  for (size_t prompt : PromptsOf(step))
+    prompt_of.insert(prompt_of.end(), config_.group_size, prompt);
+  std::vector<double> total(outputs->size(), 0.0);
+  for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
+    const std::string& name = config_.reward_functions[f];
+    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(name));
+    double sum = 0;
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      DRAY_ASSIGN_OR_RETURN(at::Tensor output, Pixels((*outputs)[i]));
+      const TrainPrompt& prompt = prompts_[prompt_of[i]];
+      absl::StatusOr<double> value =
+          reward({output, prompt.pixels, (*instructions)[i], prompt.fields});
+      if (!value.ok()) {
+        return absl::Status(value.status().code(),
+                            absl::StrCat("reward ", name, ", sample ", i, " (", prompt.image_path,
+                                         "): ", value.status().message()));
+      }
+      total[i] += config_.reward_weights[f] * *value;
+      sum += *value;
+    }
+    metrics["reward/" + name] = sum / static_cast<double>(outputs->size());
+  }
+  return total;
+}
+
+absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step) {
+  std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
+  const absl::Time started = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(DataProto rows, RolloutBatch(step));
+  rows.SetMeta("step", step);
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, group_->Call("rollout", {rows}));
+  DataProto rollout = std::move(rolled.front());
+  metrics["rollout_s"] = Seconds(started);
+
+  const absl::Time rewarding = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(std::vector<double> rewards, Rewards(step, rollout, rows, metrics));
+  std::vector<std::string> groups;
+  for (size_t prompt : PromptsOf(step))
+    groups.insert(groups.end(), config_.group_size, prompts_[prompt].group());
+  const at::Tensor reward_tensor = at::tensor(rewards, at::kDouble);
+  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages,
+                        advantages_(groups, reward_tensor, {config_.global_std}));
+  metrics["reward_mean"] = reward_tensor.mean().item<double>();
+  metrics["reward_std"] = reward_tensor.std(/*unbiased=*/false).item<double>();
+  metrics["advantage_abs_mean"] = advantages.abs().mean().item<double>();
+  int64_t tied = 0;
+  for (int64_t g = 0; g < config_.prompts_per_step; ++g) {
+    const at::Tensor group = reward_tensor.narrow(0, g * config_.group_size, config_.group_size);
+    tied += (group == group[0]).all().item<bool>() ? 1 : 0;
+  }
+  metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
+  metrics["reward_s"] = Seconds(rewarding);
+
+  // The trained window steps: a seeded timestep_fraction of them.
+  DRAY_ASSIGN_OR_RETURN(at::Tensor timesteps, rollout.GetTensor(kTimestepsColumn));
+  const int64_t window = timesteps.size(1);
+  std::vector<int64_t> train_steps(window);
+  std::iota(train_steps.begin(), train_steps.end(), 0);
+  std::shuffle(train_steps.begin(), train_steps.end(),
+               std::mt19937_64(Seed(config_.seed, 4, step)));
+  train_steps.resize(std::max<int64_t>(1, std::llround(config_.timestep_fraction * window)));
+  std::sort(train_steps.begin(), train_steps.end());
+  const double lr =
+      config_.lr * (config_.lr_warmup_steps > 0
+                        ? std::min(1.0, static_cast<double>(step + 1) /
+                                            static_cast<double>(config_.lr_warmup_steps))
+                        : 1.0);
+  metrics["lr"] = lr;
+
+  const absl::Time updating = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, rows.Union(rollout));
+  DRAY_RETURN_IF_ERROR(batch.AddTensor(kAdvantagesColumn, advantages));
+  batch.SetMeta("train_steps", Json{nlohmann::json(train_steps).dump()});
+  batch.SetMeta("lr", lr);
+  std::map<std::string, double> update_sums;
+  for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
+    std::vector<int64_t> order(batch.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(),
+                 std::mt19937_64(Seed(config_.seed, 5, step * 1000 + epoch)));
+    DRAY_ASSIGN_OR_RETURN(DataProto shuffled, batch.Reorder(order));
+    absl::StatusOr<std::vector<DataProto>> updated = group_->Call("update_actor", {shuffled});
+    if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {
+      std::fprintf(stderr, "dray train: skipping step %lld: %s\n", static_cast<long long>(step),
+                   std::string(updated.status().message()).c_str());
+      metrics["skipped"] = 1;
+      break;
+    }
+    DRAY_RETURN_IF_ERROR(updated.status());
+    for (const DataProto& rank : *updated) {
+      for (const auto& [key, value] : rank.meta_info()) {
+        if (const double* number = std::get_if<double>(&value))
+          update_sums[key] +=
+              *number / static_cast<double>(updated->size() * config_.num_inner_epochs);
+      }
+    }
+  }
+  for (const auto& [key, value] : update_sums) metrics[key] = value;
+  metrics["update_s"] = Seconds(updating);
+  metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+  history_.push_back(metrics);
+  DRAY_RETURN_IF_ERROR(WriteOutputs(step, metrics, rollout, rewards));
+  return metrics;
+}
+
+absl::Status FlowGrpoTrainer::WriteOutputs(int64_t step,
+                                           const std::map<std::string, double>& metrics,
+                                           const DataProto& rollout,
+                                           const std::vector<double>& rewards) {
+  {
+    std::ofstream out(config_.save_dir + "/metrics.jsonl", std::ios::app);
+    out << nlohmann::json(metrics).dump() << "\n";
+    if (!out)
+      return absl::DataLossError(
+          absl::StrCat("cannot append to ", config_.save_dir, "/metrics.jsonl"));
+  }
+  const bool last = step + 1 == config_.total_steps;
+  if ((step + 1) % config_.log_every == 0 || last) {
+    auto series = [&](const char* key, const char* name, Rgb color) {
+      Series s{name, color, {}, {}};
+      for (const auto& m : history_) {
+        auto found = m.find(key);
+        s.x.push_back(m.at("step"));
+        s.y.push_back(found == m.end() ? NAN : found->second);
+      }
+      return s;
+    };
+    const at::Tensor curves = StackVertically(
+        {LineChart("reward", {series("reward_mean", "mean", {200, 50, 40})}, 720, 260),
+         LineChart("loss",
+                   {series("policy_loss", "policy", {40, 90, 200}),
+                    series("approx_kl", "approx_kl", {60, 160, 60})},
+                   720, 260)});
+    DRAY_RETURN_IF_ERROR(WritePngFile(config_.save_dir + "/curves.png", curves));
+  }
+  if (step % config_.sample_every == 0 || last) {
+    DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+    std::vector<SampleRow> grid;
+    const std::vector<size_t> prompts = PromptsOf(step);
+    for (size_t p = 0; p < prompts.size(); ++p) {
+      SampleRow row{prompts_[prompts[p]].pixels, {}, {}};
+      for (int64_t g = 0; g < config_.group_size; ++g) {
+        const size_t i = p * config_.group_size + g;
+        DRAY_ASSIGN_OR_RETURN(at::Tensor output, Pixels((*outputs)[i]));
+        row.outputs.push_back(output);
+        row.captions.push_back(absl::StrFormat("%.3f", rewards[i]));
+      }
+      grid.push_back(std::move(row));
+    }
+    DRAY_RETURN_IF_ERROR(WritePngFile(
+        absl::StrCat(config_.save_dir, "/samples/step_", step, ".png"), SampleGrid(grid, 96)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FlowGrpoTrainer::SaveFinal() {
+  const std::string final_dir = config_.save_dir + "/final";
+  DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", final_dir}}));
+  DRAY_RETURN_IF_ERROR(group_->Call("save", {save}).status());
+  if (config_.lora_rank > 0) return absl::OkStatus();
+  // Full fine-tuning: the other components next to the trained transformer.
+  for (const auto& entry : fs::directory_iterator(model_path_)) {
+    const fs::path target = fs::path(final_dir) / entry.path().filename();
+    if (entry.path().filename() == "transformer") {
+      fs::copy_file(entry.path() / "config.json", target / "config.json",
+                    fs::copy_options::overwrite_existing);
+      continue;
+    }
+    fs::copy(entry.path(), target,
+             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FlowGrpoTrainer::Run() {
+  const absl::Time started = absl::Now();
+  for (int64_t step = static_cast<int64_t>(history_.size()); step < config_.total_steps; ++step) {
+    absl::StatusOr<std::map<std::string, double>> metrics = Step(step);
+    if (!metrics.ok()) {
+      return absl::Status(metrics.status().code(),
+                          absl::StrCat("step ", step, ": ", metrics.status().message()));
+    }
+    const double elapsed = Seconds(started);
+    const int64_t done = step + 1;
+    const double eta = elapsed / done * (config_.total_steps - done);
+    const std::string line = absl::StrFormat(
+        "step %d/%d  reward %.4f (std %.4f)  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
+        config_.total_steps, metrics->at("reward_mean"), metrics->at("reward_std"),
+        metrics->count("loss") ? metrics->at("loss") : NAN, metrics->at("images_per_s"),
+        Duration(elapsed), Duration(eta));
+    if (options_.progress_bar) {
+      const int width = 20, filled = static_cast<int>(width * done / config_.total_steps);
+      std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),
+                   std::string(width - filled, '.').c_str(), line.c_str());
+      if (done == config_.total_steps) std::fprintf(stderr, "\n");
+    } else {
+      std::fprintf(stderr, "dray train: %s\n", line.c_str());
+    }
+    std::fflush(stderr);
+  }
+  return SaveFinal();
+}
+
+}  // namespace dray

@@ -1,0 +1,108 @@
+// FlowGrpoTrainer: the controller of a Flow-GRPO training job. It starts a
+// group of FlowGrpoWorker processes and runs the algorithm's loop, each
+// phase timed and logged (verl's fit loop):
+//
+//   rollout    prompts_per_step prompts x group_size samples, drawn with the
+//              SDE sampler on the workers (DP_COMPUTE_PROTO)
+//   reward     every configured reward function on each sample (here)
+//   advantage  the registered estimator over each prompt's group (here)
+//   update     num_inner_epochs optimizer steps on the workers (sharded
+//              backward, clipping, AdamW), on a random timestep_fraction
+//              of the SDE window's steps
+//
+// and writes to trainer.save_dir: config.yaml (the resolved configuration),
+// metrics.jsonl (a line per step), curves.png (reward and loss, redrawn
+// every log_every steps), samples/step_N.png (every sample_every steps) and
+// final/ (the trained weights, loadable by `dray edit`).
+//
+//   DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, options));
+//   DRAY_RETURN_IF_ERROR(trainer->Run());
+//
+// Seeds, windows, timesteps and row order come from trainer.seed and the
+// step alone, so the result does not depend on the number of workers
+// (rows_per_step must divide by it). A loss that is not finite stops the
+// run naming the step, or with on_nan: skip skips that step's update.
+//
+// Thread-safety: not thread-safe.
+#ifndef DRAY_WORKERS_TRAIN_TRAINER_H_
+#define DRAY_WORKERS_TRAIN_TRAINER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "base/files.h"
+#include "dispatch/data_proto.h"
+#include "runtime/controller/worker_group.h"
+#include "workers/rl/advantages.h"
+#include "workers/train/train_config.h"
+#include "workers/train/train_data.h"
+
+namespace dray {
+
+class FlowGrpoTrainer {
+ public:
+  struct Options {
+    int workers = 1;
+    // The worker executable and its leading arguments (`dray worker`).
+    std::vector<std::string> worker_command;
+    std::vector<std::pair<std::string, std::string>> env;
+    absl::Duration init_timeout = absl::Minutes(30);
+    absl::Duration call_timeout = absl::Hours(4);
+    // Where progress goes: a bar redrawn in place on a terminal, else lines.
+    bool progress_bar = false;
+  };
+
+  // Start checks the configuration and every data row, writes the embedded
+  // model or task when the configuration asks for them, starts the workers
+  // and loads the model into them.
+  static absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> Start(TrainConfig config,
+                                                                Options options);
+  ~FlowGrpoTrainer();
+
+  // Run trains steps [next step, total_steps) and saves final/.
+  absl::Status Run();
+
+  // Step runs one training step and returns its metrics (metrics.jsonl's keys).
+  absl::StatusOr<std::map<std::string, double>> Step(int64_t step);
+
+  // RolloutBatch: the rows step `step` samples (its prompts, group_size
+  // times each, with their seeds and SDE window).
+  absl::StatusOr<DataProto> RolloutBatch(int64_t step) const;
+
+  const TrainConfig& config() const { return config_; }
+  WorkerGroup& group() { return *group_; }
+
+ private:
+  FlowGrpoTrainer(TrainConfig config, Options options);
+
+  // PromptsOf: the indices of the prompts step `step` draws.
+  std::vector<size_t> PromptsOf(int64_t step) const;
+  // Rewards scores step `step`'s samples (each function's mean into `metrics`).
+  absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
+                                              const DataProto& rows,
+                                              std::map<std::string, double>& metrics) const;
+  // WriteOutputs appends to metrics.jsonl and redraws curves.png and samples.
+  absl::Status WriteOutputs(int64_t step, const std::map<std::string, double>& metrics,
+                            const DataProto& rollout, const std::vector<double>& rewards);
+  absl::Status SaveFinal();
+
+  TrainConfig config_;
+  Options options_;
+  std::optional<ScratchDir> scratch_;  // the embedded model and task
+  std::string model_path_;             // what the workers load
+  std::vector<TrainPrompt> prompts_;
+  rl::AdvantageEstimator advantages_;
+  std::shared_ptr<WorkerGroup> group_;
+  std::vector<std::map<std::string, double>> history_;  // every step's metrics
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_TRAINER_H_
