@@ -26,6 +26,7 @@
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/sharding_bench.h"
+#include "workers/bench/train_bench.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/parity/parity.h"
@@ -60,8 +61,8 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 }
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
-  if (suite != "runtime" && suite != "sharding" && suite != "edit") {
-    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit\n",
+  if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train") {
+    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train\n",
                  suite.c_str());
     return 2;
   }
@@ -72,6 +73,8 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
     metrics = RunShardingBench(quick, report);
   } else if (suite == "edit") {
     metrics = RunEditBench({{SelfPath(), "worker"}, quick, report});
+  } else if (suite == "train") {
+    metrics = RunTrainBench({{SelfPath(), "worker"}, quick, report});
   } else {
     ActorBenchOptions options;
     options.worker_command = {SelfPath(), "worker"};
@@ -139,8 +142,8 @@ int Main(int argc, char** argv) {
   bool quick = false, json = false;
   bench
       ->add_option("--suite", suite,
-                   "what to measure: runtime (actor calls), sharding (memory, step time) or edit "
-                   "(images/s, serving)")
+                   "what to measure: runtime (actor calls), sharding (memory, step time), edit "
+                   "(images/s, serving) or train (RL step time and its phases)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()

@@ -37,7 +37,7 @@ struct EditCommands::Flags {
   std::vector<std::string> overrides;
   int workers = 1;
   // dray edit.
-  std::string image, instruction, out, server, model, negative_prompt;
+  std::string image, instruction, out, server, model, lora, negative_prompt;
   std::optional<int64_t> steps, image_size, seed, width, height;
   std::optional<double> true_cfg_scale;
   double timeout_s = 600;
@@ -77,6 +77,7 @@ void ShowProgress(int64_t step, int64_t steps) {
 absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) {
   std::vector<std::string> overrides = f.overrides;
   if (!f.model.empty()) overrides.push_back(Override("model_path", f.model));
+  if (!f.lora.empty()) overrides.push_back(Override("lora_path", f.lora));
   if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
   if (f.image_size) overrides.push_back(Override("image_size", *f.image_size));
   if (f.true_cfg_scale) overrides.push_back(Override("true_cfg_scale", *f.true_cfg_scale));
@@ -129,8 +130,8 @@ int EditLocally(const EditCommands::Flags& f) {
 }
 
 int EditOnServer(const EditCommands::Flags& f) {
-  if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || f.image_size ||
-      f.edit->count("--workers") > 0) {
+  if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || !f.lora.empty() ||
+      f.image_size || f.edit->count("--workers") > 0) {
     return Fail(
         "edit",
         absl::InvalidArgumentError(
@@ -260,6 +261,8 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option(
       "--model", f.model,
       "a diffusers Qwen-Image-Edit directory (model_path); default: the embedded tiny model");
+  f.edit->add_option("--lora", f.lora,
+                     "a LoRA file for the transformer (lora_path), e.g. what dray train writes");
   f.edit->add_option("--steps", f.steps, "denoising steps (num_inference_steps)")
       ->check(CLI::Range(1, 1000));
   f.edit->add_option("--image-size", f.image_size,

@@ -70,6 +70,20 @@ TEST(BenchCliTest, PrintsEveryEditFigure) {
   EXPECT_GT(figures.at("edit_images_per_s_w1"), 0);
 }
 
+TEST(BenchCliTest, PrintsEveryTrainFigure) {
+  const std::map<std::string, double> figures = RunBench("--suite train --quick --json");
+  for (int workers : {1, 2}) {
+    for (const char* figure : {"train_step_s", "train_rollout_s", "train_reward_s",
+                               "train_update_s", "train_images_per_s", "train_controller_share"}) {
+      const std::string name = absl::StrCat(figure, "_w", workers);
+      ASSERT_EQ(figures.count(name), 1u) << name;
+      EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
+    }
+  }
+  EXPECT_GT(figures.at("train_images_per_s_w1"), 0);
+  EXPECT_TRUE(figures.count("train_speedup_w2"));
+}
+
 TEST(BenchCliTest, RejectsAnUnknownSuite) {
   EXPECT_NE(
       std::system(absl::StrCat(RunfilePath("cli/dray"), " bench --suite nope 2>/dev/null").c_str()),

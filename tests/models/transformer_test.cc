@@ -1,6 +1,7 @@
 // Unit tests of QwenImageTransformer2DModel beyond parity (which parity_test
 // covers): input checks, the real configuration on the meta device, and
 // LoRA adapters on its attention and feed-forward projections.
+#include <cstdlib>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -107,6 +108,28 @@ TEST(TransformerLoraTest, MergingGivesTheAdaptedModelAndDisablingTheBase) {
   MergeLoraAdapters(*model);
   EXPECT_TRUE(LoraState(*model).empty());
   EXPECT_LT((Forward(model) - adapted).abs().max().item<double>(), 1e-6);
+}
+
+TEST(TransformerLoraTest, ASavedLoraFileLoadsIntoAFreshModel) {
+  QwenImageTransformer trained = LoadModel("transformer_tiny");
+  DRAY_ASSERT_OK(
+      AddLoraAdapters(*trained, kLora, at::make_generator<at::CPUGeneratorImpl>(1)).status());
+  std::vector<std::pair<std::string, at::Tensor>> file;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [name, tensor] : LoraState(*trained)) {
+      tensor.normal_(0, 0.2, at::make_generator<at::CPUGeneratorImpl>(name.size()));
+      file.emplace_back("transformer." + name, tensor);
+    }
+  }
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/lora.safetensors";
+  DRAY_ASSERT_OK(WriteSafetensors(path, file, {{"lora_alpha", "8"}}));
+  QwenImageTransformer fresh = LoadModel("transformer_tiny");
+  DRAY_ASSERT_OK_AND_ASSIGN(int adapted, LoadLoraAdapters(*fresh, path));
+  EXPECT_EQ(adapted, 12);
+  EXPECT_TRUE(at::equal(Forward(fresh), Forward(trained)));
+  EXPECT_THAT(LoadLoraAdapters(*LoadModel("transformer_tiny"), "/nonexistent.safetensors").status(),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(TransformerLoraTest, RefusesTargetsThatMatchNothing) {

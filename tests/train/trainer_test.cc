@@ -117,5 +117,37 @@ TEST(TrainerTest, ALossThatIsNotFiniteStopsOrIsSkipped) {
   EXPECT_EQ(lines, 2);
 }
 
+TEST(TrainerTest, TheEmbeddedTaskRewardRises) {
+  // The default job, shortened to 10 of its 30 steps (seed 0). Measured over
+  // seeds 0-2 at 30 steps: +0.017 to +0.020 against step-to-step noise of
+  // 0.001 (std of consecutive differences); here +0.015.
+  const std::string dir = SaveDir("embedded");
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", {"trainer.total_steps=10",
+                                                                       "trainer.save_dir=" + dir}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  std::vector<double> rewards;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    const nlohmann::json m = nlohmann::json::parse(line);
+    for (const char* key :
+         {"step", "reward_mean", "reward_std", "reward/color", "advantage_abs_mean",
+          "zero_std_ratio", "loss", "policy_loss", "kl", "approx_kl", "clipfrac", "grad_norm", "lr",
+          "rollout_s", "reward_s", "update_s", "images_per_s"}) {
+      EXPECT_TRUE(m.contains(key)) << key << " missing from " << line;
+    }
+    rewards.push_back(m["reward_mean"]);
+  }
+  ASSERT_EQ(rewards.size(), 10u);
+  const double first = (rewards[0] + rewards[1] + rewards[2]) / 3;
+  const double last = (rewards[7] + rewards[8] + rewards[9]) / 3;
+  EXPECT_GT(last - first, 0.005) << "the reward did not rise";
+  for (const char* file : {"/curves.png", "/samples/step_0.png", "/samples/step_9.png",
+                           "/config.yaml", "/final/pytorch_lora_weights.safetensors"}) {
+    EXPECT_TRUE(std::filesystem::exists(dir + file)) << file;
+  }
+}
+
 }  // namespace
 }  // namespace dray

@@ -63,6 +63,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "negative_prompt", c.negative_prompt, "a string"),
       Key(s + "seed", c.seed, "an integer"),
       Key(s + "device", c.device, "a device (cpu, cuda, cuda:N)"),
+      Key(s + "lora_path", c.lora_path, "a path"),
   };
 }
 

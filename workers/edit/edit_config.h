@@ -59,6 +59,7 @@ struct ImageEditConfig {
   std::string negative_prompt = " ";  // empty: no guidance
   int64_t seed = 42;
   std::string device = "cpu";  // cpu, cuda or cuda:N
+  std::string lora_path;       // a LoRA file for the transformer (dray train's final/); empty: none
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.

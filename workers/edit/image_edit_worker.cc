@@ -10,6 +10,7 @@
 #include "workers/edit/edit_config.h"
 #include "workers/edit/edit_model.h"
 #include "workers/image/image_codec.h"
+#include "workers/models/lora.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 
 namespace dray {
@@ -30,7 +31,13 @@ QwenImageEditWorker::~QwenImageEditWorker() = default;
 absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(std::string yaml, input.GetMeta<std::string>("config"));
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, ImageEditConfig::FromYaml(yaml));
-  DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this));
+  BeforeSharding lora;
+  if (!config.lora_path.empty()) {
+    lora = [&config](qwen_image::QwenImageModel& model) {
+      return LoadLoraAdapters(*model.transformer, config.lora_path).status();
+    };
+  }
+  DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this, lora));
   return DataProto::Make({}, {}, model_->MemoryFigures(rank()));
 }
 

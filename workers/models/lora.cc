@@ -1,6 +1,7 @@
 #include "workers/models/lora.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <set>
@@ -10,6 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "runtime/io/safetensors.h"
 #include "workers/models/layers.h"
 
 namespace dray {
@@ -75,6 +78,42 @@ absl::StatusOr<int> AddLoraAdapters(torch::nn::Module& root, const LoraOptions& 
     linear->lora_enabled = true;
   }
   return static_cast<int>(chosen.size());
+}
+
+absl::StatusOr<int> LoadLoraAdapters(torch::nn::Module& root, const std::string& path) {
+  DRAY_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(path));
+  constexpr absl::string_view kPrefix = "transformer.", kA = ".lora_A.weight";
+  std::vector<std::string> layers;
+  int64_t rank = 0;
+  for (const std::string& name : file->names()) {
+    if (!absl::EndsWith(name, kA)) continue;
+    const absl::string_view layer = absl::string_view(name).substr(0, name.size() - kA.size());
+    layers.emplace_back(absl::StartsWith(layer, kPrefix) ? layer.substr(kPrefix.size()) : layer);
+    DRAY_ASSIGN_OR_RETURN(TensorInfo info, file->Info(name));
+    rank = info.shape.empty() ? 0 : info.shape[0];
+  }
+  if (layers.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " holds no LoRA adapters (*", kA, ")"));
+  }
+  auto alpha = file->metadata().find("lora_alpha");
+  const LoraOptions options{
+      rank, alpha == file->metadata().end() ? static_cast<double>(rank) : std::stod(alpha->second),
+      layers};
+  DRAY_ASSIGN_OR_RETURN(
+      int adapted, AddLoraAdapters(root, options, at::make_generator<at::CPUGeneratorImpl>(0)));
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : LoraState(root)) {
+    const std::string key =
+        file->contains(std::string(kPrefix) + name) ? std::string(kPrefix) + name : name;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor stored, file->Get(key));
+    if (stored.sizes() != tensor.sizes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", key, " has shape [", absl::StrJoin(stored.sizes(), ", "),
+                       "], the model's adapter [", absl::StrJoin(tensor.sizes(), ", "), "]"));
+    }
+    at::Tensor(tensor).copy_(stored);
+  }
+  return adapted;
 }
 
 void SetLoraEnabled(torch::nn::Module& root, bool enabled) {

@@ -49,6 +49,14 @@ void SetLoraEnabled(torch::nn::Module& root, bool enabled);
 // LoraState returns the adapters' parameters by name ("...lora_A.weight").
 std::map<std::string, at::Tensor> LoraState(const torch::nn::Module& root);
 
+// LoadLoraAdapters attaches the adapters a LoRA file holds (what `dray
+// train` writes, or a diffusers Qwen-Image LoRA: keys
+// "transformer.<layer>.lora_A.weight" and ".lora_B.weight"; the rank from
+// the shapes, alpha from the metadata "lora_alpha", else the rank) to the
+// Linear layers of `root` they name. A layer the model lacks or a shape
+// that does not fit is INVALID_ARGUMENT naming it. Returns the layers adapted.
+absl::StatusOr<int> LoadLoraAdapters(torch::nn::Module& root, const std::string& path);
+
 // MergeLoraAdapters folds each adapter into its layer's weight
 // (W += alpha / rank * B A) and removes it.
 void MergeLoraAdapters(torch::nn::Module& root);

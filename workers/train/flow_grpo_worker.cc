@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "runtime/io/safetensors.h"
 #include "workers/edit/edit_batch.h"
@@ -32,6 +33,18 @@ namespace {
 // seed, so the two streams never coincide.
 constexpr uint64_t kSdeNoiseStream = uint64_t{1} << 40;
 constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
+
+// SecondsIn adds the time until it goes out of scope to `table[name]`.
+class SecondsIn {
+ public:
+  SecondsIn(MetaInfo& table, const char* name)
+      : total_(table.emplace(name, 0.0).first->second), start_(absl::Now()) {}
+  ~SecondsIn() { total_ = std::get<double>(total_) + absl::ToDoubleSeconds(absl::Now() - start_); }
+
+ private:
+  MetaValue& total_;
+  absl::Time start_;
+};
 
 // Micro-batch: rows of a batch processed together, with their trajectory.
 struct MicroBatch {
@@ -116,6 +129,11 @@ FlowGrpoWorker::FlowGrpoWorker() {
   per_rank_metrics.dispatch_mode = kDpComputeMetric;
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
+  Def("timings", &FlowGrpoWorker::Timings, {kOneToAll});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::Timings() {
+  return DataProto::Make({}, {}, seconds_in_methods_);
 }
 
 FlowGrpoWorker::~FlowGrpoWorker() = default;
@@ -154,6 +172,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "rollout");
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before rollout");
   DRAY_ASSIGN_OR_RETURN(int64_t begin, batch.GetMeta<int64_t>("sde_window_begin"));
   DRAY_ASSIGN_OR_RETURN(int64_t end, batch.GetMeta<int64_t>("sde_window_end"));
@@ -235,6 +254,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch)
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "update_actor");
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before update_actor");
   const TrainConfig& config = state_->config;

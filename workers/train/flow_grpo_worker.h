@@ -19,6 +19,8 @@
 //                                       the step's metrics as meta
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
 //                                       there (LoRA: pytorch_lora_weights.safetensors)
+//   timings           ONE_TO_ALL        the seconds this rank has spent inside each method
+//                                       so far, as meta (for the controller's share of a step)
 //
 // update_actor accumulates the gradient of every micro-batch and trained
 // step (the loss divided by their count), averages it over ranks, clips its
@@ -28,6 +30,7 @@
 #define DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
@@ -55,10 +58,12 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> ComputeLogProb(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);
+  absl::StatusOr<DataProto> Timings();
 
  private:
   struct State;
   std::unique_ptr<State> state_;  // set by init_model
+  MetaInfo seconds_in_methods_;   // method name -> seconds (double), for timings
 };
 
 }  // namespace dray

@@ -1,0 +1,72 @@
+#include "workers/bench/train_bench.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "workers/train/trainer.h"
+
+namespace dray {
+namespace {
+
+// BusiestWorkerSeconds: the most time any rank has spent inside rollout and
+// update_actor so far.
+absl::StatusOr<double> BusiestWorkerSeconds(WorkerGroup& group) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> ranks, group.Call("timings", {DataProto()}));
+  double busiest = 0;
+  for (const DataProto& rank : ranks) {
+    double busy = 0;
+    for (const char* method : {"rollout", "update_actor"})
+      busy += rank.GetMeta<double>(method).value_or(0);
+    busiest = std::max(busiest, busy);
+  }
+  return busiest;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& options) {
+  std::vector<BenchMetric> metrics;
+  auto emit = [&](std::string name, double value, std::string unit) {
+    metrics.push_back({std::move(name), value, std::move(unit)});
+    if (options.report) options.report(metrics.back());
+  };
+  const int steps = options.quick ? 2 : 5;
+  std::map<int, double> step_seconds;
+  for (int workers : {1, 2}) {
+    DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
+    DRAY_ASSIGN_OR_RETURN(
+        TrainConfig config,
+        TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000"}));
+    FlowGrpoTrainer::Options start;
+    start.workers = workers;
+    start.worker_command = options.worker_command;
+    DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, start));
+    DRAY_RETURN_IF_ERROR(trainer->Step(0).status());  // warm-up
+    DRAY_ASSIGN_OR_RETURN(const double busy_before, BusiestWorkerSeconds(trainer->group()));
+    std::map<std::string, double> phases;
+    const absl::Time started = absl::Now();
+    for (int step = 1; step <= steps; ++step) {
+      DRAY_ASSIGN_OR_RETURN(auto step_metrics, trainer->Step(step));
+      for (const char* phase : {"rollout_s", "reward_s", "update_s"})
+        phases[phase] += step_metrics.at(phase) / steps;
+    }
+    const double wall = absl::ToDoubleSeconds(absl::Now() - started);
+    DRAY_ASSIGN_OR_RETURN(const double busy_after, BusiestWorkerSeconds(trainer->group()));
+    const std::string w = absl::StrCat("_w", workers);
+    step_seconds[workers] = wall / steps;
+    emit("train_step_s" + w, wall / steps, "s");
+    emit("train_rollout_s" + w, phases["rollout_s"], "s");
+    emit("train_reward_s" + w, phases["reward_s"], "s");
+    emit("train_update_s" + w, phases["update_s"], "s");
+    emit("train_images_per_s" + w, static_cast<double>(config.rows_per_step() * steps) / wall,
+         "images/s");
+    emit("train_controller_share" + w, 100.0 * (wall - (busy_after - busy_before)) / wall, "%");
+  }
+  emit("train_speedup_w2", step_seconds[1] / step_seconds[2], "x");
+  return metrics;
+}
+
+}  // namespace dray
