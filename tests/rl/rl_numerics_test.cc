@@ -51,6 +51,65 @@ TEST(SdeSamplerTest, RecomputedStepsScoreWhatTheRolloutScored) {
   }
 }
 
+// The GRPO loss of recomputed steps, with its KL term, as a function of a
+// tiny model's weights, in float64: autograd's gradient equals central
+// finite differences.
+TEST(GrpoLossTest, GradientMatchesFiniteDifferences) {
+  SdeSchedule schedule = Schedule();
+  schedule.sigmas = schedule.sigmas.to(at::kDouble);
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(11);
+  const at::Tensor weights = at::randn({8, 8}, generator, at::kDouble) * 0.3;
+  const at::Tensor reference = weights + 0.05 * at::randn({8, 8}, generator, at::kDouble);
+  auto model = [](const at::Tensor& w) -> PredictVelocity {
+    return
+        [w](const at::Tensor& latents, const at::Tensor& timestep) -> absl::StatusOr<at::Tensor> {
+          return at::matmul(latents, w.t()) * (timestep.to(at::kDouble) / 1000).view({-1, 1, 1}) +
+                 at::tanh(latents);
+        };
+  };
+  const SdeSamplerOptions options{0.7, SdeType::kSde, {1, 4}};
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      Trajectory trajectory,
+      SampleTrajectory(
+          schedule, at::randn({3, 4, 8}, generator, at::kDouble), model(weights),
+          [&](int) {
+            return at::randn({3, 4, 8}, generator, at::kDouble);
+          },
+          options));
+  const at::Tensor advantages = at::tensor({1.5, -0.5, -1.0}, at::kDouble);
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLoss grpo, FindPolicyLoss("grpo"));
+  const PolicyLossOptions loss_options{1e-4, 5.0, 0.04, 3};
+  auto loss = [&](const at::Tensor& w) {
+    at::Tensor total = at::zeros({}, at::kDouble);
+    for (int64_t j = 0; j < 3; ++j) {
+      const SdeStepResult policy =
+          RecomputeStep(schedule, model(w), trajectory, j, options).value();
+      const SdeStepResult ref =
+          RecomputeStep(schedule, model(reference), trajectory, j, options).value();
+      total = total + grpo({advantages, policy.log_prob, trajectory.log_probs.select(1, j),
+                            policy.prev_sample_mean, ref.prev_sample_mean, policy.std_dev_t},
+                           loss_options)
+                          .value()
+                          .loss;
+    }
+    return total;
+  };
+  const at::Tensor w = weights.clone().requires_grad_(true);
+  loss(w).backward();
+  const at::Tensor analytic = w.grad();
+  at::Tensor numeric = at::zeros_like(weights);
+  constexpr double kStep = 1e-6;
+  for (int64_t i = 0; i < weights.numel(); ++i) {
+    at::Tensor up = weights.clone(), down = weights.clone();
+    up.view(-1)[i] += kStep;
+    down.view(-1)[i] -= kStep;
+    numeric.view(-1)[i] = (loss(up) - loss(down)).item<double>() / (2 * kStep);
+  }
+  EXPECT_GT(analytic.abs().max().item<double>(), 1e-6);
+  EXPECT_LT((analytic - numeric).abs().max().item<double>(),
+            1e-6 * analytic.abs().max().item<double>() + 1e-10);
+}
+
 TEST(SdeStepTest, NoiseLevelZeroIsTheEulerStep) {
   const SdeSchedule schedule = Schedule();
   const at::Tensor x = at::ones({2, 3, 4}), v = at::full({2, 3, 4}, 0.5);

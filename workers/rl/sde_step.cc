@@ -57,6 +57,12 @@ absl::StatusOr<at::Tensor> Indices(const SdeSchedule& schedule, const at::Tensor
   return at::tensor(indices, at::kLong).to(schedule.sigmas.device());
 }
 
+// AtLeastFloat32: flow_grpo's .float() on model outputs and latents, which
+// dray leaves float64 tensors out of (for gradient checks in float64).
+at::Tensor AtLeastFloat32(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kDouble ? tensor : tensor.to(at::kFloat);
+}
+
 }  // namespace
 
 absl::StatusOr<SdeType> ParseSdeType(absl::string_view name) {
@@ -83,8 +89,8 @@ absl::StatusOr<int64_t> StepIndex(const at::Tensor& timesteps, float timestep) {
 absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStepInput& in) {
   DRAY_RETURN_IF_ERROR(CheckInput(schedule, in));
   DRAY_ASSIGN_OR_RETURN(at::Tensor index, Indices(schedule, in.timestep));
-  const at::Tensor v = in.model_output.to(at::kFloat);
-  const at::Tensor x = in.sample.to(at::kFloat);
+  const at::Tensor v = AtLeastFloat32(in.model_output);
+  const at::Tensor x = AtLeastFloat32(in.sample);
   std::vector<int64_t> per_sample(x.dim(), 1);
   per_sample[0] = -1;
   const at::Tensor& sigmas = schedule.sigmas;
@@ -103,8 +109,8 @@ absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStep
     out.prev_sample_mean =
         x * (1 + s.pow(2) / (2 * sigma) * dt) + v * (1 + s.pow(2) * (1 - sigma) / (2 * sigma)) * dt;
     out.prev_sample = in.prev_sample
-                          ? in.prev_sample->to(at::kFloat)
-                          : out.prev_sample_mean + s * sqrt_neg_dt * in.noise.to(at::kFloat);
+                          ? AtLeastFloat32(*in.prev_sample)
+                          : out.prev_sample_mean + s * sqrt_neg_dt * AtLeastFloat32(in.noise);
     const at::Tensor scale = s * sqrt_neg_dt;
     const at::Tensor log_sqrt_2pi =
         at::log(at::sqrt(2 * at::scalar_tensor(M_PI, out.prev_sample_mean.options())));
@@ -117,8 +123,8 @@ absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStep
     const at::Tensor predicted_noise = x + v * (1 - sigma);
     out.prev_sample_mean = predicted_image * (1 - sigma_next) +
                            predicted_noise * at::sqrt(sigma_next.pow(2) - s.pow(2));
-    out.prev_sample = in.prev_sample ? in.prev_sample->to(at::kFloat)
-                                     : out.prev_sample_mean + s * in.noise.to(at::kFloat);
+    out.prev_sample = in.prev_sample ? AtLeastFloat32(*in.prev_sample)
+                                     : out.prev_sample_mean + s * AtLeastFloat32(in.noise);
     out.log_prob = -(out.prev_sample.detach() - out.prev_sample_mean).pow(2);
   }
   std::vector<int64_t> sample_dims;

@@ -62,8 +62,9 @@ struct SdeStepResult {
   at::Tensor sqrt_neg_dt;       // [B, 1, ...]: sqrt(sigma - sigma_next)
 };
 
-// SdeStep takes (or scores) one step. Inputs are cast to float32 first;
-// arithmetic is in the sigmas' dtype. A timestep that is not in the
+// SdeStep takes (or scores) one step. Inputs are cast to float32 first
+// (float64 ones stay float64); arithmetic is in the wider of theirs and the
+// sigmas' dtype. A timestep that is not in the
 // schedule, or the last sigma's, is INVALID_ARGUMENT.
 absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStepInput& input);
 
