@@ -1,7 +1,8 @@
 // Flow-GRPO training end to end, with real worker processes holding the
 // FSDP-sharded tiny model and real Gloo collectives: the on-policy identity
 // with CFG and sharding on, the same parameters at one and two workers, a
-// loss that is not finite, and the embedded task's reward rising.
+// loss that is not finite, full fine-tuning in an SDE window with LR
+// warm-up, and the embedded task's reward rising.
 #include "workers/train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
 #include "tests/runtime/test_util.h"
+#include "workers/models/qwen_image/model.h"
 #include "workers/train/flow_grpo_worker.h"
 
 namespace dray {
@@ -115,6 +117,25 @@ TEST(TrainerTest, ALossThatIsNotFiniteStopsOrIsSkipped) {
     ++lines;
   }
   EXPECT_EQ(lines, 2);
+}
+
+TEST(TrainerTest, FullFineTuningInAWindowWritesALoadableModel) {
+  const std::string dir = SaveDir("full");
+  const TrainConfig config =
+      SmallJob(dir, {"worker.actor.lora_rank=0", "algorithm.sde_window_size=2",
+                     "algorithm.sde_window_range=[1, 4]", "worker.actor.lr_warmup_steps=2"});
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 2));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, trainer->RolloutBatch(0));
+  const int64_t begin = rows.GetMeta<int64_t>("sde_window_begin").value();
+  EXPECT_GE(begin, 1);
+  EXPECT_EQ(rows.GetMeta<int64_t>("sde_window_end").value(), begin + 2);
+  DRAY_ASSERT_OK(trainer->Run());
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string first;
+  ASSERT_TRUE(std::getline(metrics, first));
+  EXPECT_DOUBLE_EQ(nlohmann::json::parse(first)["lr"].get<double>(), config.lr / 2);  // warming up
+  DRAY_ASSERT_OK(
+      qwen_image::LoadQwenImageModel(dir + "/final", at::TensorOptions(), Weights::kRead).status());
 }
 
 TEST(TrainerTest, TheEmbeddedTaskRewardRises) {

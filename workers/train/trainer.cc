@@ -170,16 +170,20 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
   std::vector<size_t> prompt_of;
   for (size_t prompt : PromptsOf(step))
     prompt_of.insert(prompt_of.end(), config_.group_size, prompt);
+  std::vector<at::Tensor> images;
+  for (const Image& output : *outputs) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, Pixels(output));
+    images.push_back(std::move(pixels));
+  }
   std::vector<double> total(outputs->size(), 0.0);
   for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
     const std::string& name = config_.reward_functions[f];
     DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(name));
     double sum = 0;
-    for (size_t i = 0; i < outputs->size(); ++i) {
-      DRAY_ASSIGN_OR_RETURN(at::Tensor output, Pixels((*outputs)[i]));
+    for (size_t i = 0; i < images.size(); ++i) {
       const TrainPrompt& prompt = prompts_[prompt_of[i]];
       absl::StatusOr<double> value =
-          reward({output, prompt.pixels, (*instructions)[i], prompt.fields});
+          reward({images[i], prompt.pixels, (*instructions)[i], prompt.fields});
       if (!value.ok()) {
         return absl::Status(value.status().code(),
                             absl::StrCat("reward ", name, ", sample ", i, " (", prompt.image_path,
@@ -188,7 +192,7 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
       total[i] += config_.reward_weights[f] * *value;
       sum += *value;
     }
-    metrics["reward/" + name] = sum / static_cast<double>(outputs->size());
+    metrics["reward/" + name] = sum / static_cast<double>(images.size());
   }
   return total;
 }
@@ -197,7 +201,6 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto rows, RolloutBatch(step));
-  rows.SetMeta("step", step);
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, group_->Call("rollout", {rows}));
   DataProto rollout = std::move(rolled.front());
   metrics["rollout_s"] = Seconds(started);
