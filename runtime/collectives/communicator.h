@@ -15,6 +15,7 @@
 #ifndef DRAY_RUNTIME_COLLECTIVES_COMMUNICATOR_H_
 #define DRAY_RUNTIME_COLLECTIVES_COMMUNICATOR_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,8 +56,21 @@ class Communicator {
 
   // Subgroup makes a communicator over `ranks` (of this group; this rank
   // among them, sorted), called `name`. Every rank in `ranks` must call it.
+  // Each call makes a new group, also for a name used before (two modules
+  // sharded over one communicator): every member makes them in one order.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Subgroup(const std::vector<int>& ranks,
                                                                  const std::string& name) = 0;
+
+ protected:
+  // UniqueSubgroupName: `name`, then "name.1", "name.2"... for later groups of
+  // the same name, so that each meets under its own keys in the store.
+  std::string UniqueSubgroupName(const std::string& name) {
+    const int made = subgroups_made_[name]++;
+    return made == 0 ? name : name + "." + std::to_string(made);
+  }
+
+ private:
+  std::map<std::string, int> subgroups_made_;
 };
 
 // GroupAddress: where the ranks of a group meet.

@@ -117,7 +117,8 @@ class GlooCommunicator final : public Communicator {
                                                          const std::string& name) override {
     std::vector<int> global;
     for (int rank : ranks) global.push_back(ranks_.at(rank));
-    return CreateGlooCommunicator(rendezvous_, absl::StrCat(name_, "/", name), global);
+    return CreateGlooCommunicator(rendezvous_, absl::StrCat(name_, "/", UniqueSubgroupName(name)),
+                                  global);
   }
 
  private:

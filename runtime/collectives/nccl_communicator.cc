@@ -90,7 +90,8 @@ class NcclCommunicator final : public Communicator {
                                                          const std::string& name) override {
     std::vector<int> global;
     for (int rank : ranks) global.push_back(ranks_.at(rank));
-    return CreateNcclCommunicator(rendezvous_, absl::StrCat(name_, "/", name), device_, global);
+    return CreateNcclCommunicator(rendezvous_, absl::StrCat(name_, "/", UniqueSubgroupName(name)),
+                                  device_, global);
   }
 
   absl::Status AllReduce(at::Tensor& tensor, ReduceOp op) override {

@@ -361,6 +361,25 @@ TEST(FullyShardedGradientTest, TwoForwardsBeforeOneBackwardGiveUnshardedGradient
   }
 }
 
+// A worker shards several modules over one communicator (the transformer and
+// the text encoder): the hybrid strategies' subgroups of each stay apart.
+TEST(FullyShardedTest, TwoModulesShardHybridOverOneCommunicator) {
+  const Data data = MakeData();
+  const at::Tensor expected = ToyModel()->forward(data.x, nullptr);
+  RunInGroup(2, [&](int, Communicator* comm) {
+    ShardingOptions options;
+    options.strategy = ShardingStrategy::kHybridShard;
+    options.shard_group_size = 2;
+    ToyModel first, second;
+    auto first_sharded = FullyShardedModule::Shard(first.ptr(), first->units(), comm, options);
+    auto second_sharded = FullyShardedModule::Shard(second.ptr(), second->units(), comm, options);
+    ASSERT_TRUE(first_sharded.ok()) << first_sharded.status();
+    ASSERT_TRUE(second_sharded.ok()) << second_sharded.status();
+    EXPECT_LE(MaxDiff(second->forward(data.x, second_sharded->get()), expected), 1e-6);
+    EXPECT_LE(MaxDiff(first->forward(data.x, first_sharded->get()), expected), 1e-6);
+  });
+}
+
 TEST(WrapPolicyTest, TransformerAndSizeBasedUnits) {
   ToyModel model;
   const auto blocks = UnitsOfType<BlockImpl>(*model);

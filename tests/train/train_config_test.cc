@@ -46,8 +46,9 @@ TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'beauty' is not registered")));
   EXPECT_THAT(TrainConfig::Load("", {"worker.reward.weights=[1, 2]"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one weight per function")));
-  EXPECT_THAT(TrainConfig::Load("", {"worker.actor.lora_rank=0", "algorithm.beta=0.1"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reference policy")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.beta=-1"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.beta must be >= 0")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.sde_window_size=8"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
 }

@@ -96,6 +96,30 @@ TEST(TrainerTest, OneAndTwoWorkersTrainTheSameParameters) {
   EXPECT_TRUE(trained[0].count("transformer.transformer_blocks.0.attn.to_q.lora_A.weight"));
 }
 
+TEST(TrainerTest, EveryShardingStrategyAndOffloadTrainTheSameParameters) {
+  std::map<std::string, at::Tensor> reference;
+  int run = 0;
+  for (const std::string& sharding : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                      "HYBRID_SHARD_ZERO2", "FULL_SHARD offload"}) {
+    SCOPED_TRACE(sharding);
+    const std::string dir = SaveDir(absl::StrCat("strategy_", run++));
+    std::vector<std::string> overrides = {"worker.image_edit.fsdp_sharding_strategy=" +
+                                          sharding.substr(0, sharding.find(' '))};
+    if (sharding.find("offload") != std::string::npos)
+      overrides.push_back("worker.image_edit.fsdp_cpu_offload=true");
+    DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(SmallJob(dir, overrides), 2));
+    DRAY_ASSERT_OK(trainer->Run());
+    const std::map<std::string, at::Tensor> trained = LoraWeights(dir);
+    if (reference.empty()) {
+      reference = trained;
+      continue;
+    }
+    ASSERT_EQ(trained.size(), reference.size());
+    for (const auto& [name, tensor] : reference)
+      EXPECT_LT((tensor - trained.at(name)).abs().max().item<double>(), 1e-5) << name;
+  }
+}
+
 TEST(TrainerTest, ALossThatIsNotFiniteStopsOrIsSkipped) {
   // noise_level 0: every step is deterministic, its log-density 0/0.
   const std::string dir = SaveDir("nan");
@@ -136,6 +160,21 @@ TEST(TrainerTest, FullFineTuningInAWindowWritesALoadableModel) {
   EXPECT_DOUBLE_EQ(nlohmann::json::parse(first)["lr"].get<double>(), config.lr / 2);  // warming up
   DRAY_ASSERT_OK(
       qwen_image::LoadQwenImageModel(dir + "/final", at::TensorOptions(), Weights::kRead).status());
+}
+
+TEST(TrainerTest, FullFineTuningKlStartsAtZeroAgainstTheFrozenCopy) {
+  const std::string dir = SaveDir("full_kl");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      StartTrainer(SmallJob(dir, {"worker.actor.lora_rank=0", "algorithm.beta=0.04"}), 2));
+  DRAY_ASSERT_OK(trainer->Run());
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::vector<double> kl;
+  for (std::string line; std::getline(metrics, line);)
+    kl.push_back(nlohmann::json::parse(line)["kl"].get<double>());
+  ASSERT_EQ(kl.size(), 2u);
+  EXPECT_LT(kl[0], 1e-12) << "the policy starts as its reference";
+  EXPECT_GT(kl[1], 0) << "one update moves the policy away";
 }
 
 TEST(TrainerTest, TheEmbeddedTaskRewardRises) {

@@ -87,6 +87,16 @@ absl::Status EditModel::MoveParameters(at::Device target) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, const Worker& worker) {
+  ShardingOptions sharding;
+  DRAY_ASSIGN_OR_RETURN(sharding.strategy, ParseShardingStrategy(config.fsdp_sharding_strategy));
+  sharding.shard_group_size = worker.local_world_size();  // hybrid: shard within a node
+  sharding.cpu_offload = config.fsdp_cpu_offload;
+  const at::ScalarType dtype = ParseDtype(config.torch_dtype);
+  if (dtype != at::kFloat) sharding.mixed_precision.param_dtype = dtype;
+  return sharding;
+}
+
 absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& config,
                                                          Worker& worker,
                                                          const BeforeSharding& before_sharding) {
@@ -125,11 +135,8 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     DRAY_ASSIGN_OR_RETURN(group, state->device.is_cuda() ? worker.device_comm() : worker.comm());
   }
   if (config.enable_fsdp) {
-    ShardingOptions sharding;
-    DRAY_ASSIGN_OR_RETURN(sharding.strategy, ParseShardingStrategy(config.fsdp_sharding_strategy));
+    DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(config, worker));
     sharding.sync_module_states = sends;
-    sharding.cpu_offload = config.fsdp_cpu_offload;
-    if (dtype != at::kFloat) sharding.mixed_precision.param_dtype = dtype;
     std::vector<std::shared_ptr<torch::nn::Module>> blocks(model.transformer->blocks()->begin(),
                                                            model.transformer->blocks()->end());
     DRAY_ASSIGN_OR_RETURN(

@@ -2,7 +2,8 @@
 // worker class that runs it loads it: read from config.model_path (by rank
 // 0 alone with fsdp_sync_module_states, the others building shape-only and
 // receiving), the transformer's and text encoder's blocks sharded with
-// FSDP's design when enable_fsdp is set (the VAE is replicated), and the
+// FSDP's design when enable_fsdp is set (the VAE is replicated; hybrid
+// strategies shard within each node and replicate across nodes), and the
 // edit pipeline over it. Each phase's memory is logged to stderr.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<EditModel> model,
@@ -51,6 +52,10 @@ struct EditModel {
   // MoveParameters puts every parameter (the shards, under FSDP) on `device`.
   absl::Status MoveParameters(at::Device device);
 };
+
+// EditSharding: how `config` shards a model's blocks on `worker`'s group
+// (strategy, offload, compute dtype; hybrid strategies shard within a node).
+absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, const Worker& worker);
 
 // BeforeSharding: a change to the loaded model before it is sharded (LoRA
 // adapters, freezing what is not trained).

@@ -20,6 +20,8 @@
 #include "runtime/io/safetensors.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_model.h"
+#include "workers/models/component_weights.h"
+#include "workers/models/layers.h"
 #include "workers/models/lora.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
@@ -58,6 +60,10 @@ struct MicroBatch {
 struct FlowGrpoWorker::State {
   TrainConfig config;
   std::unique_ptr<EditModel> model;
+  // Full fine-tuning with a KL term: a frozen, sharded copy of the initial
+  // transformer (its shards declared first: they outlive the module's hooks).
+  std::unique_ptr<FullyShardedModule> reference_shards;
+  qwen_image::QwenImageTransformer reference{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   rl::SdeSamplerOptions sampler;
   rl::PolicyLoss loss;
@@ -72,11 +78,54 @@ struct FlowGrpoWorker::State {
     return rl::SdeSchedule{scheduler.sigmas().to(model->device), scheduler.timesteps()};
   }
 
-  // Predictor: the policy's guided velocity for a prepared micro-batch.
-  rl::PredictVelocity Predictor(const qwen_image::PreparedEdit& prepared) {
-    return [this, &prepared](const at::Tensor& latents, const at::Tensor& timestep) {
-      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale);
+  // Predictor: the guided velocity for a prepared micro-batch, of the policy
+  // or, with `transformer`, of another copy.
+  rl::PredictVelocity Predictor(const qwen_image::PreparedEdit& prepared,
+                                qwen_image::QwenImageTransformerImpl* transformer = nullptr) {
+    return [this, &prepared, transformer](const at::Tensor& latents, const at::Tensor& timestep) {
+      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale, transformer);
     };
+  }
+
+  // LoadReference builds the frozen copy, shape-only, shards it as the
+  // policy is sharded and fills each rank's shards from the checkpoint.
+  absl::Status LoadReference(Worker& worker) {
+    const qwen_image::QwenImageTransformerImpl& policy = *model->model().transformer;
+    {
+      DeferredAllocation shape_only;
+      reference = qwen_image::QwenImageTransformer(
+          policy.config(), at::TensorOptions().device(model->device).dtype(at::kFloat));
+    }
+    for (auto& parameter : reference->parameters()) parameter.set_requires_grad(false);
+    DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(model->config, worker));
+    DRAY_ASSIGN_OR_RETURN(Communicator * group,
+                          model->device.is_cuda() ? worker.device_comm() : worker.comm());
+    std::vector<std::shared_ptr<torch::nn::Module>> blocks(reference->blocks()->begin(),
+                                                           reference->blocks()->end());
+    DRAY_ASSIGN_OR_RETURN(reference_shards,
+                          FullyShardedModule::Shard(reference.ptr(), blocks, group, sharding));
+    DRAY_ASSIGN_OR_RETURN(Checkpoint weights,
+                          OpenComponentWeights(model->config.model_path + "/transformer"));
+    DRAY_RETURN_IF_ERROR(reference_shards->LoadShards(weights));
+    reference->set_unit_hooks(reference_shards.get());
+    return absl::OkStatus();
+  }
+
+  // ReferenceStep: window step `j` under the reference policy, without gradients.
+  absl::StatusOr<rl::SdeStepResult> ReferenceStep(const rl::SdeSchedule& schedule,
+                                                  const qwen_image::PreparedEdit& prepared,
+                                                  const MicroBatch& micro, int64_t j) {
+    torch::NoGradGuard no_grad;
+    if (!reference.is_empty()) {
+      return rl::RecomputeStep(schedule, Predictor(prepared, reference.get()), micro.trajectory, j,
+                               sampler);
+    }
+    torch::nn::Module& transformer = *model->model().transformer;  // LoRA: adapters off
+    SetLoraEnabled(transformer, false);
+    absl::StatusOr<rl::SdeStepResult> step =
+        rl::RecomputeStep(schedule, Predictor(prepared), micro.trajectory, j, sampler);
+    SetLoraEnabled(transformer, true);
+    return step;
   }
 
   // MicroBatches splits a batch's rows (and trajectory, when it has one).
@@ -155,6 +204,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
         .status();
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
+  if (config.lora_rank == 0 && config.beta > 0) DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->model->transformer_shards->shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
@@ -265,7 +315,6 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   FullyShardedModule& shards = *state_->model->transformer_shards;
-  torch::nn::Module& transformer = *state_->model->model().transformer;
   for (auto& param_group : state_->optimizer->param_groups())
     static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(lr);
   state_->optimizer->zero_grad();
@@ -279,14 +328,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
     for (int64_t j : train_steps) {
       rl::PolicyLossInput input;
-      if (config.beta > 0) {  // the reference policy: the base model, adapters off
-        torch::NoGradGuard no_grad;
-        SetLoraEnabled(transformer, false);
-        absl::StatusOr<rl::SdeStepResult> reference = rl::RecomputeStep(
-            schedule, state_->Predictor(prepared), micro.trajectory, j, state_->sampler);
-        SetLoraEnabled(transformer, true);
-        DRAY_RETURN_IF_ERROR(reference.status());
-        input.prev_sample_mean_ref = reference->prev_sample_mean;
+      if (config.beta > 0) {
+        DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult reference,
+                              state_->ReferenceStep(schedule, prepared, micro, j));
+        input.prev_sample_mean_ref = reference.prev_sample_mean;
       }
       DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult policy,
                             rl::RecomputeStep(schedule, state_->Predictor(prepared),

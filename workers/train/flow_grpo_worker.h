@@ -22,6 +22,8 @@
 //   timings           ONE_TO_ALL        the seconds this rank has spent inside each method
 //                                       so far, as meta (for the controller's share of a step)
 //
+// The KL term's reference policy is the base model (LoRA adapters off) or,
+// for full fine-tuning, a frozen sharded copy of the initial transformer.
 // update_actor accumulates the gradient of every micro-batch and trained
 // step (the loss divided by their count), averages it over ranks, clips its
 // global norm and steps the optimizer. A loss that is not finite is

@@ -118,10 +118,6 @@ absl::Status TrainConfig::Validate() const {
   if (lora_rank < 0) return bad("worker.actor.lora_rank", "must be >= 0 (0: full fine-tuning)");
   if (lora_rank > 0 && lora_target_modules.empty())
     return bad("worker.actor.lora_target_modules", "must name at least one module");
-  if (lora_rank == 0 && beta > 0)
-    return bad("algorithm.beta",
-               "> 0 needs a reference policy: with full fine-tuning (lora_rank 0) dray has no "
-               "frozen copy yet; use LoRA (lora_rank > 0) or beta 0");
   if (resolution < 16 || resolution % 16 != 0)
     return bad("worker.rollout.resolution", "must be a multiple of 16, at least 16");
   if (reward_functions.empty()) return bad("worker.reward.functions", "must name at least one");

@@ -274,12 +274,14 @@ absl::StatusOr<FlowMatchEulerScheduler> QwenImageEditPipeline::Scheduler(int64_t
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& prepared,
                                                            const at::Tensor& latents,
                                                            const at::Tensor& timestep,
-                                                           double true_cfg_scale) {
+                                                           double true_cfg_scale,
+                                                           QwenImageTransformerImpl* transformer) {
+  if (transformer == nullptr) transformer = model_.transformer.get();
   const at::Tensor scaled = (timestep / 1000).to(latents.options());
   auto predict = [&](const PromptEmbeddings& text) -> absl::StatusOr<at::Tensor> {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor out, model_.transformer->forward(
-                                              at::cat({latents, prepared.image_latents}, 1),
-                                              text.embeds, text.mask, scaled, prepared.shapes));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor out,
+                          transformer->forward(at::cat({latents, prepared.image_latents}, 1),
+                                               text.embeds, text.mask, scaled, prepared.shapes));
     return out.narrow(1, 0, latents.size(1));
   };
   DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(prepared.prompt));

@@ -119,8 +119,10 @@ class QwenImageEditPipeline {
   // Velocity: the transformer's prediction for `latents` at schedule
   // timestep `timestep` ([B], 0..1000), with true CFG when the prepared
   // edit has a negative prompt. Differentiable when grad mode is on.
+  // `transformer` replaces the model's own (a frozen reference copy).
   absl::StatusOr<at::Tensor> Velocity(const PreparedEdit& prepared, const at::Tensor& latents,
-                                      const at::Tensor& timestep, double true_cfg_scale);
+                                      const at::Tensor& timestep, double true_cfg_scale,
+                                      QwenImageTransformerImpl* transformer = nullptr);
 
   // Scheduler: the shifted schedule of `steps` steps for `image_seq_len`
   // latent tokens, as the edit loop runs it.
