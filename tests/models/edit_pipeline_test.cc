@@ -272,9 +272,11 @@ TEST(EditPipelineTest, RowsDoNotDependOnTheirBatch) {
   const std::vector<EditInput> rows = {
       {RandomImage(64, 64, 9), "add snow", 1},
       {RandomImage(40, 72, 10), "paint it", 2},
-      {RandomImage(64, 64, 11), "a longer instruction about the sky", 3}};
+      {RandomImage(64, 64, 11), "a longer instruction about the sky", 3},
+      {RandomImage(64, 64, 9), "add snow", 4}};  // the first again (encoded once), another seed
   DRAY_ASSERT_OK_AND_ASSIGN(auto together, pipeline.Edit(rows, FastOptions()));
-  ASSERT_EQ(together.size(), 3u);
+  ASSERT_EQ(together.size(), 4u);
+  EXPECT_FALSE(at::equal(together[0], together[3])) << "each row keeps its own noise";
   for (size_t i = 0; i < rows.size(); ++i) {
     DRAY_ASSERT_OK_AND_ASSIGN(auto alone, pipeline.Edit({rows[i]}, FastOptions()));
     EXPECT_EQ(together[i].sizes(), alone[0].sizes()) << "row " << i;

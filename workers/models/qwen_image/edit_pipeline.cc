@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -216,25 +217,43 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
                                                    " is smaller than one latent token"));
   }
 
+  // Rows asking the same of the same image (a GRPO group, a repeated
+  // request) are resized and encoded once, then expanded back to rows.
   std::vector<at::Tensor> resized;
   std::vector<std::string> instructions;
+  std::vector<int64_t> distinct_of_row;
+  std::vector<const EditInput*> distinct;
   for (const EditInput* row : rows) {
+    auto same = std::find_if(distinct.begin(), distinct.end(), [row](const EditInput* seen) {
+      return seen->instruction == row->instruction && at::equal(seen->image, row->image);
+    });
+    distinct_of_row.push_back(same - distinct.begin());
+    if (same != distinct.end()) continue;
+    distinct.push_back(row);
     DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(row->image, condition_height,
                                                         condition_width, Resample::kLanczos));
     resized.push_back(image);
     instructions.push_back(row->instruction);
   }
-  DRAY_ASSIGN_OR_RETURN(prepared.prompt, EncodePrompts(instructions, resized));
+  const at::Tensor expand = at::tensor(distinct_of_row, at::kLong);
+  auto per_row = [&expand](const at::Tensor& per_distinct) {
+    return per_distinct.index_select(0, expand.to(per_distinct.device()));
+  };
+  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompt, EncodePrompts(instructions, resized));
+  prepared.prompt = {per_row(prompt.embeds), per_row(prompt.mask)};
   if (options.negative_prompt.has_value() && options.true_cfg_scale > 1) {
     DRAY_ASSIGN_OR_RETURN(
-        prepared.negative,
-        EncodePrompts(std::vector<std::string>(rows.size(), *options.negative_prompt), resized));
+        PromptEmbeddings negative,
+        EncodePrompts(std::vector<std::string>(distinct.size(), *options.negative_prompt),
+                      resized));
+    prepared.negative = PromptEmbeddings{per_row(negative.embeds), per_row(negative.mask)};
   }
 
   const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
   DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
                         model_.vae->Encode(ToPixels(resized, model_options)));
-  DRAY_ASSIGN_OR_RETURN(prepared.image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
+  prepared.image_latents = per_row(image_latents);
 
   // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
   const int64_t channels = model_.transformer->config().in_channels / 4;

@@ -112,7 +112,8 @@ class QwenImageEditPipeline {
                                                const StepCallback& on_step = nullptr);
 
   // Prepare resizes and encodes the images and instructions of `rows` (one
-  // image size) and draws their noise; without gradients.
+  // image size; rows asking the same of the same image are encoded once)
+  // and draws their noise; without gradients.
   absl::StatusOr<PreparedEdit> Prepare(const std::vector<const EditInput*>& rows,
                                        const EditOptions& options);
 
