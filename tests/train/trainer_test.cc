@@ -177,6 +177,22 @@ TEST(TrainerTest, FullFineTuningKlStartsAtZeroAgainstTheFrozenCopy) {
   EXPECT_GT(kl[1], 0) << "one update moves the policy away";
 }
 
+TEST(TrainerTest, ASecondInnerEpochTrainsOffPolicy) {
+  // Epoch 1 is on-policy (ratio 1); epoch 2 scores the same samples after
+  // one update, so the ratio moves and approx_kl, averaged, is above 0.
+  const std::string dir = SaveDir("epochs");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      StartTrainer(SmallJob(dir, {"algorithm.num_inner_epochs=2", "trainer.total_steps=1"}), 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  const nlohmann::json m = nlohmann::json::parse(line);
+  EXPECT_GT(m["approx_kl"].get<double>(), 1e-12) << line;
+  EXPECT_NE(m["ratio_mean"].get<double>(), 1.0) << line;
+}
+
 TEST(TrainerTest, TheEmbeddedTaskRewardRises) {
   // The default job, shortened to 10 of its 30 steps (seed 0). Measured over
   // seeds 0-2 at 30 steps: +0.017 to +0.020 against step-to-step noise of
