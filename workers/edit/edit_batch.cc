@@ -33,8 +33,9 @@ absl::Status CheckRawRow(const Image& image) {
   return absl::OkStatus();
 }
 
-// DecodeRow turns one image row into RGB, bounded by kMaxInputPixels.
-absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
+}  // namespace
+
+absl::StatusOr<at::Tensor> DecodeImageRow(const Image& image) {
   if (image.format != Image::Format::kRaw) return DecodeImage(image.bytes.view(), kMaxInputPixels);
   DRAY_RETURN_IF_ERROR(CheckRawRow(image));
   return at::from_blob(const_cast<char*>(image.bytes.data()), {image.height, image.width, 3},
@@ -42,7 +43,9 @@ absl::StatusOr<at::Tensor> DecodeRow(const Image& image) {
       .clone();
 }
 
-// ProbeRow checks what DecodeRow would, from the header alone, and returns
+namespace {
+
+// ProbeRow checks what DecodeImageRow would, from the header alone, and returns
 // the image's {width, height}.
 absl::StatusOr<std::pair<int64_t, int64_t>> ProbeRow(const Image& image) {
   if (image.format == Image::Format::kRaw) {
@@ -141,7 +144,7 @@ absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int6
   for (int64_t row = 0; row < batch.size(); ++row) {
     absl::StatusOr<uint64_t> seed = SeedOf(columns, row, default_seed);
     if (!seed.ok()) return BadRow(row, seed.status().message());
-    absl::StatusOr<at::Tensor> image = DecodeRow((*columns.images)[row]);
+    absl::StatusOr<at::Tensor> image = DecodeImageRow((*columns.images)[row]);
     if (!image.ok()) return BadRow(row, image.status().message());
     rows.push_back({*std::move(image), (*columns.instructions)[row], *seed});
   }

@@ -57,6 +57,11 @@ absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds = {});
 
+// DecodeImageRow turns one image row (PNG, JPEG or raw) into RGB uint8
+// [H, W, 3], bounded by kMaxInputPixels; a raw row whose bytes do not fit
+// its size is INVALID_ARGUMENT.
+absl::StatusOr<at::Tensor> DecodeImageRow(const Image& image);
+
 // DecodeEditRows decodes and checks every row ("row 3: ..." counts rows of
 // `batch`). Without a seeds column, row i's seed is `default_seed` + i.
 absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int64_t default_seed);

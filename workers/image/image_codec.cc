@@ -161,12 +161,22 @@ absl::StatusOr<at::Tensor> DecodeImage(absl::string_view bytes, int64_t max_pixe
   return NeitherPngNorJpeg(bytes);
 }
 
-absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
+namespace {
+
+// CheckEncodable: an encoder's input must be a non-empty uint8 [H, W, 3] image.
+absl::Status CheckEncodable(const at::Tensor& rgb, absl::string_view format) {
   if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || rgb.numel() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("PNG encoding needs a non-empty uint8 [H, W, 3] image, got ",
+        absl::StrCat(format, " encoding needs a non-empty uint8 [H, W, 3] image, got ",
                      c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
+  DRAY_RETURN_IF_ERROR(CheckEncodable(rgb, "PNG"));
   const at::Tensor pixels = rgb.contiguous();
   png_image image{};
   image.version = PNG_IMAGE_VERSION;
@@ -188,11 +198,7 @@ absl::StatusOr<std::string> EncodePng(const at::Tensor& rgb) {
 }
 
 absl::StatusOr<std::string> EncodeJpeg(const at::Tensor& rgb, int quality) {
-  if (rgb.dim() != 3 || rgb.size(2) != 3 || rgb.scalar_type() != at::kByte || rgb.numel() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("JPEG encoding needs a non-empty uint8 [H, W, 3] image, got ",
-                     c10::toString(rgb.scalar_type()), " ", ShapeString(rgb.sizes())));
-  }
+  DRAY_RETURN_IF_ERROR(CheckEncodable(rgb, "JPEG"));
   const at::Tensor pixels = rgb.contiguous();
   // As in DecodeJpeg: nothing with a destructor lives across libjpeg calls.
   jpeg_compress_struct info{};

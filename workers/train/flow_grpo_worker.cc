@@ -379,30 +379,34 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
   const TrainConfig& config = state_->config;
   DRAY_ASSIGN_OR_RETURN(auto parameters, state_->model->transformer_shards->FullParameters());
-  if (rank() == 0) {
+  // Rank 0 writes; every rank meets at the barrier, also when writing failed.
+  auto write = [&]() -> absl::Status {
     std::error_code error;
-    std::filesystem::create_directories(dir, error);
-    std::vector<std::pair<std::string, at::Tensor>> kept;
-    if (config.lora_rank > 0) {
-      for (auto& [name, tensor] : parameters) {
-        if (name.find(".lora_") != std::string::npos)
-          kept.emplace_back(absl::StrCat("transformer.", name), tensor);
-      }
-      DRAY_RETURN_IF_ERROR(WriteSafetensors(
-          absl::StrCat(dir, "/", kLoraFile), kept,
-          {{"format", "pt"},
-           {"lora_rank", std::to_string(config.lora_rank)},
-           {"lora_alpha", absl::StrCat(config.lora_alpha)},
-           {"target_modules", nlohmann::json(config.lora_target_modules).dump()}}));
-    } else {
-      std::filesystem::create_directories(dir + "/transformer", error);
-      DRAY_RETURN_IF_ERROR(
-          WriteSafetensors(dir + "/transformer/diffusion_pytorch_model.safetensors", parameters,
-                           {{"format", "pt"}}));
+    std::filesystem::create_directories(config.lora_rank > 0 ? dir : dir + "/transformer", error);
+    if (error) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create ", dir, ": ", error.message()));
     }
-  }
+    if (config.lora_rank == 0) {
+      return WriteSafetensors(dir + "/transformer/diffusion_pytorch_model.safetensors", parameters,
+                              {{"format", "pt"}});
+    }
+    std::vector<std::pair<std::string, at::Tensor>> kept;
+    for (auto& [name, tensor] : parameters) {
+      if (name.find(".lora_") != std::string::npos)
+        kept.emplace_back(absl::StrCat("transformer.", name), tensor);
+    }
+    return WriteSafetensors(
+        absl::StrCat(dir, "/", kLoraFile), kept,
+        {{"format", "pt"},
+         {"lora_rank", std::to_string(config.lora_rank)},
+         {"lora_alpha", absl::StrCat(config.lora_alpha)},
+         {"target_modules", nlohmann::json(config.lora_target_modules).dump()}});
+  };
+  const absl::Status written = rank() == 0 ? write() : absl::OkStatus();
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   DRAY_RETURN_IF_ERROR(group->Barrier());  // written when any rank returns
+  DRAY_RETURN_IF_ERROR(written);
   return DataProto::Make({});
 }
 

@@ -44,13 +44,6 @@ std::string Duration(double seconds) {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
 
-absl::StatusOr<at::Tensor> Pixels(const Image& image) {
-  if (image.format != Image::Format::kRaw) return DecodeImage(image.bytes.view());
-  return at::from_blob(const_cast<char*>(image.bytes.data()), {image.height, image.width, 3},
-                       at::kByte)
-      .clone();
-}
-
 }  // namespace
 
 FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
@@ -172,7 +165,7 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
     prompt_of.insert(prompt_of.end(), config_.group_size, prompt);
   std::vector<at::Tensor> images;
   for (const Image& output : *outputs) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, Pixels(output));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow(output));
     images.push_back(std::move(pixels));
   }
   std::vector<double> total(outputs->size(), 0.0);
@@ -314,7 +307,7 @@ absl::Status FlowGrpoTrainer::WriteOutputs(int64_t step,
       SampleRow row{prompts_[prompts[p]].pixels, {}, {}};
       for (int64_t g = 0; g < config_.group_size; ++g) {
         const size_t i = p * config_.group_size + g;
-        DRAY_ASSIGN_OR_RETURN(at::Tensor output, Pixels((*outputs)[i]));
+        DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
         row.outputs.push_back(output);
         row.captions.push_back(absl::StrFormat("%.3f", rewards[i]));
       }
@@ -332,15 +325,21 @@ absl::Status FlowGrpoTrainer::SaveFinal() {
   DRAY_RETURN_IF_ERROR(group_->Call("save", {save}).status());
   if (config_.lora_rank > 0) return absl::OkStatus();
   // Full fine-tuning: the other components next to the trained transformer.
-  for (const auto& entry : fs::directory_iterator(model_path_)) {
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(model_path_, error)) {
     const fs::path target = fs::path(final_dir) / entry.path().filename();
     if (entry.path().filename() == "transformer") {
       fs::copy_file(entry.path() / "config.json", target / "config.json",
-                    fs::copy_options::overwrite_existing);
-      continue;
+                    fs::copy_options::overwrite_existing, error);
+    } else {
+      fs::copy(entry.path(), target,
+               fs::copy_options::recursive | fs::copy_options::overwrite_existing, error);
     }
-    fs::copy(entry.path(), target,
-             fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    if (error) break;
+  }
+  if (error) {
+    return absl::DataLossError(absl::StrCat("cannot copy the model's other components from ",
+                                            model_path_, " to ", final_dir, ": ", error.message()));
   }
   return absl::OkStatus();
 }
