@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
@@ -25,6 +26,17 @@ constexpr int kKeepaliveTimeoutMs = 2000;  // and give up 2 s after an unanswere
 // UnparsableRequestInterceptor rewrites the status gRPC's protobuf
 // deserialization fails a call with (INTERNAL, no message): no handler ever
 // answers that way.
+// KeepGrpcInitialized initializes gRPC once for the rest of the process.
+// Otherwise gRPC shuts down whenever its last object goes and starts again
+// with the next one; when that last object goes on one of gRPC's own threads
+// the shutdown runs on a detached thread, which can race the next start or
+// the process's exit (an "assertion failed: prior > 0" abort after a test
+// binary has passed).
+void KeepGrpcInitialized() {
+  static const bool initialized = (grpc_init(), true);
+  (void)initialized;
+}
+
 class UnparsableRequestInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit UnparsableRequestInterceptor(std::string method) : method_(std::move(method)) {}
@@ -75,6 +87,7 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 }
 
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address) {
+  KeepGrpcInitialized();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -94,6 +107,7 @@ void ConfigureDrayServer(grpc::ServerBuilder* builder) {
 }
 
 void ConfigureKeepalive(grpc::ServerBuilder* builder) {
+  KeepGrpcInitialized();
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -39,6 +39,8 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);
 
 // ConfigureDrayServer applies the same limits and keepalive to a server.
+// It, ConfigureKeepalive and CreateDrayChannel keep gRPC initialized for the
+// rest of the process, so that it never shuts down and restarts in between.
 void ConfigureDrayServer(grpc::ServerBuilder* builder);
 
 // ConfigureKeepalive makes a server ping its clients as dray's channels do
