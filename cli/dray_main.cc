@@ -165,13 +165,14 @@ int Main(int argc, char** argv) {
   init->add_option("--seed", seed, "random seed: the same seed writes the same weights")
       ->capture_default_str();
 
-  CLI::App* parity =
-      app.add_subcommand("parity", "compare dray with diffusers and flow_grpo on reference cases");
+  CLI::App* parity = app.add_subcommand(
+      "parity", "compare dray with diffusers, transformers and flow_grpo on reference cases");
   std::string reference;
   parity
       ->add_option("--reference", reference,
                    "a folder laid out like tests/data/reference/qwen_image (scheduler/, helpers/, "
-                   "model folders) or tests/data/reference/flow_grpo (cases.json and its "
+                   "model folders), tests/data/reference/qwen2_vl (model folders, "
+                   "image_processor/) or tests/data/reference/flow_grpo (cases.json and its "
                    "safetensors), or a folder of such folders")
       ->required();
 

@@ -120,6 +120,22 @@ TEST(TextEncoderTest, PaddedBatchGivesEachSampleItsOwnStates) {
   EXPECT_GT(first_length, image_tokens + 2);
 }
 
+// A deliberate difference from transformers: a padding query attends only
+// to itself, so the states there are finite (SDPA's fully masked rows can
+// be NaN) and the real positions' states are those of the unpadded prompt.
+TEST(TextEncoderTest, PaddingPositionsAttendOnlyToThemselves) {
+  QwenImageModel model = TinyModel();
+  const at::Tensor ids = at::tensor({5, 6, 7, 8, 9}, at::kLong).view({1, 5});
+  const at::Tensor padded = at::cat({at::full({1, 3}, 1, at::kLong), ids}, 1);
+  const at::Tensor mask = at::cat({at::zeros({1, 3}, at::kLong), at::ones({1, 5}, at::kLong)}, 1);
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor states,
+                            model.text_encoder->forward(padded, mask, at::Tensor(), {}));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor alone,
+                            model.text_encoder->forward(ids, at::ones_like(ids), at::Tensor(), {}));
+  EXPECT_TRUE(at::isfinite(states).all().item<bool>());
+  EXPECT_TRUE(at::allclose(states.narrow(1, 3, 5), alone, 1e-5, 1e-5));
+}
+
 TEST(TextEncoderTest, RealConfigBuildsOnTheMetaDeviceWithAbout8Point3BParameters) {
   const qwen2_vl::TextEncoderConfig config;  // the defaults are Qwen2.5-VL-7B's
   qwen2_vl::Qwen25VLTextEncoder encoder(config,

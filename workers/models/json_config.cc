@@ -131,7 +131,7 @@ absl::StatusOr<JsonConfig> JsonConfig::Object(const char* key) {
 }
 
 void JsonConfig::Ignore(std::initializer_list<const char*> keys) {
-  for (const char* key : keys) known_.insert(key);
+  for (const char* key : keys) ignored_.insert(key);
 }
 
 absl::Status JsonConfig::Unsupported(const char* key) {
@@ -144,7 +144,8 @@ absl::Status JsonConfig::Unsupported(const char* key) {
 absl::Status JsonConfig::Finish() const {
   std::vector<std::string> unknown;
   for (const auto& [key, value] : json_->items()) {
-    if (key.rfind('_', 0) != 0 && known_.count(key) == 0) unknown.push_back(key);
+    if (key.rfind('_', 0) != 0 && known_.count(key) == 0 && ignored_.count(key) == 0)
+      unknown.push_back(key);
   }
   if (unknown.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(

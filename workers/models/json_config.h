@@ -56,7 +56,8 @@ class JsonConfig {
   absl::StatusOr<JsonConfig> Object(const char* key);
 
   // Ignore marks keys that carry no meaning for dray (bookkeeping such as
-  // "architectures" or "torch_dtype"), so Finish accepts them.
+  // "architectures" or "torch_dtype"), so Finish accepts them (without
+  // listing them among the known keys).
   void Ignore(std::initializer_list<const char*> keys);
 
   // Unsupported accepts `key` only when absent, false or null.
@@ -73,7 +74,8 @@ class JsonConfig {
 
   std::string name_;
   std::shared_ptr<const nlohmann::json> json_;
-  std::set<std::string> known_;
+  std::set<std::string> known_;  // asked for by Get, Object or Unsupported
+  std::set<std::string> ignored_;
 };
 
 }  // namespace dray

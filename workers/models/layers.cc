@@ -146,7 +146,7 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
 }
 
 absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,
-                           const std::string& prefix) {
+                           const std::string& prefix, const std::set<std::string>& derived) {
   torch::NoGradGuard no_grad;
   std::vector<std::string> missing, mismatched;
   std::set<std::string> expected;
@@ -168,7 +168,8 @@ absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoi
   }
   std::vector<std::string> unexpected;
   for (const std::string& name : checkpoint.names()) {
-    if (name.rfind(prefix, 0) == 0 && expected.count(name) == 0) unexpected.push_back(name);
+    if (name.rfind(prefix, 0) == 0 && expected.count(name) == 0 && derived.count(name) == 0)
+      unexpected.push_back(name);
   }
   if (!mismatched.empty()) return absl::InvalidArgumentError(ListNames(mismatched));
   if (!missing.empty()) {

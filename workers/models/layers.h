@@ -14,6 +14,7 @@
 #define DRAY_WORKERS_MODELS_LAYERS_H_
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include <torch/nn/module.h>
@@ -138,10 +139,12 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator);
 
 // LoadStateDict copies every parameter of `module` from `checkpoint` (same
 // names), converting to each parameter's dtype. A parameter the checkpoint
-// lacks, a tensor the module lacks, or a shape mismatch is an error listing
-// them; nothing is left half-loaded silently.
+// lacks, a tensor the module lacks (other than the `derived` ones, which the
+// module computes from others, e.g. a tied LM head), or a shape mismatch is
+// an error listing them; nothing is left half-loaded silently.
 absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoint,
-                           const std::string& prefix = "");
+                           const std::string& prefix = "",
+                           const std::set<std::string>& derived = {});
 
 // ParameterCount returns the number of parameter elements of `module`.
 int64_t ParameterCount(const torch::nn::Module& module);

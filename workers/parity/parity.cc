@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "workers/models/qwen2_vl/parity.h"
 #include "workers/models/qwen_image/parity.h"
 #include "workers/rl/flow_grpo_parity.h"
 
@@ -13,9 +14,12 @@ namespace {
 namespace fs = std::filesystem;
 
 std::vector<ParityCase> CasesIn(const fs::path& folder) {
-  std::vector<ParityCase> cases = qwen_image::QwenImageParityCases(folder.string());
-  std::vector<ParityCase> rl = rl::FlowGrpoParityCases(folder.string());
-  cases.insert(cases.end(), rl.begin(), rl.end());
+  std::vector<ParityCase> cases;
+  for (auto family :
+       {qwen_image::QwenImageParityCases, qwen2_vl::Qwen2VlParityCases, rl::FlowGrpoParityCases}) {
+    std::vector<ParityCase> found = family(folder.string());
+    cases.insert(cases.end(), found.begin(), found.end());
+  }
   return cases;
 }
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/shape_string.h"
@@ -19,11 +21,26 @@ namespace {
 constexpr double kVisionNormEps = 1e-6;
 constexpr double kVisionRopeTheta = 10000;
 
-// Bookkeeping keys of transformers configs that change nothing here.
-#define DRAY_IGNORED_CONFIG_KEYS                                                             \
-  "architectures", "attention_dropout", "initializer_range", "max_position_embeddings",      \
-      "max_window_layers", "sliding_window", "torch_dtype", "dtype", "transformers_version", \
-      "use_cache", "layer_types", "pad_token_id", "model_type", "attention_bias", "name_or_path"
+// Bookkeeping keys of transformers configs that change nothing here: the
+// model's own, then the generic ones every PretrainedConfig writes out
+// (generation, task and output settings; transformers 4 and 5 both).
+#define DRAY_IGNORED_CONFIG_KEYS                                                                  \
+  "architectures", "attention_dropout", "initializer_range", "max_position_embeddings",           \
+      "max_window_layers", "sliding_window", "torch_dtype", "dtype", "transformers_version",      \
+      "use_cache", "layer_types", "pad_token_id", "model_type", "attention_bias", "name_or_path", \
+      DRAY_PRETRAINED_CONFIG_KEYS
+#define DRAY_PRETRAINED_CONFIG_KEYS                                                                \
+  "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",      \
+      "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample",   \
+      "early_stopping", "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty",        \
+      "finetuning_task", "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder",   \
+      "is_encoder_decoder", "label2id", "length_penalty", "max_length", "min_length",              \
+      "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences",              \
+      "output_attentions", "output_hidden_states", "output_scores", "prefix", "problem_type",      \
+      "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",                \
+      "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params",        \
+      "temperature", "tf_legacy_loss", "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", \
+      "torchscript", "typical_p", "use_bfloat16"
 
 absl::Status RequireSilu(JsonConfig& json) {
   std::string act = "silu";
@@ -36,7 +53,10 @@ absl::Status RequireSilu(JsonConfig& json) {
 
 absl::StatusOr<VisionConfig> ReadVision(JsonConfig json) {
   VisionConfig c;
-  json.Ignore({DRAY_IGNORED_CONFIG_KEYS, "embed_dim", "spatial_patch_size"});
+  // Generic keys that mean nothing to the vision tower (it has no LM head
+  // and no tokens).
+  json.Ignore({DRAY_IGNORED_CONFIG_KEYS, "embed_dim", "spatial_patch_size", "tie_word_embeddings",
+               "bos_token_id", "eos_token_id"});
   DRAY_RETURN_IF_ERROR(RequireSilu(json));
   DRAY_RETURN_IF_ERROR(json.Get("depth", &c.depth));
   DRAY_RETURN_IF_ERROR(json.Get("hidden_size", &c.hidden_size));
@@ -59,6 +79,22 @@ absl::StatusOr<VisionConfig> ReadVision(JsonConfig json) {
         "window_size must hold at least one merged patch");
   }
   return c;
+}
+
+// ReadRope reads a rope_scaling or rope_parameters object: M-RoPE or plain
+// RoPE, nothing scaled.
+absl::Status ReadRope(JsonConfig& rope, const char* key, TextEncoderConfig& c) {
+  std::string type = "default", rope_type = "default";
+  DRAY_RETURN_IF_ERROR(rope.Get("type", &type));
+  DRAY_RETURN_IF_ERROR(rope.Get("rope_type", &rope_type));
+  DRAY_RETURN_IF_ERROR(rope.Get("mrope_section", &c.mrope_section));
+  DRAY_RETURN_IF_ERROR(rope.Get("rope_theta", &c.rope_theta));
+  DRAY_RETURN_IF_ERROR(rope.Finish());
+  for (const std::string& t : {type, rope_type}) {
+    if (t != "default" && t != "mrope")
+      return absl::UnimplementedError(absl::StrCat(key, " type '", t, "' is not supported"));
+  }
+  return absl::OkStatus();
 }
 
 // ReadTextFields reads the language model's keys from the top level or from
@@ -85,15 +121,10 @@ absl::Status ReadTextFields(JsonConfig& json, TextEncoderConfig& c) {
   DRAY_RETURN_IF_ERROR(json.Get("rms_norm_eps", &c.rms_norm_eps));
   DRAY_RETURN_IF_ERROR(json.Get("rope_theta", &c.rope_theta));
   DRAY_RETURN_IF_ERROR(json.Get("tie_word_embeddings", &c.tie_word_embeddings));
-  DRAY_ASSIGN_OR_RETURN(JsonConfig rope, json.Object("rope_scaling"));
-  std::string type = "default", rope_type = "default";
-  DRAY_RETURN_IF_ERROR(rope.Get("type", &type));
-  DRAY_RETURN_IF_ERROR(rope.Get("rope_type", &rope_type));
-  DRAY_RETURN_IF_ERROR(rope.Get("mrope_section", &c.mrope_section));
-  DRAY_RETURN_IF_ERROR(rope.Finish());
-  for (const std::string& t : {type, rope_type}) {
-    if (t != "default" && t != "mrope")
-      return absl::UnimplementedError(absl::StrCat("rope_scaling type '", t, "' is not supported"));
+  // transformers < 5 writes `rope_scaling`, 5 `rope_parameters` (with rope_theta).
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    DRAY_ASSIGN_OR_RETURN(JsonConfig rope, json.Object(key));
+    DRAY_RETURN_IF_ERROR(ReadRope(rope, key, c));
   }
   return absl::OkStatus();
 }
@@ -153,7 +184,7 @@ std::pair<at::Tensor, at::Tensor> TextRotary(const at::Tensor& positions,
   return {at::cat(cos_parts, -1).to(dtype), at::cat(sin_parts, -1).to(dtype)};
 }
 
-// ImagePositions lists (row, column) of every patch of `grid` in the image
+// PatchPositions lists (row, column) of every patch of `grid` in the image
 // processor's order (2x2 merge groups together), repeated per frame.
 std::vector<std::array<int64_t, 2>> PatchPositions(const ImageGrid& grid, int64_t merge) {
   std::vector<std::array<int64_t, 2>> positions;
@@ -167,34 +198,6 @@ std::vector<std::array<int64_t, 2>> PatchPositions(const ImageGrid& grid, int64_
     }
   }
   return positions;
-}
-
-// Windows orders the merged tokens of all images window by window
-// (window_units x window_units merged tokens each, row-major inside) and
-// returns that order and each window's length in patches.
-std::pair<std::vector<int64_t>, std::vector<int64_t>> Windows(const std::vector<ImageGrid>& grids,
-                                                              const VisionConfig& config) {
-  const int64_t merge = config.spatial_merge_size;
-  const int64_t units = config.window_size / merge / config.patch_size;
-  std::vector<int64_t> order, lengths;
-  int64_t offset = 0;
-  for (const ImageGrid& grid : grids) {
-    const int64_t h = grid[1] / merge, w = grid[2] / merge;
-    for (int64_t t = 0; t < grid[0]; ++t) {
-      for (int64_t r0 = 0; r0 < h; r0 += units) {
-        for (int64_t c0 = 0; c0 < w; c0 += units) {
-          int64_t count = 0;
-          for (int64_t r = r0; r < std::min(h, r0 + units); ++r) {
-            for (int64_t c = c0; c < std::min(w, c0 + units); ++c, ++count)
-              order.push_back(offset + (t * h + r) * w + c);
-          }
-          lengths.push_back(count * merge * merge);
-        }
-      }
-    }
-    offset += grid[0] * h * w;
-  }
-  return {order, lengths};
 }
 
 }  // namespace
@@ -223,10 +226,8 @@ absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromJson(JsonConfig json) {
 absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromFile(const std::string& path) {
   DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
   absl::StatusOr<TextEncoderConfig> config = FromJson(std::move(json));
-  if (!config.ok())
-    return absl::Status(config.status().code(),
-                        absl::StrCat(path, ": ", config.status().message()));
-  return config;
+  if (config.ok() || absl::StartsWith(config.status().message(), path)) return config;
+  return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
 }
 
 std::string TextEncoderConfig::ToJson() const {
@@ -333,6 +334,47 @@ absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids,
         absl::StrCat(grids.size(), " images were given; the prompts place ", image));
   }
   return positions.to(input_ids.device());
+}
+
+VisionWindowLayout VisionWindows(const std::vector<ImageGrid>& grids, const VisionConfig& config) {
+  const int64_t merge = config.spatial_merge_size;
+  const int64_t units = config.window_size / merge / config.patch_size;
+  VisionWindowLayout layout;
+  int64_t offset = 0;
+  for (const ImageGrid& grid : grids) {
+    const int64_t h = grid[1] / merge, w = grid[2] / merge;
+    for (int64_t t = 0; t < grid[0]; ++t) {
+      for (int64_t r0 = 0; r0 < h; r0 += units) {
+        for (int64_t c0 = 0; c0 < w; c0 += units) {
+          int64_t count = 0;
+          for (int64_t r = r0; r < std::min(h, r0 + units); ++r) {
+            for (int64_t c = c0; c < std::min(w, c0 + units); ++c, ++count)
+              layout.order.push_back(offset + (t * h + r) * w + c);
+          }
+          layout.lengths.push_back(count * merge * merge);
+        }
+      }
+    }
+    offset += grid[0] * h * w;
+  }
+  return layout;
+}
+
+at::Tensor VisionRotaryAngles(const std::vector<ImageGrid>& grids, const VisionConfig& config) {
+  std::vector<int64_t> rows, columns;
+  int64_t largest = 0;
+  for (const ImageGrid& grid : grids) {
+    for (const auto& [r, c] : PatchPositions(grid, config.spatial_merge_size)) {
+      rows.push_back(r);
+      columns.push_back(c);
+    }
+    largest = std::max({largest, grid[1], grid[2]});
+  }
+  const at::Tensor table = at::arange(largest, at::kFloat).unsqueeze(1) *
+                           InverseFrequencies(config.head_dim() / 2, kVisionRopeTheta).unsqueeze(0);
+  return at::cat({table.index_select(0, at::tensor(rows, at::kLong)),
+                  table.index_select(0, at::tensor(columns, at::kLong))},
+                 1);
 }
 
 // ---- modules -----------------------------------------------------------------
@@ -496,25 +538,11 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EncodeImages(
                             {vision.temporal_patch_size, vision.patch_size, vision.patch_size})
                      .view({total, vision.hidden_size});
 
-  // Rotary angles from each patch's (row, column).
-  std::vector<int64_t> rows, columns;
-  int64_t largest = 0;
-  for (const ImageGrid& grid : grids) {
-    for (const auto& [r, c] : PatchPositions(grid, merge)) {
-      rows.push_back(r);
-      columns.push_back(c);
-    }
-    largest = std::max({largest, grid[1], grid[2]});
-  }
-  const at::Tensor table = at::arange(largest, at::kFloat).unsqueeze(1) *
-                           InverseFrequencies(vision.head_dim() / 2, kVisionRopeTheta).unsqueeze(0);
-  at::Tensor angles = at::cat({table.index_select(0, at::tensor(rows, at::kLong)),
-                               table.index_select(0, at::tensor(columns, at::kLong))},
-                              1);  // [N, head_dim / 2]
-
-  // Window order: merged groups of patches regrouped window by window.
-  const auto [order, window_lengths] = Windows(grids, vision);
-  const at::Tensor window_index = at::tensor(order, at::kLong);
+  // Window order: merged groups of patches regrouped window by window, with
+  // their rotary angles.
+  const VisionWindowLayout windows = VisionWindows(grids, vision);
+  const at::Tensor window_index = at::tensor(windows.order, at::kLong);
+  at::Tensor angles = VisionRotaryAngles(grids, vision);
   x = x.view({total / unit, unit, -1})
           .index_select(0, window_index.to(device))
           .reshape({total, -1});
@@ -529,12 +557,37 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EncodeImages(
     const bool whole_images = std::find(full.begin(), full.end(), i) != full.end();
     auto block = vision_blocks_->ptr<VisionBlockImpl>(i);
     x = RunUnit(i, [&] {
-      return block->forward(x, cos, sin, whole_images ? image_lengths : window_lengths);
+      return block->forward(x, cos, sin, whole_images ? image_lengths : windows.lengths);
     });
   }
   const at::Tensor merged = merger_fc2_->forward(
       at::gelu(merger_fc1_->forward(merger_norm_->forward(x).view({total / unit, -1}))));
   return merged.index_select(0, at::argsort(window_index).to(device));
+}
+
+absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::EmbedInputs(
+    const at::Tensor& input_ids, const at::Tensor& patches, const std::vector<ImageGrid>& grids) {
+  if (input_ids.numel() > 0 && (input_ids.min().item<int64_t>() < 0 ||
+                                input_ids.max().item<int64_t>() >= config_.vocab_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text encoder: token ids must lie in [0, ", config_.vocab_size, ")"));
+  }
+  const at::Tensor ids = input_ids.to(embed_tokens_->weight.device(), at::kLong);
+  const at::Tensor x = embed_tokens_->forward(ids);
+  const at::Tensor is_image = ids.eq(config_.image_token_id);
+  const int64_t image_tokens = is_image.sum().item<int64_t>();
+  int64_t expected = 0;
+  for (const ImageGrid& grid : grids)
+    expected += grid[0] * grid[1] * grid[2] /
+                (config_.vision.spatial_merge_size * config_.vision.spatial_merge_size);
+  if (image_tokens != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("text encoder: the prompts hold ", image_tokens,
+                                                   " <|image_pad|> tokens; the images make ",
+                                                   expected));
+  }
+  if (grids.empty()) return x;
+  DRAY_ASSIGN_OR_RETURN(at::Tensor image_embeds, EncodeImages(patches, grids));
+  return x.masked_scatter(is_image.unsqueeze(-1).expand_as(x), image_embeds.to(x.scalar_type()));
 }
 
 absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& input_ids,
@@ -547,37 +600,16 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
                      "shape expected, got ",
                      ShapeString(input_ids.sizes()), " and ", ShapeString(attention_mask.sizes())));
   }
-  if (input_ids.numel() > 0 && (input_ids.min().item<int64_t>() < 0 ||
-                                input_ids.max().item<int64_t>() >= config_.vocab_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("text encoder: token ids must lie in [0, ", config_.vocab_size, ")"));
-  }
   if (unit_hooks_ != nullptr) unit_hooks_->BeforeForward();
-  const at::Device device = embed_tokens_->weight.device();
-  const at::Tensor ids = input_ids.to(device, at::kLong);
-  at::Tensor x = embed_tokens_->forward(ids);
-  const at::Tensor is_image = ids.eq(config_.image_token_id);
-  const int64_t image_tokens = is_image.sum().item<int64_t>();
-  int64_t expected = 0;
-  for (const ImageGrid& grid : grids)
-    expected += grid[0] * grid[1] * grid[2] /
-                (config_.vision.spatial_merge_size * config_.vision.spatial_merge_size);
-  if (image_tokens != expected) {
-    return absl::InvalidArgumentError(absl::StrCat("text encoder: the prompts hold ", image_tokens,
-                                                   " <|image_pad|> tokens; the images make ",
-                                                   expected));
-  }
-  if (!grids.empty()) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor image_embeds, EncodeImages(patches, grids));
-    x = x.masked_scatter(is_image.unsqueeze(-1).expand_as(x), image_embeds.to(x.scalar_type()));
-  }
+  DRAY_ASSIGN_OR_RETURN(at::Tensor x, EmbedInputs(input_ids, patches, grids));
+  const at::Device device = x.device();
   DRAY_ASSIGN_OR_RETURN(at::Tensor positions,
-                        MultimodalPositions(ids, attention_mask, grids, config_));
-  const auto [cos, sin] = TextRotary(positions, config_, x.scalar_type());
-  const int64_t length = ids.size(1);
+                        MultimodalPositions(input_ids, attention_mask, grids, config_));
+  const auto [cos, sin] = TextRotary(positions.to(device), config_, x.scalar_type());
+  const int64_t length = input_ids.size(1);
   const at::Tensor causal =
       at::ones({length, length}, at::TensorOptions(at::kBool).device(device)).tril();
-  const at::Tensor keys = attention_mask.to(device).ne(0).view({ids.size(0), 1, 1, length});
+  const at::Tensor keys = attention_mask.to(device).ne(0).view({input_ids.size(0), 1, 1, length});
   // A query may always see itself, so padding rows never go all -inf.
   const at::Tensor allowed =
       (causal & keys) | at::eye(length, at::TensorOptions(at::kBool).device(device));
@@ -587,6 +619,11 @@ absl::StatusOr<at::Tensor> Qwen25VLTextEncoderImpl::forward(const at::Tensor& in
     x = RunUnit(first + i, [&] { return layer->forward(x, cos, sin, allowed); });
   }
   return norm_->forward(x);
+}
+
+at::Tensor Qwen25VLTextEncoderImpl::Logits(const at::Tensor& hidden) {
+  return config_.tie_word_embeddings ? at::linear(hidden, embed_tokens_->weight)
+                                     : lm_head_->forward(hidden);
 }
 
 absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir,
@@ -601,8 +638,12 @@ absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir,
     DeferredAllocation deferred;
     return Qwen25VLTextEncoder(std::move(config), options, layout);
   }
+  // A tied LM head is the embedding table; a copy stored beside it is unused.
+  const std::set<std::string> derived = {"lm_head.weight"};
+  const bool tied = config.tie_word_embeddings;
   Qwen25VLTextEncoder encoder(std::move(config), options, layout);
-  absl::Status loaded = LoadStateDict(*encoder, checkpoint);
+  absl::Status loaded =
+      LoadStateDict(*encoder, checkpoint, "", tied ? derived : std::set<std::string>{});
   if (!loaded.ok()) return absl::Status(loaded.code(), absl::StrCat(dir, ": ", loaded.message()));
   return encoder;
 }

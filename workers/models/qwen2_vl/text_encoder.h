@@ -2,16 +2,18 @@
 // input image into tokens, they replace the prompt's <|image_pad|> tokens,
 // and the Qwen2 decoder (grouped-query attention with q/k/v bias, RMSNorm,
 // SwiGLU, multimodal RoPE over text and image positions) returns its last
-// hidden states. Nothing is generated; the LM head is only loaded.
+// hidden states. Nothing is generated; the LM head only serves parity
+// checks (Logits).
 //
 // Parameter names are Hugging Face's (`model.layers.N.self_attn.q_proj`,
 // `visual.blocks.N.attn.qkv`, `lm_head`), so a diffusers `text_encoder/`
 // directory loads as-is; checkpoints saved by transformers >= 4.52
-// (`model.language_model.*`, `model.visual.*`) load too.
+// (`model.language_model.*`, `model.visual.*`) load too. Every case of
+// transformers' own outputs in tests/data/reference/qwen2_vl matches
+// (workers/models/qwen2_vl/parity.h).
 //
-//   DRAY_ASSIGN_OR_RETURN(auto config, TextEncoderConfig::FromFile("text_encoder/config.json"));
-//   Qwen25VLTextEncoder encoder(config, at::TensorOptions().dtype(at::kFloat));
-//   DRAY_RETURN_IF_ERROR(LoadTextEncoder(*encoder, checkpoint));
+//   DRAY_ASSIGN_OR_RETURN(Qwen25VLTextEncoder encoder,
+//                         LoadTextEncoder("text_encoder", at::TensorOptions().dtype(at::kFloat)));
 //   DRAY_ASSIGN_OR_RETURN(at::Tensor hidden, encoder->forward(ids, mask, pixels, grids));
 //
 // Thread-safety: not thread-safe.
@@ -102,6 +104,23 @@ absl::StatusOr<at::Tensor> MultimodalPositions(const at::Tensor& input_ids,
                                                const std::vector<ImageGrid>& grids,
                                                const TextEncoderConfig& config);
 
+// VisionWindowLayout: how the vision tower's window attention regroups the
+// merged tokens (2x2 patch groups) of a batch of images.
+struct VisionWindowLayout {
+  std::vector<int64_t> order;    // merged tokens window by window (transformers' window_index)
+  std::vector<int64_t> lengths;  // each non-empty window's length in patches
+};
+
+// VisionWindows lays out `grids` (in order) in windows of window_size
+// pixels, row-major within each frame of each image; windows at the right
+// and bottom edges may be partial.
+VisionWindowLayout VisionWindows(const std::vector<ImageGrid>& grids, const VisionConfig& config);
+
+// VisionRotaryAngles returns each patch's rotary angles [N, head_dim / 2]
+// (its row's angles, then its column's) in the image processor's patch
+// order, before any window regrouping (transformers' rot_pos_emb).
+at::Tensor VisionRotaryAngles(const std::vector<ImageGrid>& grids, const VisionConfig& config);
+
 // GatedMlpImpl: down(silu(gate(x)) * up(x)) (gate_proj, up_proj, down_proj).
 class GatedMlpImpl : public torch::nn::Module {
  public:
@@ -165,6 +184,20 @@ class Qwen25VLTextEncoderImpl : public torch::nn::Module {
                                      const at::Tensor& patches,
                                      const std::vector<ImageGrid>& grids);
 
+  // The parts of forward, for checking them one by one on an unsharded
+  // encoder (no unit hooks run):
+  // EmbedInputs returns the token embeddings [B, S, hidden] with the image
+  // tokens in the <|image_pad|> slots (transformers' inputs_embeds).
+  absl::StatusOr<at::Tensor> EmbedInputs(const at::Tensor& input_ids, const at::Tensor& patches,
+                                         const std::vector<ImageGrid>& grids);
+  // EncodeImages runs the vision tower: patches [N, patch_dim] in the image
+  // processor's order, `grids` per image -> tokens [N / merge^2, hidden] in
+  // the same order.
+  absl::StatusOr<at::Tensor> EncodeImages(const at::Tensor& patches,
+                                          const std::vector<ImageGrid>& grids);
+  // Logits applies the LM head (the embedding table when tied) to hidden states.
+  at::Tensor Logits(const at::Tensor& hidden);
+
   const TextEncoderConfig& config() const { return config_; }
   // blocks: the sharding units in the order they run: vision blocks, then
   // decoder layers. UnitHooks indices follow this order.
@@ -172,10 +205,6 @@ class Qwen25VLTextEncoderImpl : public torch::nn::Module {
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
 
  private:
-  // EncodeImages runs the vision tower: patches [N, patch_dim] in the image
-  // processor's order, `grids` per image -> tokens [N / merge^2, hidden].
-  absl::StatusOr<at::Tensor> EncodeImages(const at::Tensor& patches,
-                                          const std::vector<ImageGrid>& grids);
   // RunUnit runs sharding unit `index` between its hooks.
   at::Tensor RunUnit(size_t index, const std::function<at::Tensor()>& run);
 
@@ -195,7 +224,8 @@ TORCH_MODULE(Qwen25VLTextEncoder);
 // LoadTextEncoder builds the text encoder of `dir` (a transformers
 // directory: config.json and safetensors) in `options` and loads its
 // weights, whichever WeightLayout they use (or, with Weights::kShapeOnly,
-// builds it shape-only in the checkpoint's layout).
+// builds it shape-only in the checkpoint's layout). With tied embeddings a
+// stored `lm_head.weight` is ignored, as transformers ignores it.
 absl::StatusOr<Qwen25VLTextEncoder> LoadTextEncoder(const std::string& dir,
                                                     at::TensorOptions options,
                                                     Weights weights = Weights::kRead);
