@@ -1,6 +1,7 @@
 #include "base/files.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -49,6 +50,26 @@ absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
   if (std::fwrite(bytes.data(), 1, bytes.size(), file.get()) != bytes.size() ||
       std::fflush(file.get()) != 0) {
     return ErrnoError("write", path, errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {
+  const std::string partial = absl::StrCat(path, ".partial-", getpid(), "-", gettid());
+  {
+    std::unique_ptr<std::FILE, CloseFile> file(std::fopen(partial.c_str(), "wb"));
+    if (file == nullptr) return ErrnoError("write", partial, errno);
+    if (std::fwrite(bytes.data(), 1, bytes.size(), file.get()) != bytes.size() ||
+        std::fflush(file.get()) != 0 || fsync(fileno(file.get())) != 0) {
+      const int error = errno;
+      std::remove(partial.c_str());
+      return ErrnoError("write", partial, error);
+    }
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(partial.c_str());
+    return ErrnoError("rename into", path, error);
   }
   return absl::OkStatus();
 }

@@ -27,6 +27,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // WriteFile replaces the file at `path` with `bytes`.
 absl::Status WriteFile(const std::string& path, absl::string_view bytes);
 
+// WriteFileAtomically replaces the file at `path` with `bytes` all at once:
+// written and synced beside it, then renamed over it, so that a reader (or
+// a crash) sees the old file or the new one, never a part; writers of the
+// same bytes may race.
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes);
+
 // ScratchDir: a new directory under $TMPDIR (or /tmp) that only this user
 // may enter (mode 0700), removed with its contents when the ScratchDir goes.
 class ScratchDir {

@@ -166,6 +166,14 @@ class FullyShardedModule : public UnitHooks {
   absl::Status LoadLocalStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state);
   absl::Status SaveShardedStateDict(const std::string& dir);
   absl::Status LoadShardedStateDict(const std::string& dir);
+  // Training checkpoints: tensors laid out like shards() (the masters
+  // themselves, or an optimizer's state of each), every rank writing the
+  // part it keeps to `dir`/NAME-RRRRR-of-WWWWW.safetensors as SHARDED does
+  // (all ranks call it); loading reads a directory written at any world size.
+  absl::Status SaveShardedLike(const std::string& dir, const std::string& name,
+                               const std::vector<at::Tensor>& like_shards);
+  absl::Status LoadShardedLike(const std::string& dir, const std::string& name,
+                               const std::vector<at::Tensor>& like_shards);
 
   // LocalBytes reports this rank's resident parameter and gradient bytes.
   struct Bytes {
@@ -185,6 +193,23 @@ class FullyShardedModule : public UnitHooks {
   struct Unit;
   FullyShardedModule(std::shared_ptr<torch::nn::Module> root, Communicator* comm,
                      ShardingOptions options);
+
+  // ShardSlot: a tensor laid out like a unit's shard (unit set) or like a
+  // replicated parameter, saved under `key` in sharded state dicts.
+  struct ShardSlot {
+    const Unit* unit;
+    std::string key;
+    at::Tensor tensor;
+  };
+  // AllSlots: every unit's shard, then every replicated master.
+  std::vector<ShardSlot> AllSlots() const;
+  // SlotsLikeShards: the trainable slots (shards()'s order), holding `like_shards`.
+  absl::StatusOr<std::vector<ShardSlot>> SlotsLikeShards(
+      const std::vector<at::Tensor>& like_shards) const;
+  absl::Status WriteSlots(const std::string& dir, const std::string& prefix,
+                          const std::vector<ShardSlot>& slots);
+  absl::Status ReadSlots(const std::string& dir, const std::string& prefix,
+                         const std::vector<ShardSlot>& slots);
 
   // The steps of Shard, in order. SplitHybridGroups makes the shard and
   // replica groups of a hybrid strategy.

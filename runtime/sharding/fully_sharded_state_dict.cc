@@ -121,89 +121,147 @@ absl::Status FullyShardedModule::SaveFullStateDict(const std::string& path) {
 
 namespace {
 
-std::string ShardFile(const std::string& dir, int rank, int world) {
-  return absl::StrFormat("%s/shard-%05d-of-%05d.safetensors", dir, rank, world);
+std::string ShardFile(const std::string& dir, const std::string& prefix, int rank, int world) {
+  return absl::StrFormat("%s/%s-%05d-of-%05d.safetensors", dir, prefix, rank, world);
 }
 
 }  // namespace
 
-absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  nlohmann::json layout = nlohmann::json::array();
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const Unit& unit = *units_[u];
-    tensors.emplace_back(absl::StrCat("unit", u), unit.shard.detach());
-    nlohmann::json params = nlohmann::json::array();
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      params.push_back({{"name", unit.names[i]},
-                        {"offset", unit.offsets[i]},
-                        {"numel", unit.params[i].numel()}});
-    }
-    layout.push_back({{"padded", unit.padded}, {"params", params}});
-  }
+std::vector<FullyShardedModule::ShardSlot> FullyShardedModule::AllSlots() const {
+  std::vector<ShardSlot> slots;
+  for (size_t u = 0; u < units_.size(); ++u)
+    slots.push_back({units_[u].get(), absl::StrCat("unit", u), units_[u]->shard});
   for (size_t i = 0; i < replicated_.size(); ++i)
-    tensors.emplace_back(replicated_names_[i], replicated_masters_[i].detach());
+    slots.push_back({nullptr, replicated_names_[i], replicated_masters_[i]});
+  return slots;
+}
+
+absl::StatusOr<std::vector<FullyShardedModule::ShardSlot>> FullyShardedModule::SlotsLikeShards(
+    const std::vector<at::Tensor>& like_shards) const {
+  std::vector<ShardSlot> slots;
+  for (const ShardSlot& slot : AllSlots()) {
+    const bool trainable =
+        slot.unit != nullptr ? slot.unit->trainable : slot.tensor.requires_grad();
+    if (trainable) slots.push_back(slot);
+  }
+  if (like_shards.size() != slots.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        like_shards.size(), " tensors given for the module's ", slots.size(), " trainable shards"));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (like_shards[i].sizes() != slots[i].tensor.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " has shape [", absl::StrJoin(like_shards[i].sizes(), ", "), "], shard '",
+          slots[i].key, "' is [", absl::StrJoin(slots[i].tensor.sizes(), ", "), "]"));
+    }
+    slots[i].tensor = like_shards[i];
+  }
+  return slots;
+}
+
+absl::Status FullyShardedModule::WriteSlots(const std::string& dir, const std::string& prefix,
+                                            const std::vector<ShardSlot>& slots) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  nlohmann::json layout = nlohmann::json::object();
+  for (const ShardSlot& slot : slots) {
+    tensors.emplace_back(slot.key, slot.tensor.detach());
+    if (slot.unit == nullptr) continue;
+    nlohmann::json params = nlohmann::json::array();
+    for (size_t i = 0; i < slot.unit->params.size(); ++i) {
+      params.push_back({{"name", slot.unit->names[i]},
+                        {"offset", slot.unit->offsets[i]},
+                        {"numel", slot.unit->params[i].numel()}});
+    }
+    layout[slot.key] = {{"padded", slot.unit->padded}, {"params", params}};
+  }
   const int64_t shard_world = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
   if (comm_->rank() < shard_world) {  // one copy: the first shard group (NO_SHARD: rank 0)
     DRAY_RETURN_IF_ERROR(WriteSafetensors(
-        ShardFile(dir, static_cast<int>(shard_rank), static_cast<int>(shard_world)), tensors,
-        {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
+        ShardFile(dir, prefix, static_cast<int>(shard_rank), static_cast<int>(shard_world)),
+        tensors, {{"dray_layout", layout.dump()}, {"world_size", absl::StrCat(shard_world)}}));
   }
   return comm_->Barrier();
 }
 
-absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
+absl::Status FullyShardedModule::ReadSlots(const std::string& dir, const std::string& prefix,
+                                           const std::vector<ShardSlot>& slots) {
   // Find the saved world size from rank 0's file name.
   std::vector<std::shared_ptr<const SafetensorsFile>> files;
   for (int world = 1; world <= 4096 && files.empty(); ++world) {
-    if (!std::filesystem::exists(ShardFile(dir, 0, world))) continue;
+    if (!std::filesystem::exists(ShardFile(dir, prefix, 0, world))) continue;
     for (int rank = 0; rank < world; ++rank) {
-      DRAY_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(ShardFile(dir, rank, world)));
+      DRAY_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(ShardFile(dir, prefix, rank, world)));
       files.push_back(std::move(file));
     }
   }
-  if (files.empty())
-    return absl::NotFoundError(absl::StrCat(dir, " holds no shard-00000-of-*.safetensors"));
+  if (files.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir, " holds no ", prefix, "-00000-of-*.safetensors"));
+  }
   const nlohmann::json layout =
       nlohmann::json::parse(files[0]->metadata().at("dray_layout"), nullptr, false);
-  if (layout.is_discarded() || layout.size() != units_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(dir, ": saved with ",
-                                                   layout.is_discarded() ? 0 : layout.size(),
-                                                   " units, this module has ", units_.size()));
-  }
   torch::NoGradGuard no_grad;
-  for (size_t u = 0; u < units_.size(); ++u) {
-    Unit& unit = *units_[u];
+  for (const ShardSlot& slot : slots) {
+    if (slot.unit == nullptr) {
+      DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[0]->Get(slot.key));
+      slot.tensor.detach().copy_(saved);
+      continue;
+    }
+    const Unit& unit = *slot.unit;
+    if (layout.is_discarded() || !layout.contains(slot.key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": ", prefix, " was saved without ", slot.key,
+                       " (another model, or other trainable parameters?)"));
+    }
+    const nlohmann::json& saved_unit = layout[slot.key];
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      const nlohmann::json& saved = layout[u]["params"][i];
+      const nlohmann::json& saved = saved_unit["params"].at(i);
       if (saved["name"] != unit.names[i] || saved["offset"] != unit.offsets[i] ||
           saved["numel"] != unit.params[i].numel()) {
         return absl::InvalidArgumentError(
-            absl::StrCat(dir, ": unit ", u, " was saved with a different parameter layout (at '",
+            absl::StrCat(dir, ": ", slot.key, " was saved with a different parameter layout (at '",
                          unit.names[i], "')"));
       }
     }
     // This rank's range of the (new) flat parameter, read from the saved shards.
     const auto [begin, end] = ShardRange(unit);
     const int64_t saved_size =
-        layout[u]["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
-    unit.shard.detach().zero_();
+        saved_unit["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
+    slot.tensor.detach().zero_();
     for (size_t r = 0; r < files.size(); ++r) {
       const int64_t from = std::max<int64_t>(begin, r * saved_size),
                     to = std::min<int64_t>(end, (r + 1) * saved_size);
       if (from >= to) continue;
-      DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[r]->Get(absl::StrCat("unit", u)));
-      unit.shard.detach()
+      DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[r]->Get(slot.key));
+      slot.tensor.detach()
           .slice(0, from - begin, to - begin)
           .copy_(saved.slice(0, from - r * saved_size, to - r * saved_size));
     }
   }
-  for (size_t i = 0; i < replicated_.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[0]->Get(replicated_names_[i]));
-    replicated_masters_[i].detach().copy_(saved);
-    replicated_[i].detach().copy_(saved);
-  }
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModule::SaveShardedStateDict(const std::string& dir) {
+  return WriteSlots(dir, "shard", AllSlots());
+}
+
+absl::Status FullyShardedModule::LoadShardedStateDict(const std::string& dir) {
+  DRAY_RETURN_IF_ERROR(ReadSlots(dir, "shard", AllSlots()));
+  BeforeForward();  // refresh working copies of replicated parameters
+  return absl::OkStatus();
+}
+
+absl::Status FullyShardedModule::SaveShardedLike(const std::string& dir, const std::string& name,
+                                                 const std::vector<at::Tensor>& like_shards) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<ShardSlot> slots, SlotsLikeShards(like_shards));
+  return WriteSlots(dir, name, slots);
+}
+
+absl::Status FullyShardedModule::LoadShardedLike(const std::string& dir, const std::string& name,
+                                                 const std::vector<at::Tensor>& like_shards) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<ShardSlot> slots, SlotsLikeShards(like_shards));
+  DRAY_RETURN_IF_ERROR(ReadSlots(dir, name, slots));
+  BeforeForward();  // loaded into the masters: refresh the replicated working copies
   return absl::OkStatus();
 }
 

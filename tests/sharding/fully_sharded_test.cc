@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "runtime/collectives/local_group.h"
 #include "runtime/sharding/activation_checkpoint.h"
+#include "runtime/sharding/optimizer_state.h"
 #include "workers/models/layers.h"
 #include "workers/models/lora.h"
 
@@ -653,6 +654,50 @@ TEST(FullyShardedStateTest, FullAndShardedStateDictsReloadAtAnotherWorldSize) {
     DRAY_ASSERT_OK(b->LoadShards(Checkpoint::Open(dir + "/full.safetensors").value()));
     ExpectIdentical(Parameters(*b), trained);
     EXPECT_THAT(b->LoadShardedStateDict(dir), StatusIs(absl::StatusCode::kNotFound));
+  });
+}
+
+// A training checkpoint (masters and AdamW state) saved at W = 2 and
+// resumed at W = 3 continues the training that W = 2 goes on with: a
+// second step gives the same parameters, up to the order of the sums.
+TEST(FullyShardedStateTest, TrainingCheckpointsResumeAtAnotherWorldSize) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/checkpoint";
+  std::filesystem::create_directories(dir);
+  const Data data = MakeData();
+  auto step = [&](ToyModel& model, FullyShardedModule& sharded, torch::optim::AdamW& optimizer,
+                  int rank, int world) {
+    const int64_t rows = 12 / world;
+    (model->forward(data.x.slice(0, rank * rows, (rank + 1) * rows), &sharded) -
+     data.y.slice(0, rank * rows, (rank + 1) * rows))
+        .pow(2)
+        .mean()
+        .backward();
+    optimizer.step();
+    optimizer.zero_grad();
+  };
+  std::map<std::string, at::Tensor> continued;
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel model;
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    step(model, *sharded, optimizer, rank, 2);
+    DRAY_ASSERT_OK(sharded->SaveShardedLike(dir, "model", sharded->shards()));
+    DRAY_ASSERT_OK(SaveAdamWState(*sharded, optimizer, dir));
+    step(model, *sharded, optimizer, rank, 2);
+    const auto parameters = Parameters(*sharded);
+    if (rank == 0) continued = parameters;
+  });
+  RunInGroup(3, [&](int rank, Communicator* comm) {
+    ToyModel model(/*seed=*/9);
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    DRAY_ASSERT_OK(sharded->LoadShardedLike(dir, "model", sharded->shards()));
+    DRAY_ASSERT_OK(LoadAdamWState(*sharded, optimizer, dir));
+    step(model, *sharded, optimizer, rank, 3);
+    for (const auto& [name, tensor] : Parameters(*sharded))
+      EXPECT_LE(MaxDiff(tensor, continued.at(name)), 1e-6) << name;
+    EXPECT_THAT(sharded->LoadShardedLike(dir, "adamw", sharded->shards()),
+                StatusIs(absl::StatusCode::kNotFound, ::testing::HasSubstr("adamw-00000-of-")));
   });
 }
 
