@@ -16,8 +16,7 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "runtime/io/safetensors.h"
-#include "tests/runtime/test_util.h"
+#include "tests/train/train_test_util.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/train/flow_grpo_worker.h"
 
@@ -26,29 +25,6 @@ namespace {
 
 using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
-
-std::string SaveDir(const std::string& name) {
-  return (std::filesystem::path(std::getenv("TEST_TMPDIR")) / name).string();
-}
-
-// SmallJob: the embedded task, shortened: 2 prompts x 2 samples, 4 steps.
-TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides = {}) {
-  overrides.insert(
-      overrides.begin(),
-      {"data.prompts_per_step=2", "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
-       "worker.actor.micro_batch_size=1", "trainer.total_steps=2", "trainer.save_dir=" + save_dir});
-  absl::StatusOr<TrainConfig> config = TrainConfig::Load("", overrides);
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
-}
-
-absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(const TrainConfig& config,
-                                                              int workers) {
-  FlowGrpoTrainer::Options options;
-  options.workers = workers;
-  options.worker_command = {RunfilePath("cli/dray"), "worker"};
-  return FlowGrpoTrainer::Start(config, options);
-}
 
 TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
   const TrainConfig config = SmallJob(SaveDir("on_policy"));
@@ -65,16 +41,6 @@ TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
   const at::Tensor new_log_probs = again.front().GetTensor(kLogProbsColumn).value();
   ASSERT_EQ(old_log_probs.sizes(), (std::vector<int64_t>{4, 3}));  // 4 rows, window [0, 3)
   EXPECT_LT((at::exp(new_log_probs - old_log_probs) - 1).abs().max().item<double>(), 1e-6);
-}
-
-// LoraWeights reads a run's final adapters.
-std::map<std::string, at::Tensor> LoraWeights(const std::string& save_dir) {
-  std::map<std::string, at::Tensor> weights;
-  auto file = SafetensorsFile::Open(save_dir + "/final/pytorch_lora_weights.safetensors");
-  EXPECT_TRUE(file.ok()) << file.status();
-  if (!file.ok()) return weights;
-  for (const std::string& name : (*file)->names()) weights[name] = (*file)->Get(name)->clone();
-  return weights;
 }
 
 TEST(TrainerTest, OneAndTwoWorkersTrainTheSameParameters) {

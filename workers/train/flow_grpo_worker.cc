@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "runtime/io/safetensors.h"
+#include "runtime/sharding/optimizer_state.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_model.h"
 #include "workers/models/component_weights.h"
@@ -178,6 +179,8 @@ FlowGrpoWorker::FlowGrpoWorker() {
   per_rank_metrics.dispatch_mode = kDpComputeMetric;
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
+  Def("save_checkpoint", &FlowGrpoWorker::SaveCheckpoint, {kOneToAll});
+  Def("load_checkpoint", &FlowGrpoWorker::LoadCheckpoint, {kOneToAll});
   Def("timings", &FlowGrpoWorker::Timings, {kOneToAll});
 }
 
@@ -407,6 +410,33 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   DRAY_RETURN_IF_ERROR(group->Barrier());  // written when any rank returns
   DRAY_RETURN_IF_ERROR(written);
+  return DataProto::Make({});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input) {
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before save_checkpoint");
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  FullyShardedModule& sharded = *state_->model->transformer_shards;
+  DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
+  DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
+  return DataProto::Make({});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input) {
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before load_checkpoint");
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  FullyShardedModule& sharded = *state_->model->transformer_shards;
+  absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
+  if (loaded.ok()) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
+  if (!loaded.ok()) {
+    return absl::Status(loaded.code(), absl::StrCat("checkpoint ", dir,
+                                                    " (saved with other "
+                                                    "trainable parameters, e.g. another LoRA "
+                                                    "rank?): ",
+                                                    loaded.message()));
+  }
   return DataProto::Make({});
 }
 

@@ -19,6 +19,11 @@
 //                                       the step's metrics as meta
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
 //                                       there (LoRA: pytorch_lora_weights.safetensors)
+//   save_checkpoint   ONE_TO_ALL        meta "dir" (an existing directory): each rank
+//                                       writes its shards of the trainable weights and of
+//                                       AdamW's moments, and the optimizer's step count
+//   load_checkpoint   ONE_TO_ALL        meta "dir": restores them, whatever world size
+//                                       wrote them
 //   timings           ONE_TO_ALL        the seconds this rank has spent inside each method
 //                                       so far, as meta (for the controller's share of a step)
 //
@@ -27,7 +32,9 @@
 // update_actor accumulates the gradient of every micro-batch and trained
 // step (the loss divided by their count), averages it over ranks, clips its
 // global norm and steps the optimizer. A loss that is not finite is
-// DATA_LOSS naming the step, and no parameter changes.
+// DATA_LOSS naming the step, and no parameter changes. A rank draws nothing
+// at random but from seeds the controller sends (each row's seed, the
+// step's), so a checkpoint needs no random-generator state.
 #ifndef DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
 #define DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
 
@@ -60,6 +67,8 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> ComputeLogProb(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);
+  absl::StatusOr<DataProto> SaveCheckpoint(const DataProto& input);
+  absl::StatusOr<DataProto> LoadCheckpoint(const DataProto& input);
   absl::StatusOr<DataProto> Timings();
 
  private:

@@ -50,6 +50,10 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("trainer.log_every", c.log_every, "an integer"),
            Key("trainer.sample_every", c.sample_every, "an integer"),
            Key("trainer.on_nan", c.on_nan, "stop or skip"),
+           Key("trainer.save_every", c.save_every, "an integer"),
+           Key("trainer.keep_last", c.keep_last, "an integer"),
+           Key("trainer.resume", c.resume, "never, auto or a checkpoint directory"),
+           Key("trainer.max_restarts", c.max_restarts, "an integer"),
        }) {
     keys.push_back(std::move(key));
   }
@@ -136,6 +140,10 @@ absl::Status TrainConfig::Validate() const {
   if (log_every < 1) return bad("trainer.log_every", "must be at least 1");
   if (sample_every < 1) return bad("trainer.sample_every", "must be at least 1");
   if (on_nan != "stop" && on_nan != "skip") return bad("trainer.on_nan", "must be stop or skip");
+  if (save_every < 0) return bad("trainer.save_every", "must be >= 0 (0: no checkpoints)");
+  if (keep_last < 1) return bad("trainer.keep_last", "must be at least 1");
+  if (resume.empty()) return bad("trainer.resume", "must be never, auto or a checkpoint directory");
+  if (max_restarts < 0) return bad("trainer.max_restarts", "must be >= 0");
   return absl::OkStatus();
 }
 

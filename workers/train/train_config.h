@@ -10,7 +10,8 @@
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
 //   worker.rollout: num_inference_steps, resolution
 //   worker.reward:  functions, weights
-//   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan
+//   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan,
+//              save_every, keep_last, resume, max_restarts
 //
 //   DRAY_ASSIGN_OR_RETURN(TrainConfig config,
 //                         TrainConfig::Load("job.yaml", {"worker.actor.lr=3e-4"}));
@@ -92,6 +93,11 @@ struct TrainConfig {
   int64_t log_every = 1;
   int64_t sample_every = 10;
   std::string on_nan = "stop";  // or "skip": a step whose loss is not finite
+  int64_t save_every = 0;       // a checkpoint every N steps (and after the last); 0: none
+  int64_t keep_last = 2;        // checkpoints kept (the newest)
+  std::string resume =
+      "never";               // "auto": from the newest checkpoint in save_dir; or a checkpoint dir
+  int64_t max_restarts = 0;  // times a failed worker group is restarted from the last checkpoint
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("section.key=VALUE"), then validates.

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
@@ -87,29 +88,38 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
         absl::StrCat("cannot create trainer.save_dir ", config.save_dir, ": ", error.message()));
   }
   DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
-  DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/metrics.jsonl", ""));
 
+  DRAY_RETURN_IF_ERROR(trainer->StartWorkers());
+  DRAY_ASSIGN_OR_RETURN(std::optional<std::string> checkpoint, trainer->CheckpointToResume());
+  if (checkpoint.has_value()) {
+    DRAY_RETURN_IF_ERROR(trainer->Restore(*checkpoint));
+  } else {
+    DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/metrics.jsonl", ""));
+  }
+  return trainer;
+}
+
+absl::Status FlowGrpoTrainer::StartWorkers() {
+  if (group_ != nullptr) group_->Shutdown();
+  group_.reset();
   WorkerGroupOptions group_options;
-  group_options.command = trainer->options_.worker_command;
+  group_options.command = options_.worker_command;
   group_options.roles = {kFlowGrpoRole};
-  group_options.env = trainer->options_.env;
-  group_options.call_timeout = trainer->options_.call_timeout;
+  group_options.env = options_.env;
+  group_options.call_timeout = options_.call_timeout;
   group_options.stall_timeout = absl::Minutes(1);
-  DRAY_ASSIGN_OR_RETURN(trainer->group_,
-                        WorkerGroup::Create({1, trainer->options_.workers}, group_options));
-  TrainConfig worker_config = config;
-  worker_config.model.model_path = trainer->model_path_;
+  DRAY_ASSIGN_OR_RETURN(group_, WorkerGroup::Create({1, options_.workers}, group_options));
+  TrainConfig worker_config = config_;
+  worker_config.model.model_path = model_path_;
   DRAY_ASSIGN_OR_RETURN(DataProto init,
                         DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
   CallOptions call;
-  call.timeout = trainer->options_.init_timeout;
-  absl::StatusOr<std::vector<DataProto>> initialized =
-      trainer->group_->Call("init_model", {init}, call);
+  call.timeout = options_.init_timeout;
+  absl::Status initialized = group_->Call("init_model", {init}, call).status();
   if (!initialized.ok()) {
-    return absl::Status(initialized.status().code(),
-                        absl::StrCat("init_model: ", initialized.status().message()));
+    return absl::Status(initialized.code(), absl::StrCat("init_model: ", initialized.message()));
   }
-  return trainer;
+  return absl::OkStatus();
 }
 
 std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
@@ -194,7 +204,10 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto rows, RolloutBatch(step));
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, group_->Call("rollout", {rows}));
+  CallOptions rollout_call;
+  rollout_call.on_progress = options_.on_rollout_progress;
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled,
+                        group_->Call("rollout", {rows}, rollout_call));
   DataProto rollout = std::move(rolled.front());
   metrics["rollout_s"] = Seconds(started);
 
@@ -344,33 +357,170 @@ absl::Status FlowGrpoTrainer::SaveFinal() {
   return absl::OkStatus();
 }
 
+namespace {
+
+constexpr char kStateFile[] = "trainer_state.json";
+
+// CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
+int64_t CheckpointStep(const fs::path& folder) {
+  const std::string name = folder.filename().string();
+  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile)) return -1;
+  int64_t step = -1;
+  return absl::SimpleAtoi(name.substr(5), &step) ? step : -1;
+}
+
+// Checkpoints lists the complete checkpoints under `root`, oldest first.
+std::vector<fs::path> Checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const int64_t step = CheckpointStep(entry.path());
+    if (step >= 0) found.emplace_back(step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+}  // namespace
+
+fs::path FlowGrpoTrainer::CheckpointRoot() const {
+  return fs::path(config_.save_dir) / "checkpoints";
+}
+
+absl::StatusOr<std::optional<std::string>> FlowGrpoTrainer::CheckpointToResume() const {
+  if (config_.resume == "never") return std::nullopt;
+  if (config_.resume != "auto") {
+    if (!fs::exists(fs::path(config_.resume) / kStateFile)) {
+      return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
+                                              " is not a complete checkpoint (no ", kStateFile,
+                                              ")"));
+    }
+    return config_.resume;
+  }
+  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
+  if (checkpoints.empty()) return std::nullopt;  // a first run
+  return checkpoints.back().string();
+}
+
+absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
+  DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(checkpoint + "/" + kStateFile));
+  const nlohmann::json state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!state.is_object() || !state.contains("history") || !state["history"].is_array()) {
+    return absl::DataLossError(
+        absl::StrCat(checkpoint, "/", kStateFile, " is not a trainer state"));
+  }
+  if (static_cast<int64_t>(state["history"].size()) > config_.total_steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(checkpoint, " is after step ", state["history"].size(),
+                     ", beyond trainer.total_steps ", config_.total_steps));
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto load, DataProto::Make({}, {}, {{"dir", checkpoint}}));
+  DRAY_RETURN_IF_ERROR(group_->Call("load_checkpoint", {load}).status());
+  history_.clear();
+  for (const nlohmann::json& saved : state["history"]) {
+    std::map<std::string, double>& metrics = history_.emplace_back();
+    for (const auto& [key, value] : saved.items())  // JSON writes NaN as null
+      metrics[key] = value.is_number() ? value.get<double>() : NAN;
+  }
+  std::string lines;
+  for (const auto& metrics : history_)
+    absl::StrAppend(&lines, nlohmann::json(metrics).dump(), "\n");
+  DRAY_RETURN_IF_ERROR(WriteFileAtomically(config_.save_dir + "/metrics.jsonl", lines));
+  std::fprintf(stderr, "dray train: resumed from %s (after step %zu)\n", checkpoint.c_str(),
+               history_.size());
+  return absl::OkStatus();
+}
+
+absl::Status FlowGrpoTrainer::SaveCheckpoint() {
+  const int64_t steps = static_cast<int64_t>(history_.size());
+  const fs::path root = CheckpointRoot();
+  const fs::path complete = root / absl::StrFormat("step_%06d", steps);
+  if (fs::exists(complete / kStateFile)) return absl::OkStatus();  // the same state, saved before
+  const fs::path partial = root / absl::StrFormat(".step_%06d.partial", steps);
+  std::error_code error;
+  fs::remove_all(partial, error);
+  fs::create_directories(partial, error);
+  if (error) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", partial.string(), ": ", error.message()));
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", partial.string()}}));
+  DRAY_RETURN_IF_ERROR(group_->Call("save_checkpoint", {save}).status());
+  const nlohmann::json state = {
+      {"step", steps}, {"history", history_}, {"config", config_.ToYaml()}};
+  DRAY_RETURN_IF_ERROR(WriteFileAtomically((partial / kStateFile).string(), state.dump()));
+  fs::rename(partial, complete, error);  // complete all at once, or not at all
+  if (error) {
+    return absl::DataLossError(absl::StrCat("cannot rename ", partial.string(), " to ",
+                                            complete.string(), ": ", error.message()));
+  }
+  std::vector<fs::path> kept = Checkpoints(root);
+  for (size_t i = 0; i + config_.keep_last < kept.size(); ++i) fs::remove_all(kept[i], error);
+  return absl::OkStatus();
+}
+
+absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
+  ++restarts_;
+  std::fprintf(stderr, "dray train: the worker group failed: %s\ndray train: restart %d of %lld\n",
+               std::string(cause.message()).c_str(), restarts_,
+               static_cast<long long>(config_.max_restarts));
+  DRAY_RETURN_IF_ERROR(StartWorkers());
+  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
+  if (!checkpoints.empty()) return Restore(checkpoints.back().string());
+  history_.clear();  // no checkpoint yet: from the start, as the new workers are
+  return WriteFileAtomically(config_.save_dir + "/metrics.jsonl", "");
+}
+
 absl::Status FlowGrpoTrainer::Run() {
+  std::error_code ignored;
+  for (const auto& entry : fs::directory_iterator(CheckpointRoot(), ignored)) {
+    if (entry.path().extension() == ".partial") fs::remove_all(entry.path(), ignored);
+  }
   const absl::Time started = absl::Now();
-  for (int64_t step = static_cast<int64_t>(history_.size()); step < config_.total_steps; ++step) {
+  const int64_t first = static_cast<int64_t>(history_.size());
+  while (static_cast<int64_t>(history_.size()) < config_.total_steps) {
+    const int64_t step = static_cast<int64_t>(history_.size());
     absl::StatusOr<std::map<std::string, double>> metrics = Step(step);
+    if (metrics.ok() && config_.save_every > 0 &&
+        ((step + 1) % config_.save_every == 0 || step + 1 == config_.total_steps)) {
+      absl::Status saved = SaveCheckpoint();
+      if (!saved.ok()) metrics = saved;
+    }
     if (!metrics.ok()) {
+      const absl::Status health = group_->Health();
+      if (!health.ok() && restarts_ < config_.max_restarts) {
+        DRAY_RETURN_IF_ERROR(RestartWorkers(health));
+        continue;
+      }
       return absl::Status(metrics.status().code(),
                           absl::StrCat("step ", step, ": ", metrics.status().message()));
     }
-    const double elapsed = Seconds(started);
-    const int64_t done = step + 1;
-    const double eta = elapsed / done * (config_.total_steps - done);
-    const std::string line = absl::StrFormat(
-        "step %d/%d  reward %.4f (std %.4f)  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
-        config_.total_steps, metrics->at("reward_mean"), metrics->at("reward_std"),
-        metrics->count("loss") ? metrics->at("loss") : NAN, metrics->at("images_per_s"),
-        Duration(elapsed), Duration(eta));
-    if (options_.progress_bar) {
-      const int width = 20, filled = static_cast<int>(width * done / config_.total_steps);
-      std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),
-                   std::string(width - filled, '.').c_str(), line.c_str());
-      if (done == config_.total_steps) std::fprintf(stderr, "\n");
-    } else {
-      std::fprintf(stderr, "dray train: %s\n", line.c_str());
-    }
-    std::fflush(stderr);
+    ReportProgress(*metrics, first, started);
   }
   return SaveFinal();
+}
+
+void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
+                                     absl::Time started) const {
+  const double elapsed = Seconds(started);
+  const int64_t done = static_cast<int64_t>(history_.size());
+  const double eta = elapsed / std::max<int64_t>(1, done - first) * (config_.total_steps - done);
+  const std::string line = absl::StrFormat(
+      "step %d/%d  reward %.4f (std %.4f)  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
+      config_.total_steps, metrics.at("reward_mean"), metrics.at("reward_std"),
+      metrics.count("loss") ? metrics.at("loss") : NAN, metrics.at("images_per_s"),
+      Duration(elapsed), Duration(eta));
+  if (options_.progress_bar) {
+    const int width = 20, filled = static_cast<int>(width * done / config_.total_steps);
+    std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), line.c_str());
+    if (done == config_.total_steps) std::fprintf(stderr, "\n");
+  } else {
+    std::fprintf(stderr, "dray train: %s\n", line.c_str());
+  }
+  std::fflush(stderr);
 }
 
 }  // namespace dray

@@ -12,21 +12,26 @@
 //
 // and writes to trainer.save_dir: config.yaml (the resolved configuration),
 // metrics.jsonl (a line per step), curves.png (reward and loss, redrawn
-// every log_every steps), samples/step_N.png (every sample_every steps) and
-// final/ (the trained weights, loadable by `dray edit`).
+// every log_every steps), samples/step_N.png (every sample_every steps),
+// checkpoints/step_N/ (every save_every steps: the trainable weights and
+// AdamW's state sharded as the workers hold them, and trainer_state.json
+// with the metrics so far) and final/ (the trained weights, loadable by
+// `dray edit`).
 //
 //   DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, options));
 //   DRAY_RETURN_IF_ERROR(trainer->Run());
 //
-// Seeds, windows, timesteps and row order come from trainer.seed and the
-// step alone, so the result does not depend on the number of workers
-// (rows_per_step must divide by it). A loss that is not finite stops the
+// Seeds, windows, timesteps, prompts and row order come from trainer.seed
+// and the step alone, so the result does not depend on the number of
+// workers (rows_per_step must divide by it), and a checkpoint's step count
+// is all the random and data position a resumed run needs. A loss that is not finite stops the
 // run naming the step, or with on_nan: skip skips that step's update.
 //
 // Thread-safety: not thread-safe.
 #ifndef DRAY_WORKERS_TRAIN_TRAINER_H_
 #define DRAY_WORKERS_TRAIN_TRAINER_H_
 
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -57,6 +62,9 @@ class FlowGrpoTrainer {
     absl::Duration call_timeout = absl::Hours(4);
     // Where progress goes: a bar redrawn in place on a terminal, else lines.
     bool progress_bar = false;
+    // Receives every rank's progress within a step's rollout ("denoising",
+    // step k of n), on the group's reading threads: keep it short.
+    GroupProgressFn on_rollout_progress;
   };
 
   // Start checks the configuration and every data row, writes the embedded
@@ -66,7 +74,11 @@ class FlowGrpoTrainer {
                                                                 Options options);
   ~FlowGrpoTrainer();
 
-  // Run trains steps [next step, total_steps) and saves final/.
+  // Run trains steps [next step, total_steps) and saves final/: with
+  // trainer.save_every, a checkpoint every so many steps; with
+  // trainer.max_restarts, a failed worker group (a dead or stalled worker)
+  // is restarted and the run goes on from the last checkpoint (or the
+  // start), as many times.
   absl::Status Run();
 
   // Step runs one training step and returns its metrics (metrics.jsonl's keys).
@@ -78,6 +90,8 @@ class FlowGrpoTrainer {
 
   const TrainConfig& config() const { return config_; }
   WorkerGroup& group() { return *group_; }
+  // restarts: how many times Run has restarted a failed worker group.
+  int restarts() const { return restarts_; }
 
  private:
   FlowGrpoTrainer(TrainConfig config, Options options);
@@ -88,6 +102,20 @@ class FlowGrpoTrainer {
   absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
                                               const DataProto& rows,
                                               std::map<std::string, double>& metrics) const;
+  // StartWorkers starts a worker group (replacing any) and loads the model.
+  absl::Status StartWorkers();
+  std::filesystem::path CheckpointRoot() const;
+  // CheckpointToResume: what trainer.resume names (auto: the newest
+  // complete checkpoint, none on a first run).
+  absl::StatusOr<std::optional<std::string>> CheckpointToResume() const;
+  // Restore loads a checkpoint into the workers and the metrics so far.
+  absl::Status Restore(const std::string& checkpoint);
+  // SaveCheckpoint writes checkpoints/step_N (N steps done) atomically: into
+  // a .partial folder, renamed when complete; keeps the keep_last newest.
+  absl::Status SaveCheckpoint();
+  absl::Status RestartWorkers(const absl::Status& cause);
+  void ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
+                      absl::Time started) const;
   // WriteOutputs appends to metrics.jsonl and redraws curves.png and samples.
   absl::Status WriteOutputs(int64_t step, const std::map<std::string, double>& metrics,
                             const DataProto& rollout, const std::vector<double>& rewards);
@@ -101,6 +129,7 @@ class FlowGrpoTrainer {
   rl::AdvantageEstimator advantages_;
   std::shared_ptr<WorkerGroup> group_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
+  int restarts_ = 0;
 };
 
 }  // namespace dray

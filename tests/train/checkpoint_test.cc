@@ -1,0 +1,153 @@
+// Training jobs that last: checkpoints, resume and restarts, with real
+// worker processes and the embedded tiny model. A run stopped and resumed
+// (also at another world size), and a run whose worker is killed in the
+// middle of a step, end with the weights and metrics of a run that never
+// stopped.
+#include <signal.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/status_macros.h"
+#include "base/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/train/train_test_util.h"
+#include "workers/train/trainer.h"
+
+namespace dray {
+namespace {
+
+namespace fs = std::filesystem;
+using ::dray::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int kSteps = 4;
+
+// Job: SmallJob, 4 steps.
+TrainConfig Job(const std::string& save_dir, std::vector<std::string> overrides = {}) {
+  overrides.insert(overrides.begin(), absl::StrCat("trainer.total_steps=", kSteps));
+  return SmallJob(save_dir, std::move(overrides));
+}
+
+absl::Status Train(const TrainConfig& config, int workers = 1) {
+  DRAY_ASSIGN_OR_RETURN(auto trainer, StartTrainer(config, workers));
+  return trainer->Run();
+}
+
+std::vector<nlohmann::json> Metrics(const std::string& save_dir) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(save_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+// Uninterrupted: the run the others must equal, at 1 or 2 workers
+// (trained once per process).
+const std::string& Uninterrupted(int workers) {
+  static std::map<int, std::string> dirs;
+  if (!dirs.count(workers)) {
+    const std::string path = SaveDir(absl::StrCat("uninterrupted_", workers));
+    EXPECT_TRUE(Train(Job(path), workers).ok());
+    dirs[workers] = path;
+  }
+  return dirs[workers];
+}
+
+void ExpectSameRun(const std::string& dir, const std::string& uninterrupted, double tolerance) {
+  const auto expected = LoraWeights(uninterrupted), actual = LoraWeights(dir);
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(actual.size(), expected.size());
+  for (const auto& [name, tensor] : expected)
+    EXPECT_LE((actual.at(name) - tensor).abs().max().item<double>(), tolerance) << name;
+  const auto expected_metrics = Metrics(uninterrupted), metrics = Metrics(dir);
+  ASSERT_EQ(metrics.size(), static_cast<size_t>(kSteps));  // each step once
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_EQ(metrics[step]["step"], step);
+    EXPECT_NEAR(metrics[step]["reward_mean"].get<double>(),
+                expected_metrics[step]["reward_mean"].get<double>(), tolerance);
+  }
+}
+
+std::vector<std::string> CheckpointNames(const std::string& save_dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(save_dir + "/checkpoints"))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(CheckpointTest, AStopAndAResumeEqualAnUninterruptedRun) {
+  const std::string dir = SaveDir("stopped");
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=1"})));
+  EXPECT_THAT(CheckpointNames(dir), ElementsAre("step_000001", "step_000002"));  // keep_last 2
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.save_every=1", "trainer.resume=auto"})));
+  ExpectSameRun(dir, Uninterrupted(1), 1e-6);
+  EXPECT_THAT(CheckpointNames(dir), ElementsAre("step_000003", "step_000004"));
+  // Resuming a finished run trains nothing more.
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.resume=auto"})));
+  ExpectSameRun(dir, Uninterrupted(1), 1e-6);
+}
+
+TEST(CheckpointTest, ACheckpointResumesAtAnotherWorldSize) {
+  const std::string dir = SaveDir("rescaled");
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"}), 1));
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.resume=auto"}), 2));
+  ExpectSameRun(dir, Uninterrupted(1), 1e-5);  // two ranks sum gradients in another order
+}
+
+TEST(CheckpointTest, AnUnfinishedSaveIsIgnoredAndRemoved) {
+  const std::string dir = SaveDir("crashed_mid_save");
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"})));
+  // A save that crashed half-way: a partial folder, and one without its state.
+  fs::create_directories(dir + "/checkpoints/.step_000003.partial");
+  fs::create_directories(dir + "/checkpoints/step_000003");
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.resume=auto"})));
+  ExpectSameRun(dir, Uninterrupted(1), 1e-6);
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/.step_000003.partial"));
+}
+
+TEST(CheckpointTest, ResumeErrorsNameTheCheckpoint) {
+  const std::string dir = SaveDir("bad_resume");
+  EXPECT_THAT(StartTrainer(Job(dir, {"trainer.resume=" + dir + "/nowhere"}), 1).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nowhere is not a complete")));
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"})));
+  EXPECT_THAT(
+      StartTrainer(Job(dir, {"trainer.resume=auto", "worker.actor.lora_rank=4"}), 1).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step_000002")));
+}
+
+// SIGKILL of a worker while it denoises a step's rollout: the group is
+// restarted, the last checkpoint reloaded, and the run ends as if nothing
+// had happened.
+TEST(CheckpointTest, AWorkerKilledMidStepIsRestartedFromTheLastCheckpoint) {
+  const std::string dir = SaveDir("killed");
+  FlowGrpoTrainer* running = nullptr;
+  std::atomic<int> rollouts{0};
+  std::atomic<pid_t> killed{0};
+  FlowGrpoTrainer::Options options;
+  options.on_rollout_progress = [&](int rank, const std::string& what, int64_t done, int64_t) {
+    // Rank 1's first denoising step of the second step's rollout.
+    if (rank != 1 || what != "denoising" || done != 1 || ++rollouts != 2) return;
+    killed = running->group().pids()[1];
+    kill(killed, SIGKILL);
+  };
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      StartTrainer(Job(dir, {"trainer.save_every=1", "trainer.max_restarts=1"}), 2, options));
+  running = trainer.get();
+  DRAY_ASSERT_OK(trainer->Run());
+  EXPECT_NE(killed.load(), 0);
+  EXPECT_EQ(trainer->restarts(), 1);
+  ExpectSameRun(dir, Uninterrupted(2), 1e-6);
+}
+
+}  // namespace
+}  // namespace dray

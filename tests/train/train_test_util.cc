@@ -1,0 +1,44 @@
+#include "tests/train/train_test_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "runtime/io/safetensors.h"
+#include "tests/runtime/test_util.h"
+
+namespace dray {
+
+std::string SaveDir(const std::string& name) {
+  return (std::filesystem::path(std::getenv("TEST_TMPDIR")) / name).string();
+}
+
+TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides) {
+  overrides.insert(
+      overrides.begin(),
+      {"data.prompts_per_step=2", "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
+       "worker.actor.micro_batch_size=1", "trainer.total_steps=2", "trainer.save_dir=" + save_dir});
+  absl::StatusOr<TrainConfig> config = TrainConfig::Load("", overrides);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(const TrainConfig& config,
+                                                              int workers,
+                                                              FlowGrpoTrainer::Options options) {
+  options.workers = workers;
+  options.worker_command = {RunfilePath("cli/dray"), "worker"};
+  return FlowGrpoTrainer::Start(config, std::move(options));
+}
+
+std::map<std::string, at::Tensor> LoraWeights(const std::string& save_dir) {
+  std::map<std::string, at::Tensor> weights;
+  auto file = SafetensorsFile::Open(save_dir + "/final/pytorch_lora_weights.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return weights;
+  for (const std::string& name : (*file)->names()) weights[name] = (*file)->Get(name)->clone();
+  return weights;
+}
+
+}  // namespace dray
