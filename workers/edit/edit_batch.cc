@@ -124,14 +124,15 @@ absl::StatusOr<T> MetaOr(const MetaInfo& meta, const char* key, T fallback) {
 
 }  // namespace
 
+Image EncodedImageRow(const Bytes& bytes) {
+  return {IsJpeg(bytes.view()) ? Image::Format::kJpeg : Image::Format::kPng, 0, 0, 0, bytes};
+}
+
 absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds) {
   std::vector<Image> rows;
-  for (const Bytes& bytes : images) {
-    rows.push_back(
-        {IsJpeg(bytes.view()) ? Image::Format::kJpeg : Image::Format::kPng, 0, 0, 0, bytes});
-  }
+  for (const Bytes& bytes : images) rows.push_back(EncodedImageRow(bytes));
   NonTensorColumns columns = {{kImagesColumn, std::move(rows)},
                               {kInstructionsColumn, instructions}};
   if (!seeds.empty()) columns.emplace_back(kSeedsColumn, seeds);

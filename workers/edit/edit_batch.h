@@ -50,6 +50,10 @@ struct EditRow {
   uint64_t seed = 0;
 };
 
+// EncodedImageRow: a PNG or JPEG file's bytes as an image row (the format
+// told apart by its signature; the row shares the buffer).
+Image EncodedImageRow(const Bytes& bytes);
+
 // MakeEditBatch builds a batch from encoded images (PNG or JPEG, told apart
 // by their signature; the rows share the buffers), instructions and, when
 // not empty, per-row seeds.

@@ -27,6 +27,7 @@
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
+#include "workers/train/sft.h"
 #include "workers/train/train_config.h"
 
 namespace dray {
@@ -54,7 +55,21 @@ struct MicroBatch {
   std::vector<qwen_image::EditInput> inputs;
   rl::Trajectory trajectory;
   at::Tensor advantages;
+  std::vector<at::Tensor> targets;  // SFT: the edited images asked for
+  at::Tensor sigma_draws;           // SFT: where in the schedule each row is noised
 };
+
+// RawImage: an RGB uint8 [H, W, 3] image as a raw image row.
+Image RawImage(const at::Tensor& image) {
+  const at::Tensor pixels = image.cpu().contiguous();
+  return {Image::Format::kRaw, static_cast<int32_t>(pixels.size(1)),
+          static_cast<int32_t>(pixels.size(0)), 3,
+          Bytes(std::string(static_cast<const char*>(pixels.data_ptr()), pixels.nbytes()))};
+}
+
+// kTrainTimesteps: the schedule SFT draws its noise levels from, as
+// diffusers' training scripts draw from the scheduler's 1000 timesteps.
+constexpr int kTrainTimesteps = 1000;
 
 }  // namespace
 
@@ -153,11 +168,58 @@ struct FlowGrpoWorker::State {
       if (batch.HasColumn(kAdvantagesColumn)) {
         DRAY_ASSIGN_OR_RETURN(micro.advantages, rows_of(kAdvantagesColumn));
       }
+      if (batch.HasColumn(kTargetsColumn)) {
+        DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* targets,
+                              batch.GetRows<Image>(kTargetsColumn));
+        for (int64_t i = start; i < end; ++i) {
+          absl::StatusOr<at::Tensor> target = DecodeImageRow((*targets)[i]);
+          if (!target.ok()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("row ", i, ": target: ", target.status().message()));
+          }
+          micro.targets.push_back(*std::move(target));
+        }
+        DRAY_ASSIGN_OR_RETURN(micro.sigma_draws, rows_of(kSigmaDrawsColumn));
+      }
     }
     return out;
   }
 
+  // BeginUpdate sets the learning rate of the coming optimizer step.
+  void BeginUpdate(double lr) {
+    for (auto& param_group : optimizer->param_groups())
+      static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(lr);
+    optimizer->zero_grad();
+  }
+
+  // AgreeFinite: every rank learns whether any rank's loss is not finite
+  // before backward (a rank that skipped backward would hang the others);
+  // DATA_LOSS naming `where` if so, with no parameter changed.
+  absl::Status AgreeFinite(Communicator* group, const at::Tensor& loss, const std::string& where) {
+    at::Tensor bad = at::full({1}, std::isfinite(loss.item<double>()) ? 0.0 : 1.0);
+    DRAY_RETURN_IF_ERROR(group->AllReduce(bad, ReduceOp::kMax));
+    if (bad.item<double>() == 0) return absl::OkStatus();
+    optimizer->zero_grad();
+    return absl::DataLossError(
+        absl::StrCat("the loss is not finite ", where, "; no parameter was changed"));
+  }
+
+  // FinishUpdate clips the accumulated gradients' global norm across ranks
+  // and steps the optimizer; returns the norm before clipping.
+  absl::StatusOr<double> FinishUpdate() {
+    DRAY_ASSIGN_OR_RETURN(double grad_norm,
+                          model->transformer_shards->ClipGradNorm(config.max_grad_norm));
+    optimizer->step();
+    optimizer->zero_grad();
+    return grad_norm;
+  }
+
   absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro) {
+    return Prepare(micro, options);
+  }
+
+  absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro,
+                                                   const qwen_image::EditOptions& options) {
     std::vector<const qwen_image::EditInput*> rows;
     for (const qwen_image::EditInput& input : micro.inputs) rows.push_back(&input);
     DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options));
@@ -175,9 +237,11 @@ FlowGrpoWorker::FlowGrpoWorker() {
   batched.dispatch_mode = kDpComputeProto;
   Def("rollout", &FlowGrpoWorker::Rollout, batched);
   Def("compute_log_prob", &FlowGrpoWorker::ComputeLogProb, batched);
+  Def("edit", &FlowGrpoWorker::Edit, batched);
   MethodOptions per_rank_metrics = batched;  // each rank's metrics come back
   per_rank_metrics.dispatch_mode = kDpComputeMetric;
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
+  Def("sft_update", &FlowGrpoWorker::SftUpdate, per_rank_metrics);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
   Def("save_checkpoint", &FlowGrpoWorker::SaveCheckpoint, {kOneToAll});
   Def("load_checkpoint", &FlowGrpoWorker::LoadCheckpoint, {kOneToAll});
@@ -264,13 +328,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(
         std::vector<at::Tensor> decoded,
         state_->pipeline().Decode(trajectory.final_latents, prepared.height, prepared.width));
-    for (const at::Tensor& image : decoded) {
-      const at::Tensor pixels = image.cpu().contiguous();
-      images.push_back(
-          {Image::Format::kRaw, static_cast<int32_t>(pixels.size(1)),
-           static_cast<int32_t>(pixels.size(0)), 3,
-           Bytes(std::string(static_cast<const char*>(pixels.data_ptr()), pixels.nbytes()))});
-    }
+    for (const at::Tensor& image : decoded) images.push_back(RawImage(image));
     trajectories.push_back(std::move(trajectory));
   }
   auto joined = [&](at::Tensor rl::Trajectory::*part) {
@@ -283,6 +341,19 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
                           {kLogProbsColumn, joined(&rl::Trajectory::log_probs)},
                           {kTimestepsColumn, joined(&rl::Trajectory::timesteps)}},
                          {{kEditedColumn, std::move(images)}});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::Edit(const DataProto& batch) {
+  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before edit");
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  torch::NoGradGuard no_grad;
+  std::vector<Image> images;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edited,
+                          state_->pipeline().Edit(micro.inputs, state_->options));
+    for (const at::Tensor& image : edited) images.push_back(RawImage(image));
+  }
+  return DataProto::Make({}, {{kEditedColumn, std::move(images)}});
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch) {
@@ -317,10 +388,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       nlohmann::json::parse(steps_json.text, nullptr, false).get<std::vector<int64_t>>();
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
-  FullyShardedModule& shards = *state_->model->transformer_shards;
-  for (auto& param_group : state_->optimizer->param_groups())
-    static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(lr);
-  state_->optimizer->zero_grad();
+  state_->BeginUpdate(lr);
 
   const int64_t accumulation = static_cast<int64_t>(micro_batches.size() * train_steps.size());
   const rl::PolicyLossOptions loss_options{config.clip_range, config.adv_clip_max, config.beta,
@@ -345,14 +413,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       input.prev_sample_mean = policy.prev_sample_mean;
       input.std_dev_t = policy.std_dev_t;
       DRAY_ASSIGN_OR_RETURN(rl::PolicyLossOutput out, state_->loss(input, loss_options));
-      // Every rank agrees before backward (a rank that skipped it would hang the others).
-      at::Tensor bad = at::full({1}, std::isfinite(out.loss.item<double>()) ? 0.0 : 1.0);
-      DRAY_RETURN_IF_ERROR(group->AllReduce(bad, ReduceOp::kMax));
-      if (bad.item<double>() > 0) {
-        state_->optimizer->zero_grad();
-        return absl::DataLossError(absl::StrCat("the loss is not finite at window step ", j,
-                                                "; no parameter was changed"));
-      }
+      DRAY_RETURN_IF_ERROR(
+          state_->AgreeFinite(group, out.loss, absl::StrCat("at window step ", j)));
       out.loss.backward();
       const double g = static_cast<double>(accumulation);
       sums["loss"] += out.loss.item<double>();
@@ -363,9 +425,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       sums["ratio_mean"] += out.ratio.mean().item<double>();
     }
   }
-  DRAY_ASSIGN_OR_RETURN(double grad_norm, shards.ClipGradNorm(config.max_grad_norm));
-  state_->optimizer->step();
-  state_->optimizer->zero_grad();
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
   const double n = static_cast<double>(accumulation);
   MetaInfo metrics = {{"loss", sums["loss"]},  // the accumulated objective of this rank
                       {"policy_loss", sums["policy_loss"]},
@@ -375,6 +435,40 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
                       {"ratio_mean", sums["ratio_mean"] / n},
                       {"grad_norm", grad_norm}};
   return DataProto::Make({}, {}, std::move(metrics));
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "sft_update");
+  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before sft_update");
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  state_->BeginUpdate(lr);
+  qwen_image::EditOptions conditional = state_->options;  // one forward: no guidance
+  conditional.negative_prompt.reset();
+  double loss_sum = 0;
+  for (const MicroBatch& micro : micro_batches) {
+    if (micro.targets.empty())
+      return absl::InvalidArgumentError(absl::StrCat("sft_update needs a ", kTargetsColumn,
+                                                     " and a ", kSigmaDrawsColumn, " column"));
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro, conditional));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor target_latents,
+                          SftTargetLatents(state_->pipeline(), micro.targets, prepared));
+    DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler schedule,
+                          state_->pipeline().Scheduler(prepared.noise.size(1), kTrainTimesteps));
+    const SftNoising noising =
+        SftNoise(schedule, micro.sigma_draws, target_latents, prepared.noise);
+    DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,
+                          state_->pipeline().Velocity(prepared, noising.noisy, noising.timesteps,
+                                                      /*true_cfg_scale=*/1.0));
+    const at::Tensor loss = at::mse_loss(velocity.to(at::kFloat), noising.target) /
+                            static_cast<double>(micro_batches.size());
+    DRAY_RETURN_IF_ERROR(state_->AgreeFinite(group, loss, "in the flow-matching loss"));
+    loss.backward();
+    loss_sum += loss.item<double>();
+  }
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
+  return DataProto::Make({}, {}, {{"loss", loss_sum}, {"grad_norm", grad_norm}});
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {

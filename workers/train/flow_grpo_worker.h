@@ -1,8 +1,9 @@
 // FlowGrpoWorker: the worker class that trains Qwen-Image-Edit with
-// Flow-GRPO, one process per GPU, holding the model as the edit worker does
-// (workers/edit/edit_model.h) with LoRA adapters on the transformer (or the
-// whole transformer trainable), always sharded with FSDP's design (NO_SHARD
-// is DDP), and an AdamW optimizer over the trainable parameters:
+// Flow-GRPO (or supervised fine-tuning), one process per GPU, holding the
+// model as the edit worker does (workers/edit/edit_model.h) with LoRA
+// adapters on the transformer (or the whole transformer trainable), always
+// sharded with FSDP's design (NO_SHARD is DDP), and an AdamW optimizer over
+// the trainable parameters:
 //
 //   init_model        ONE_TO_ALL        meta "config": the resolved TrainConfig (ToYaml);
 //                                       returns the memory figures as meta
@@ -11,12 +12,19 @@
 //                                       the SDE window's trajectory (latents,
 //                                       next_latents [B, T, S, C], log_probs,
 //                                       timesteps [B, T]) and final_edited_images (raw RGB)
+//   edit              DP_COMPUTE_PROTO  the edit batch columns in; final_edited_images
+//                                       (raw RGB) out: the current policy's deterministic
+//                                       edits (SFT's sample grids)
 //   compute_log_prob  DP_COMPUTE_PROTO  a rollout's rows and trajectory in; the log_probs
 //                                       [B, T] of its steps under the current policy
 //   update_actor      DP_COMPUTE_METRIC a rollout's rows, trajectory and advantages [B]
 //                                       in, meta train_steps (window steps to train,
 //                                       JSON list) and lr: one optimizer step; returns
 //                                       the step's metrics as meta
+//   sft_update        DP_COMPUTE_METRIC the edit columns, target_images and sigma_draws
+//                                       [B] in, meta lr: one optimizer step on the
+//                                       flow-matching loss (workers/train/sft.h); returns
+//                                       loss and grad_norm as meta
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
 //                                       there (LoRA: pytorch_lora_weights.safetensors)
 //   save_checkpoint   ONE_TO_ALL        meta "dir" (an existing directory): each rank
@@ -56,6 +64,10 @@ inline constexpr char kNextLatentsColumn[] = "next_latents";
 inline constexpr char kLogProbsColumn[] = "log_probs";
 inline constexpr char kTimestepsColumn[] = "timesteps";
 inline constexpr char kAdvantagesColumn[] = "advantages";
+// SFT's columns: the edited image each row asks for, and a draw in [0, 1)
+// picking the row's noise level from the schedule (workers/train/sft.h).
+inline constexpr char kTargetsColumn[] = "target_images";
+inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
 
 class FlowGrpoWorker : public Worker {
  public:
@@ -65,7 +77,9 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> InitModel(const DataProto& input);
   absl::StatusOr<DataProto> Rollout(const DataProto& batch);
   absl::StatusOr<DataProto> ComputeLogProb(const DataProto& batch);
+  absl::StatusOr<DataProto> Edit(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
+  absl::StatusOr<DataProto> SftUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);
   absl::StatusOr<DataProto> SaveCheckpoint(const DataProto& input);
   absl::StatusOr<DataProto> LoadCheckpoint(const DataProto& input);

@@ -1,8 +1,10 @@
-// TrainConfig: a Flow-GRPO training job's configuration, in verl/EasyR1's
+// TrainConfig: a training job's configuration (Flow-GRPO or SFT), in verl/EasyR1's
 // YAML layout with dotted command-line overrides:
 //
-//   data:      train_files (JSONL rows {"image", "instruction", ...}), prompts_per_step
-//   algorithm: adv_estimator, loss, group_size, global_std, clip_range, adv_clip_max,
+//   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT: and
+//              "target"), prompts_per_step
+//   algorithm: name (grpo or sft), adv_estimator, loss, group_size, global_std, clip_range,
+//   adv_clip_max,
 //              beta, timestep_fraction, num_inner_epochs, noise_level, sde_type,
 //              sde_window_size, sde_window_range
 //   worker.image_edit: the model and its sharding (workers/edit/edit_config.h)
@@ -39,6 +41,7 @@ struct TrainConfig {
   int64_t prompts_per_step = 8;
 
   // algorithm.*
+  std::string name = "grpo";           // or "sft": supervised flow matching on paired data
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
   int64_t group_size = 4;              // samples per prompt
@@ -110,8 +113,10 @@ struct TrainConfig {
   absl::Status Validate() const;
 
   bool embedded_task() const { return train_files.empty(); }
-  // rows_per_step: samples per step, prompts_per_step x group_size.
-  int64_t rows_per_step() const { return prompts_per_step * group_size; }
+  bool sft() const { return name == "sft"; }
+  // rows_per_step: samples per step, prompts_per_step x group_size (SFT:
+  // prompts_per_step pairs).
+  int64_t rows_per_step() const { return prompts_per_step * (sft() ? 1 : group_size); }
 };
 
 }  // namespace dray

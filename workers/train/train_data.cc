@@ -1,9 +1,12 @@
 #include "workers/train/train_data.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
@@ -22,7 +25,8 @@ absl::Status BadLine(const std::string& path, int line, const std::string& why,
 
 }  // namespace
 
-absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path) {
+absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path,
+                                                          bool with_targets) {
   std::ifstream in(jsonl_path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read data.train_files ", jsonl_path));
   const fs::path folder = fs::path(jsonl_path).parent_path();
@@ -36,33 +40,41 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
         row["instruction"].get<std::string>().empty()) {
       return BadLine(jsonl_path, line, "the row has no \"instruction\" (a non-empty string)");
     }
-    if (!row.contains("image") || !row["image"].is_string()) {
-      return BadLine(jsonl_path, line, "the row has no \"image\" (a path)");
-    }
+    // ReadImage reads the image the row names under `key`.
+    auto read_image = [&](const char* key, std::string& path, Bytes& bytes,
+                          at::Tensor& pixels) -> absl::Status {
+      if (!row.contains(key) || !row[key].is_string()) {
+        return BadLine(jsonl_path, line, absl::StrCat("the row has no \"", key, "\" (a path)"));
+      }
+      const fs::path named = row[key].get<std::string>();
+      path = (named.is_absolute() ? named : folder / named).string();
+      absl::StatusOr<std::string> read = ReadFile(path);
+      if (!read.ok()) {
+        return BadLine(jsonl_path, line, absl::StrCat("cannot read ", key, " ", path),
+                       absl::StatusCode::kNotFound);
+      }
+      absl::StatusOr<at::Tensor> decoded = DecodeImage(*read);
+      if (!decoded.ok())
+        return BadLine(jsonl_path, line, absl::StrCat(path, ": ", decoded.status().message()));
+      bytes = Bytes(*std::move(read));
+      pixels = *std::move(decoded);
+      row.erase(key);
+      return absl::OkStatus();
+    };
     TrainPrompt prompt;
-    const fs::path image = row["image"].get<std::string>();
-    prompt.image_path = (image.is_absolute() ? image : folder / image).string();
-    absl::StatusOr<std::string> bytes = ReadFile(prompt.image_path);
-    if (!bytes.ok()) {
-      return BadLine(jsonl_path, line, absl::StrCat("cannot read image ", prompt.image_path),
-                     absl::StatusCode::kNotFound);
-    }
-    absl::StatusOr<at::Tensor> pixels = DecodeImage(*bytes);
-    if (!pixels.ok()) {
-      return BadLine(jsonl_path, line,
-                     absl::StrCat(prompt.image_path, ": ", pixels.status().message()));
-    }
-    if (!prompts.empty() && pixels->sizes() != prompts.front().pixels.sizes()) {
+    DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
+    if (!prompts.empty() && prompt.pixels.sizes() != prompts.front().pixels.sizes()) {
       return BadLine(
           jsonl_path, line,
-          absl::StrCat(prompt.image_path, " is ", pixels->size(1), "x", pixels->size(0),
+          absl::StrCat(prompt.image_path, " is ", prompt.pixels.size(1), "x", prompt.pixels.size(0),
                        ", the first row's image ", prompts.front().pixels.size(1), "x",
                        prompts.front().pixels.size(0), ": a job's images must share one size"));
     }
-    prompt.image = Bytes(*std::move(bytes));
-    prompt.pixels = *std::move(pixels);
+    if (with_targets) {
+      std::string target_path;
+      DRAY_RETURN_IF_ERROR(read_image("target", target_path, prompt.target, prompt.target_pixels));
+    }
     prompt.instruction = row["instruction"].get<std::string>();
-    row.erase("image");
     row.erase("instruction");
     prompt.fields = std::move(row);
     prompts.push_back(std::move(prompt));
@@ -98,6 +110,87 @@ absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
             {"image", file}, {"instruction", tasks[i].first}, {"target_color", tasks[i].second}}
             .dump(),
         "\n");
+  }
+  const std::string path = (fs::path(dir) / "train.jsonl").string();
+  DRAY_RETURN_IF_ERROR(WriteFile(path, jsonl));
+  return path;
+}
+
+at::Tensor SyntheticScene(int64_t seed, int64_t size) {
+  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto uniform = [&](double lo, double hi) {
+    return lo + (hi - lo) * at::rand({1}, generator).item<double>();
+  };
+  const at::Tensor y = at::arange(size, at::kFloat).view({size, 1, 1}) / size;
+  const at::Tensor x = at::arange(size, at::kFloat).view({1, size, 1}) / size;
+  const double horizon = uniform(0.45, 0.65);
+  const at::Tensor sky_top = at::tensor({uniform(60, 110), uniform(120, 170), uniform(200, 250)});
+  const at::Tensor sky_low = at::tensor({uniform(170, 220), uniform(190, 230), uniform(220, 250)});
+  const at::Tensor ground = at::tensor({uniform(50, 140), uniform(100, 160), uniform(40, 90)});
+  const at::Tensor t = (y / horizon).clamp(0, 1);
+  at::Tensor image =
+      at::where(y < horizon, sky_top * (1 - t) + sky_low * t, ground * (1.1 - 0.4 * (y - horizon)));
+  // A sun or a ball: a disc of its own colour.
+  const double cx = uniform(0.2, 0.8), cy = uniform(0.15, 0.8), r = uniform(0.08, 0.16);
+  const at::Tensor disc = ((x - cx).pow(2) + (y - cy).pow(2)).lt(r * r);
+  const at::Tensor colour = at::tensor({uniform(180, 255), uniform(120, 230), uniform(20, 120)});
+  image = at::where(disc, colour.view({1, 1, 3}).expand_as(image), image);
+  return image.clamp(0, 255).round().to(at::kByte).contiguous();
+}
+
+absl::StatusOr<at::Tensor> ApplyEdit(const at::Tensor& scene, const std::string& instruction) {
+  const at::Tensor image = scene.to(at::kFloat);
+  static const std::map<std::string, std::array<float, 3>> kColours = {
+      {"red", {220, 40, 40}},     {"green", {40, 180, 60}},   {"blue", {40, 80, 220}},
+      {"purple", {140, 50, 200}}, {"yellow", {230, 210, 40}}, {"orange", {240, 140, 30}}};
+  at::Tensor edited;
+  if (instruction == "make it darker") {
+    edited = image * 0.5;
+  } else if (instruction == "make it brighter") {
+    edited = 255 - (255 - image) * 0.5;
+  } else if (instruction.rfind("make it ", 0) == 0 && kColours.count(instruction.substr(8))) {
+    const auto& c = kColours.at(instruction.substr(8));
+    edited = 0.5 * image + 0.5 * at::tensor({c[0], c[1], c[2]}).view({1, 1, 3});
+  } else if (instruction.rfind("turn the sky ", 0) == 0 && kColours.count(instruction.substr(13))) {
+    // The sky: bluish pixels above the middle.
+    const auto& c = kColours.at(instruction.substr(13));
+    const int64_t size = image.size(0);
+    const at::Tensor upper = (at::arange(size).view({size, 1}) < size * 0.66);
+    const at::Tensor bluish = image.select(2, 2) > image.select(2, 0) + 20;
+    const at::Tensor sky = (upper & bluish).unsqueeze(2);
+    const at::Tensor shade = image.mean(2, /*keepdim=*/true) / 200;
+    edited = at::where(sky, shade * at::tensor({c[0], c[1], c[2]}).view({1, 1, 3}), image);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("no synthetic edit for '", instruction, "'"));
+  }
+  return edited.clamp(0, 255).round().to(at::kByte).contiguous();
+}
+
+const std::vector<std::string>& SyntheticEditInstructions() {
+  static const std::vector<std::string> kInstructions = {
+      "make it purple", "make it red",      "make it blue",     "make it green",
+      "make it darker", "make it brighter", "turn the sky red", "turn the sky orange"};
+  return kInstructions;
+}
+
+absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
+                                                    int64_t first_seed) {
+  std::string jsonl;
+  for (int64_t i = 0; i < scenes; ++i) {
+    const at::Tensor scene = SyntheticScene(first_seed + i, 64);
+    const std::string file = absl::StrCat("scene_", first_seed + i, ".png");
+    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
+    for (size_t e = 0; e < SyntheticEditInstructions().size(); ++e) {
+      const std::string& instruction = SyntheticEditInstructions()[e];
+      DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(scene, instruction));
+      const std::string target_file = absl::StrCat("scene_", first_seed + i, "_edit_", e, ".png");
+      DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / target_file).string(), target));
+      absl::StrAppend(
+          &jsonl,
+          nlohmann::json{{"image", file}, {"instruction", instruction}, {"target", target_file}}
+              .dump(),
+          "\n");
+    }
   }
   const std::string path = (fs::path(dir) / "train.jsonl").string();
   DRAY_RETURN_IF_ERROR(WriteFile(path, jsonl));

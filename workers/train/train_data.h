@@ -1,6 +1,7 @@
 // The prompts a training job draws from: JSONL rows {"image": PATH,
 // "instruction": TEXT, ...} (PATH relative to the file's folder; the other
-// fields reach the reward functions), or the embedded task.
+// fields reach the reward functions; SFT rows also name their "target"
+// image), or the embedded tasks.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts("train.jsonl"));
 //
@@ -28,16 +29,39 @@ struct TrainPrompt {
   at::Tensor pixels;  // decoded, uint8 [H, W, 3], for rewards and sample grids
   std::string instruction;
   nlohmann::json fields;  // the row's other fields
+  Bytes target;           // SFT: the edited image the row asks for
+  at::Tensor target_pixels;
   // group: what makes samples comparable (GRPO's group): instruction and image.
   std::string group() const { return instruction + "\n" + image_path; }
 };
 
-absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path);
+// ReadTrainPrompts reads every row; `with_targets` (SFT) requires and reads
+// each row's "target" image too.
+absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path,
+                                                          bool with_targets = false);
 
 // WriteEmbeddedTask writes the embedded task into `dir` (train.jsonl and its
 // images: four patterned 64x64 images, each asked in other words to become
 // blue, with target_color set) and returns train.jsonl's path.
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir);
+
+// Synthetic paired edits (SFT's embedded task, and held-out checks of a
+// trained model): 64x64 scenes (a sky, the ground, a disc) and the images
+// simple instructions turn them into.
+//
+// SyntheticScene draws scene `seed` (uint8 [size, size, 3]).
+at::Tensor SyntheticScene(int64_t seed, int64_t size);
+// ApplyEdit computes what `instruction` (one of SyntheticEditInstructions)
+// makes of `scene`: "make it <colour>" blends halfway to the colour, "make
+// it darker/brighter" halves the distance to black/white, "turn the sky
+// <colour>" recolours the sky's pixels.
+absl::StatusOr<at::Tensor> ApplyEdit(const at::Tensor& scene, const std::string& instruction);
+const std::vector<std::string>& SyntheticEditInstructions();
+// WriteSyntheticEditPairs writes scenes first_seed .. first_seed+scenes-1,
+// each with every instruction's target, and train.jsonl ({"image",
+// "instruction", "target"} rows) into `dir`; returns train.jsonl's path.
+absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
+                                                    int64_t first_seed);
 
 }  // namespace dray
 

@@ -45,6 +45,10 @@ std::string Duration(double seconds) {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
 
+// kEmbeddedScenes: the scenes of SFT's embedded task (each with every
+// synthetic edit).
+constexpr int64_t kEmbeddedScenes = 8;
+
 }  // namespace
 
 FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
@@ -76,9 +80,10 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   if (config.embedded_task()) {
     const std::string task = trainer->scratch_->path() + "/task";
     fs::create_directories(task);
-    DRAY_ASSIGN_OR_RETURN(data, WriteEmbeddedTask(task));
+    DRAY_ASSIGN_OR_RETURN(data, config.sft() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
+                                             : WriteEmbeddedTask(task));
   }
-  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data));
+  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.sft()));
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
 
   std::error_code error;
@@ -136,19 +141,45 @@ std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
   return chosen;
 }
 
-absl::StatusOr<DataProto> FlowGrpoTrainer::RolloutBatch(int64_t step) const {
+absl::StatusOr<DataProto> FlowGrpoTrainer::EditRows(int64_t step, int64_t copies) const {
   std::vector<Bytes> images;
   std::vector<std::string> instructions;
   std::vector<int64_t> seeds;
   for (size_t prompt : PromptsOf(step)) {
-    for (int64_t g = 0; g < config_.group_size; ++g) {
+    for (int64_t g = 0; g < copies; ++g) {
       images.push_back(prompts_[prompt].image);
       instructions.push_back(prompts_[prompt].instruction);
       seeds.push_back(
           static_cast<int64_t>(Seed(config_.seed, 2, step * 1000003 + seeds.size()) >> 2));
     }
   }
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
+  return MakeEditBatch(images, instructions, seeds);
+}
+
+absl::StatusOr<DataProto> FlowGrpoTrainer::SftBatch(int64_t step) const {
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
+  std::vector<Image> targets;
+  std::vector<double> draws;
+  for (size_t prompt : PromptsOf(step)) {
+    targets.push_back(EncodedImageRow(prompts_[prompt].target));
+    draws.push_back(
+        static_cast<double>(Seed(config_.seed, 6, step * 1000003 + draws.size()) >> 11) /
+        static_cast<double>(uint64_t{1} << 53));  // uniform in [0, 1)
+  }
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(targets)));
+  DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, at::tensor(draws, at::kDouble)));
+  batch.SetMeta("lr", LearningRate(step));
+  return batch;
+}
+
+double FlowGrpoTrainer::LearningRate(int64_t step) const {
+  if (config_.lr_warmup_steps == 0) return config_.lr;
+  return config_.lr * std::min(1.0, static_cast<double>(step + 1) /
+                                        static_cast<double>(config_.lr_warmup_steps));
+}
+
+absl::StatusOr<DataProto> FlowGrpoTrainer::RolloutBatch(int64_t step) const {
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, config_.group_size));
   // The SDE window: every step but the last, or a seeded window of the given size.
   const int64_t steps = config_.num_inference_steps;
   int64_t begin = 0, end = steps - 1;
@@ -201,6 +232,43 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
 }
 
 absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step) {
+  return config_.sft() ? SftStep(step) : GrpoStep(step);
+}
+
+absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::SftStep(int64_t step) {
+  std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
+  const absl::Time started = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, SftBatch(step));
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, group_->Call("sft_update", {batch}));
+  for (const DataProto& rank : updated) {
+    for (const char* key : {"loss", "grad_norm"}) {
+      DRAY_ASSIGN_OR_RETURN(double value, rank.GetMeta<double>(key));
+      metrics[key] += value / static_cast<double>(updated.size());
+    }
+  }
+  metrics["lr"] = LearningRate(step);
+  metrics["update_s"] = Seconds(started);
+  metrics["images_per_s"] = static_cast<double>(batch.size()) / Seconds(started);
+  history_.push_back(metrics);
+  DRAY_RETURN_IF_ERROR(WriteMetrics(step, metrics));
+  if (!SamplesDue(step)) return metrics;
+  // The inputs, what they should become, and what the model makes of them now.
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited, group_->Call("edit", {batch}));
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs,
+                        edited.front().GetRows<Image>(kEditedColumn));
+  std::vector<SampleRow> grid;
+  const std::vector<size_t> prompts = PromptsOf(step);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[p]));
+    grid.push_back({prompts_[prompts[p]].pixels,
+                    {prompts_[prompts[p]].target_pixels, output},
+                    {"target", "model"}});
+  }
+  DRAY_RETURN_IF_ERROR(WriteSamples(step, grid));
+  return metrics;
+}
+
+absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t step) {
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto rows, RolloutBatch(step));
@@ -239,11 +307,7 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step
                std::mt19937_64(Seed(config_.seed, 4, step)));
   train_steps.resize(std::max<int64_t>(1, std::llround(config_.timestep_fraction * window)));
   std::sort(train_steps.begin(), train_steps.end());
-  const double lr =
-      config_.lr * (config_.lr_warmup_steps > 0
-                        ? std::min(1.0, static_cast<double>(step + 1) /
-                                            static_cast<double>(config_.lr_warmup_steps))
-                        : 1.0);
+  const double lr = LearningRate(step);
   metrics["lr"] = lr;
 
   const absl::Time updating = absl::Now();
@@ -278,14 +342,17 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step
   metrics["update_s"] = Seconds(updating);
   metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
   history_.push_back(metrics);
-  DRAY_RETURN_IF_ERROR(WriteOutputs(step, metrics, rollout, rewards));
+  DRAY_RETURN_IF_ERROR(WriteMetrics(step, metrics));
+  if (SamplesDue(step)) DRAY_RETURN_IF_ERROR(WriteRolloutSamples(step, rollout, rewards));
   return metrics;
 }
 
-absl::Status FlowGrpoTrainer::WriteOutputs(int64_t step,
-                                           const std::map<std::string, double>& metrics,
-                                           const DataProto& rollout,
-                                           const std::vector<double>& rewards) {
+bool FlowGrpoTrainer::SamplesDue(int64_t step) const {
+  return step % config_.sample_every == 0 || step + 1 == config_.total_steps;
+}
+
+absl::Status FlowGrpoTrainer::WriteMetrics(int64_t step,
+                                           const std::map<std::string, double>& metrics) {
   {
     std::ofstream out(config_.save_dir + "/metrics.jsonl", std::ios::app);
     out << nlohmann::json(metrics).dump() << "\n";
@@ -293,43 +360,50 @@ absl::Status FlowGrpoTrainer::WriteOutputs(int64_t step,
       return absl::DataLossError(
           absl::StrCat("cannot append to ", config_.save_dir, "/metrics.jsonl"));
   }
-  const bool last = step + 1 == config_.total_steps;
-  if ((step + 1) % config_.log_every == 0 || last) {
-    auto series = [&](const char* key, const char* name, Rgb color) {
-      Series s{name, color, {}, {}};
-      for (const auto& m : history_) {
-        auto found = m.find(key);
-        s.x.push_back(m.at("step"));
-        s.y.push_back(found == m.end() ? NAN : found->second);
-      }
-      return s;
-    };
-    const at::Tensor curves = StackVertically(
-        {LineChart("reward", {series("reward_mean", "mean", {200, 50, 40})}, 720, 260),
-         LineChart("loss",
-                   {series("policy_loss", "policy", {40, 90, 200}),
-                    series("approx_kl", "approx_kl", {60, 160, 60})},
-                   720, 260)});
-    DRAY_RETURN_IF_ERROR(WritePngFile(config_.save_dir + "/curves.png", curves));
-  }
-  if (step % config_.sample_every == 0 || last) {
-    DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
-    std::vector<SampleRow> grid;
-    const std::vector<size_t> prompts = PromptsOf(step);
-    for (size_t p = 0; p < prompts.size(); ++p) {
-      SampleRow row{prompts_[prompts[p]].pixels, {}, {}};
-      for (int64_t g = 0; g < config_.group_size; ++g) {
-        const size_t i = p * config_.group_size + g;
-        DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
-        row.outputs.push_back(output);
-        row.captions.push_back(absl::StrFormat("%.3f", rewards[i]));
-      }
-      grid.push_back(std::move(row));
+  if ((step + 1) % config_.log_every != 0 && step + 1 != config_.total_steps)
+    return absl::OkStatus();
+  auto series = [&](const char* key, const char* name, Rgb color) {
+    Series s{name, color, {}, {}};
+    for (const auto& m : history_) {
+      auto found = m.find(key);
+      s.x.push_back(m.at("step"));
+      s.y.push_back(found == m.end() ? NAN : found->second);
     }
-    DRAY_RETURN_IF_ERROR(WritePngFile(
-        absl::StrCat(config_.save_dir, "/samples/step_", step, ".png"), SampleGrid(grid, 96)));
+    return s;
+  };
+  std::vector<at::Tensor> charts;
+  if (!config_.sft())
+    charts.push_back(LineChart("reward", {series("reward_mean", "mean", {200, 50, 40})}, 720, 260));
+  charts.push_back(config_.sft() ? LineChart("flow-matching loss",
+                                             {series("loss", "loss", {40, 90, 200})}, 720, 260)
+                                 : LineChart("loss",
+                                             {series("policy_loss", "policy", {40, 90, 200}),
+                                              series("approx_kl", "approx_kl", {60, 160, 60})},
+                                             720, 260));
+  return WritePngFile(config_.save_dir + "/curves.png", StackVertically(charts));
+}
+
+absl::Status FlowGrpoTrainer::WriteSamples(int64_t step, const std::vector<SampleRow>& grid) {
+  return WritePngFile(absl::StrCat(config_.save_dir, "/samples/step_", step, ".png"),
+                      SampleGrid(grid, 96));
+}
+
+absl::Status FlowGrpoTrainer::WriteRolloutSamples(int64_t step, const DataProto& rollout,
+                                                  const std::vector<double>& rewards) {
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+  std::vector<SampleRow> grid;
+  const std::vector<size_t> prompts = PromptsOf(step);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    SampleRow row{prompts_[prompts[p]].pixels, {}, {}};
+    for (int64_t g = 0; g < config_.group_size; ++g) {
+      const size_t i = p * config_.group_size + g;
+      DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
+      row.outputs.push_back(output);
+      row.captions.push_back(absl::StrFormat("%.3f", rewards[i]));
+    }
+    grid.push_back(std::move(row));
   }
-  return absl::OkStatus();
+  return WriteSamples(step, grid);
 }
 
 absl::Status FlowGrpoTrainer::SaveFinal() {
@@ -507,11 +581,15 @@ void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metric
   const double elapsed = Seconds(started);
   const int64_t done = static_cast<int64_t>(history_.size());
   const double eta = elapsed / std::max<int64_t>(1, done - first) * (config_.total_steps - done);
-  const std::string line = absl::StrFormat(
-      "step %d/%d  reward %.4f (std %.4f)  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
-      config_.total_steps, metrics.at("reward_mean"), metrics.at("reward_std"),
-      metrics.count("loss") ? metrics.at("loss") : NAN, metrics.at("images_per_s"),
-      Duration(elapsed), Duration(eta));
+  const std::string reward =
+      metrics.count("reward_mean")
+          ? absl::StrFormat("  reward %.4f (std %.4f)", metrics.at("reward_mean"),
+                            metrics.at("reward_std"))
+          : "";
+  const std::string line =
+      absl::StrFormat("step %d/%d%s  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
+                      config_.total_steps, reward, metrics.count("loss") ? metrics.at("loss") : NAN,
+                      metrics.at("images_per_s"), Duration(elapsed), Duration(eta));
   if (options_.progress_bar) {
     const int width = 20, filled = static_cast<int>(width * done / config_.total_steps);
     std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),

@@ -46,6 +46,7 @@
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/rl/advantages.h"
+#include "workers/train/plot.h"
 #include "workers/train/train_config.h"
 #include "workers/train/train_data.h"
 
@@ -87,6 +88,9 @@ class FlowGrpoTrainer {
   // RolloutBatch: the rows step `step` samples (its prompts, group_size
   // times each, with their seeds and SDE window).
   absl::StatusOr<DataProto> RolloutBatch(int64_t step) const;
+  // SftBatch: SFT step `step`'s rows (its prompts with their targets, seeds
+  // and noise-level draws) and learning rate.
+  absl::StatusOr<DataProto> SftBatch(int64_t step) const;
 
   const TrainConfig& config() const { return config_; }
   WorkerGroup& group() { return *group_; }
@@ -98,6 +102,11 @@ class FlowGrpoTrainer {
 
   // PromptsOf: the indices of the prompts step `step` draws.
   std::vector<size_t> PromptsOf(int64_t step) const;
+  // EditRows: step `step`'s prompts, `copies` times each, with their seeds.
+  absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies) const;
+  double LearningRate(int64_t step) const;
+  absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
+  absl::StatusOr<std::map<std::string, double>> SftStep(int64_t step);
   // Rewards scores step `step`'s samples (each function's mean into `metrics`).
   absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
                                               const DataProto& rows,
@@ -116,9 +125,13 @@ class FlowGrpoTrainer {
   absl::Status RestartWorkers(const absl::Status& cause);
   void ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
                       absl::Time started) const;
-  // WriteOutputs appends to metrics.jsonl and redraws curves.png and samples.
-  absl::Status WriteOutputs(int64_t step, const std::map<std::string, double>& metrics,
-                            const DataProto& rollout, const std::vector<double>& rewards);
+  // WriteMetrics appends to metrics.jsonl and redraws curves.png (every log_every steps).
+  absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& metrics);
+  // SamplesDue: whether step `step` writes samples/step_N.png.
+  bool SamplesDue(int64_t step) const;
+  absl::Status WriteSamples(int64_t step, const std::vector<SampleRow>& grid);
+  absl::Status WriteRolloutSamples(int64_t step, const DataProto& rollout,
+                                   const std::vector<double>& rewards);
   absl::Status SaveFinal();
 
   TrainConfig config_;

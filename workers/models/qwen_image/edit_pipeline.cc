@@ -250,9 +250,7 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
   }
 
   const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
-  DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
-                        model_.vae->Encode(ToPixels(resized, model_options)));
-  DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, PackLatents(model_.vae->Normalize(encoded.mean)));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, EncodeImages(resized));
   prepared.image_latents = per_row(image_latents);
 
   // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
@@ -268,6 +266,15 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
       rows.size(), SampleImages{{1, latent_h / 2, latent_w / 2},
                                 {1, condition_height / scale / 2, condition_width / scale / 2}});
   return prepared;
+}
+
+absl::StatusOr<at::Tensor> QwenImageEditPipeline::EncodeImages(
+    const std::vector<at::Tensor>& images) {
+  torch::NoGradGuard no_grad;
+  const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
+  DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
+                        model_.vae->Encode(ToPixels(images, model_options)));
+  return PackLatents(model_.vae->Normalize(encoded.mean));
 }
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::Tensor& latents,

@@ -129,6 +129,11 @@ class QwenImageEditPipeline {
   // latent tokens, as the edit loop runs it.
   absl::StatusOr<FlowMatchEulerScheduler> Scheduler(int64_t image_seq_len, int steps) const;
 
+  // EncodeImages turns uint8 [H, W, 3] images of one size into packed,
+  // normalized latents [B, S, C] (the VAE's mean): what Decode turns back
+  // into them. Without gradients.
+  absl::StatusOr<at::Tensor> EncodeImages(const std::vector<at::Tensor>& images);
+
   // Decode turns packed latents into uint8 [height, width, 3] images.
   absl::StatusOr<std::vector<at::Tensor>> Decode(const at::Tensor& latents, int64_t height,
                                                  int64_t width);
