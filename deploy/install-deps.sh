@@ -22,8 +22,8 @@ packages=(
   libicu-dev
   # Command line and JSON (configs, safetensors headers).
   libcli11-dev nlohmann-json3-dev
-  # The Python client example and its test.
-  python3 python3-grpcio python3-protobuf
+  # The Python client and reward-server examples and their tests (TLS: openssl).
+  python3 python3-grpcio python3-protobuf python3-numpy openssl
 )
 
 missing=()

@@ -53,3 +53,21 @@ def dray_cc_proto_library(name, srcs, deps = [], proto_deps = [], grpc = False, 
         deps = deps + ["//third_party:protobuf"] + (["//third_party:grpc"] if grpc else []),
         visibility = visibility,
     )
+
+def dray_py_grpc_library(name, src, visibility = None):
+    """Generates Python messages and gRPC stubs (`<file>_pb2.py`, `<file>_pb2_grpc.py`) for `src`.
+
+    Args:
+      name: the genrule to create.
+      src: one .proto file below this package (its imports are not followed).
+      visibility: of the generated files.
+    """
+    stem = _strip(src)
+    native.genrule(
+        name = name,
+        srcs = [src],
+        outs = [stem + "_pb2.py", stem + "_pb2_grpc.py"],
+        cmd = ("/usr/bin/protoc -Iproto --python_out=$(RULEDIR) --grpc_python_out=$(RULEDIR) " +
+               "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin $(location %s)") % src,
+        visibility = visibility,
+    )

@@ -100,6 +100,16 @@ std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+std::shared_ptr<grpc::Channel> CreateExternalChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  KeepGrpcInitialized();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  return grpc::CreateCustomChannel(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
+}
+
 void ConfigureDrayServer(grpc::ServerBuilder* builder) {
   builder->SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder->SetMaxSendMessageSize(kMaxMessageBytes);

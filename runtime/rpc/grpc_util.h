@@ -15,6 +15,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/security/credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/status.h>
 
@@ -38,9 +39,16 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
 // anyway) and keepalive pings so a vanished peer is noticed within seconds.
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);
 
+// CreateExternalChannel opens a channel to a service dray does not run (a
+// reward scorer), plaintext or with `credentials` (TLS): the same message
+// limits, but no keepalive pings, which other servers refuse as abuse.
+std::shared_ptr<grpc::Channel> CreateExternalChannel(
+    const std::string& address, std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr);
+
 // ConfigureDrayServer applies the same limits and keepalive to a server.
-// It, ConfigureKeepalive and CreateDrayChannel keep gRPC initialized for the
-// rest of the process, so that it never shuts down and restarts in between.
+// It, ConfigureKeepalive and the channel factories keep gRPC initialized
+// for the rest of the process, so that it never shuts down and restarts in
+// between.
 void ConfigureDrayServer(grpc::ServerBuilder* builder);
 
 // ConfigureKeepalive makes a server ping its clients as dray's channels do

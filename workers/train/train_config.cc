@@ -1,5 +1,8 @@
 #include "workers/train/train_config.h"
 
+#include <cmath>
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
@@ -8,6 +11,54 @@
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_step.h"
 #include "workers/train/rewards.h"
+
+namespace YAML {
+
+// A worker.reward.remote entry as YAML: a mapping with name and address
+// and any of the other fields; anything else does not convert.
+template <>
+struct convert<dray::RemoteRewardConfig> {
+  static Node encode(const dray::RemoteRewardConfig& c) {
+    Node node(NodeType::Map);
+    node["name"] = c.name;
+    node["address"] = c.address;
+    node["weight"] = c.weight;
+    node["timeout_ms"] = c.timeout_ms;
+    node["max_batch"] = c.max_batch;
+    node["max_retries"] = c.max_retries;
+    node["tls_ca"] = c.tls_ca;
+    node["token_env"] = c.token_env;
+    return node;
+  }
+  static bool decode(const Node& node, dray::RemoteRewardConfig& c) {
+    if (!node.IsMap() || !node["name"] || !node["address"]) return false;
+    for (const auto& field : node) {
+      const std::string key = field.first.as<std::string>();
+      const Node& value = field.second;
+      if (key == "name")
+        c.name = value.as<std::string>();
+      else if (key == "address")
+        c.address = value.as<std::string>();
+      else if (key == "weight")
+        c.weight = value.as<double>();
+      else if (key == "timeout_ms")
+        c.timeout_ms = value.as<int64_t>();
+      else if (key == "max_batch")
+        c.max_batch = value.as<int64_t>();
+      else if (key == "max_retries")
+        c.max_retries = value.as<int64_t>();
+      else if (key == "tls_ca")
+        c.tls_ca = value.as<std::string>();
+      else if (key == "token_env")
+        c.token_env = value.as<std::string>();
+      else
+        return false;
+    }
+    return true;
+  }
+};
+
+}  // namespace YAML
 
 namespace dray {
 namespace {
@@ -45,6 +96,9 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("worker.rollout.resolution", c.resolution, "an integer"),
            Key("worker.reward.functions", c.reward_functions, "a list of names"),
            Key("worker.reward.weights", c.reward_weights, "a list of numbers"),
+           Key("worker.reward.remote", c.remote_rewards,
+               "a list of {name, address, weight, timeout_ms, max_batch, max_retries, tls_ca, "
+               "token_env} (name and address required)"),
            Key("trainer.total_steps", c.total_steps, "an integer"),
            Key("trainer.save_dir", c.save_dir, "a path"),
            Key("trainer.seed", c.seed, "an integer"),
@@ -126,7 +180,19 @@ absl::Status TrainConfig::Validate() const {
     return bad("worker.actor.lora_target_modules", "must name at least one module");
   if (resolution < 16 || resolution % 16 != 0)
     return bad("worker.rollout.resolution", "must be a multiple of 16, at least 16");
-  if (reward_functions.empty()) return bad("worker.reward.functions", "must name at least one");
+  if (reward_functions.empty() && remote_rewards.empty() && !sft())
+    return bad("worker.reward.functions", "must name at least one (or a remote scorer)");
+  std::set<std::string> names(reward_functions.begin(), reward_functions.end());
+  for (const RemoteRewardConfig& remote : remote_rewards) {
+    const std::string where = absl::StrCat("worker.reward.remote '", remote.name, "'");
+    if (remote.name.empty() || !names.insert(remote.name).second)
+      return bad("worker.reward.remote", "names must be unique and not a function's");
+    if (remote.address.empty()) return bad(where.c_str(), "needs an address (host:port)");
+    if (!std::isfinite(remote.weight)) return bad(where.c_str(), "weight must be a number");
+    if (remote.timeout_ms < 1) return bad(where.c_str(), "timeout_ms must be at least 1");
+    if (remote.max_batch < 1) return bad(where.c_str(), "max_batch must be at least 1");
+    if (remote.max_retries < 0) return bad(where.c_str(), "max_retries must be >= 0");
+  }
   for (const std::string& name : reward_functions) {
     if (!FindRewardFunction(name).ok())
       return bad("worker.reward.functions",

@@ -11,7 +11,9 @@
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
 //   worker.rollout: num_inference_steps, resolution
-//   worker.reward:  functions, weights
+//   worker.reward:  functions, weights, remote (scorers over gRPC:
+//                   [{name, address, weight, timeout_ms, max_batch, max_retries,
+//                     tls_ca, token_env}])
 //   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan,
 //              save_every, keep_last, resume, max_restarts
 //
@@ -34,6 +36,25 @@
 #include "workers/edit/edit_config.h"
 
 namespace dray {
+
+// RemoteRewardConfig: one scorer of worker.reward.remote, a
+// dray.v1.RewardService (proto/dray/v1/reward.proto) at `address`.
+struct RemoteRewardConfig {
+  std::string name;     // logged as reward/<name>
+  std::string address;  // host:port
+  double weight = 1.0;
+  int64_t timeout_ms = 60000;  // each call's deadline
+  int64_t max_batch = 32;      // rows per call
+  int64_t max_retries = 2;     // more attempts of a failed call
+  std::string tls_ca;          // a PEM CA bundle: call over TLS (empty: plaintext)
+  std::string token_env;       // an environment variable holding a bearer token
+
+  friend bool operator==(const RemoteRewardConfig& a, const RemoteRewardConfig& b) {
+    return a.name == b.name && a.address == b.address && a.weight == b.weight &&
+           a.timeout_ms == b.timeout_ms && a.max_batch == b.max_batch &&
+           a.max_retries == b.max_retries && a.tls_ca == b.tls_ca && a.token_env == b.token_env;
+  }
+};
 
 struct TrainConfig {
   // data.*
@@ -88,6 +109,7 @@ struct TrainConfig {
   // worker.reward.*
   std::vector<std::string> reward_functions = {"color"};  // workers/train/rewards.h
   std::vector<double> reward_weights = {1.0};
+  std::vector<RemoteRewardConfig> remote_rewards;  // worker.reward.remote
 
   // trainer.*
   int64_t total_steps = 100;

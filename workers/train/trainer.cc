@@ -22,6 +22,7 @@
 #include "workers/models/qwen_image/model.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/plot.h"
+#include "workers/train/remote_reward.h"
 #include "workers/train/rewards.h"
 
 namespace dray {
@@ -85,6 +86,9 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   }
   DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.sft()));
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
+  if (!config.remote_rewards.empty()) {
+    DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
+  }
 
   std::error_code error;
   fs::create_directories(fs::path(config.save_dir) / "samples", error);
@@ -204,29 +208,49 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
   std::vector<size_t> prompt_of;
   for (size_t prompt : PromptsOf(step))
     prompt_of.insert(prompt_of.end(), config_.group_size, prompt);
-  std::vector<at::Tensor> images;
-  for (const Image& output : *outputs) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow(output));
-    images.push_back(std::move(pixels));
+  std::vector<RewardInput> samples;
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow((*outputs)[i]));
+    const TrainPrompt& prompt = prompts_[prompt_of[i]];
+    samples.push_back({std::move(pixels), prompt.pixels, (*instructions)[i], prompt.fields});
   }
-  std::vector<double> total(outputs->size(), 0.0);
+  // The remote scorers work while the built-in functions run here.
+  std::future<absl::StatusOr<std::vector<RemoteScores>>> remote;
+  if (remote_scorers_ != nullptr) remote = remote_scorers_->Score(samples);
+  const double n = static_cast<double>(samples.size());
+  std::vector<double> total(samples.size(), 0.0);
   for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
     const std::string& name = config_.reward_functions[f];
     DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(name));
     double sum = 0;
-    for (size_t i = 0; i < images.size(); ++i) {
-      const TrainPrompt& prompt = prompts_[prompt_of[i]];
-      absl::StatusOr<double> value =
-          reward({images[i], prompt.pixels, (*instructions)[i], prompt.fields});
+    for (size_t i = 0; i < samples.size(); ++i) {
+      absl::StatusOr<double> value = reward(samples[i]);
       if (!value.ok()) {
-        return absl::Status(value.status().code(),
-                            absl::StrCat("reward ", name, ", sample ", i, " (", prompt.image_path,
-                                         "): ", value.status().message()));
+        return absl::Status(
+            value.status().code(),
+            absl::StrCat("reward ", name, ", sample ", i, " (", prompts_[prompt_of[i]].image_path,
+                         "): ", value.status().message()));
       }
       total[i] += config_.reward_weights[f] * *value;
       sum += *value;
     }
-    metrics["reward/" + name] = sum / static_cast<double>(images.size());
+    metrics["reward/" + name] = sum / n;
+  }
+  if (!remote.valid()) return total;
+  DRAY_ASSIGN_OR_RETURN(std::vector<RemoteScores> scored, remote.get());
+  for (size_t r = 0; r < scored.size(); ++r) {
+    const RemoteRewardConfig& scorer = config_.remote_rewards[r];
+    double sum = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      total[i] += scorer.weight * scored[r].scores[i];
+      sum += scored[r].scores[i];
+    }
+    metrics["reward/" + scorer.name] = sum / n;
+    for (const auto& [part, values] : scored[r].components) {
+      double part_sum = 0;
+      for (double value : values) part_sum += value;
+      metrics[absl::StrCat("reward/", scorer.name, "/", part)] = part_sum / n;
+    }
   }
   return total;
 }

@@ -4,7 +4,8 @@
 //
 //   rollout    prompts_per_step prompts x group_size samples, drawn with the
 //              SDE sampler on the workers (DP_COMPUTE_PROTO)
-//   reward     every configured reward function on each sample (here)
+//   reward     every configured reward function on each sample (here), and
+//              every remote scorer (workers/train/remote_reward.h) meanwhile
 //   advantage  the registered estimator over each prompt's group (here)
 //   update     num_inner_epochs optimizer steps on the workers (sharded
 //              backward, clipping, AdamW), on a random timestep_fraction
@@ -47,6 +48,7 @@
 #include "runtime/controller/worker_group.h"
 #include "workers/rl/advantages.h"
 #include "workers/train/plot.h"
+#include "workers/train/remote_reward.h"
 #include "workers/train/train_config.h"
 #include "workers/train/train_data.h"
 
@@ -140,6 +142,7 @@ class FlowGrpoTrainer {
   std::string model_path_;             // what the workers load
   std::vector<TrainPrompt> prompts_;
   rl::AdvantageEstimator advantages_;
+  std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
   std::shared_ptr<WorkerGroup> group_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   int restarts_ = 0;
