@@ -31,6 +31,7 @@
 #include "workers/models/qwen_image/model.h"
 #include "workers/parity/parity.h"
 #include "workers/train/flow_grpo_worker.h"
+#include "workers/train/reward_worker.h"
 
 namespace dray {
 namespace {
@@ -47,6 +48,7 @@ WorkerClassRegistry WorkerClasses() {
   RegisterBenchWorkers(&classes);
   classes.Add<QwenImageEditWorker>(kImageEditRole);
   classes.Add<FlowGrpoWorker>(kFlowGrpoRole);
+  classes.Add<RewardWorker>(kRewardRole);
   return classes;
 }
 

@@ -96,6 +96,8 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("worker.rollout.resolution", c.resolution, "an integer"),
            Key("worker.reward.functions", c.reward_functions, "a list of names"),
            Key("worker.reward.weights", c.reward_weights, "a list of numbers"),
+           Key("worker.reward.placement", c.reward_placement, "controller, colocated or separate"),
+           Key("worker.reward.num_workers", c.reward_workers, "an integer"),
            Key("worker.reward.remote", c.remote_rewards,
                "a list of {name, address, weight, timeout_ms, max_batch, max_retries, tls_ca, "
                "token_env} (name and address required)"),
@@ -182,6 +184,10 @@ absl::Status TrainConfig::Validate() const {
     return bad("worker.rollout.resolution", "must be a multiple of 16, at least 16");
   if (reward_functions.empty() && remote_rewards.empty() && !sft())
     return bad("worker.reward.functions", "must name at least one (or a remote scorer)");
+  if (reward_placement != "controller" && reward_placement != "colocated" &&
+      reward_placement != "separate")
+    return bad("worker.reward.placement", "must be controller, colocated or separate");
+  if (reward_workers < 1) return bad("worker.reward.num_workers", "must be at least 1");
   std::set<std::string> names(reward_functions.begin(), reward_functions.end());
   for (const RemoteRewardConfig& remote : remote_rewards) {
     const std::string where = absl::StrCat("worker.reward.remote '", remote.name, "'");

@@ -11,7 +11,7 @@
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
 //   worker.rollout: num_inference_steps, resolution
-//   worker.reward:  functions, weights, remote (scorers over gRPC:
+//   worker.reward:  functions, weights, placement, num_workers, remote (scorers over gRPC:
 //                   [{name, address, weight, timeout_ms, max_batch, max_retries,
 //                     tls_ca, token_env}])
 //   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan,
@@ -110,6 +110,10 @@ struct TrainConfig {
   std::vector<std::string> reward_functions = {"color"};  // workers/train/rewards.h
   std::vector<double> reward_weights = {1.0};
   std::vector<RemoteRewardConfig> remote_rewards;  // worker.reward.remote
+  // Where the functions run: "controller", "colocated" (the reward role in
+  // the model's worker processes) or "separate" (reward_workers processes).
+  std::string reward_placement = "controller";
+  int64_t reward_workers = 1;
 
   // trainer.*
   int64_t total_steps = 100;

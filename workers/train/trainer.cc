@@ -23,6 +23,7 @@
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/plot.h"
 #include "workers/train/remote_reward.h"
+#include "workers/train/reward_worker.h"
 #include "workers/train/rewards.h"
 
 namespace dray {
@@ -56,7 +57,9 @@ FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
     : config_(std::move(config)), options_(std::move(options)) {}
 
 FlowGrpoTrainer::~FlowGrpoTrainer() {
-  if (group_ != nullptr) group_->Shutdown();
+  for (const auto& group : {group_, reward_group_}) {
+    if (group != nullptr) group->Shutdown();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainConfig config,
@@ -109,15 +112,24 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
 }
 
 absl::Status FlowGrpoTrainer::StartWorkers() {
-  if (group_ != nullptr) group_->Shutdown();
-  group_.reset();
+  for (std::shared_ptr<WorkerGroup>* group : {&group_, &reward_group_}) {
+    if (*group != nullptr) (*group)->Shutdown();
+    group->reset();
+  }
   WorkerGroupOptions group_options;
   group_options.command = options_.worker_command;
   group_options.roles = {kFlowGrpoRole};
+  if (config_.reward_placement == "colocated") group_options.roles.push_back(kRewardRole);
   group_options.env = options_.env;
   group_options.call_timeout = options_.call_timeout;
   group_options.stall_timeout = absl::Minutes(1);
   DRAY_ASSIGN_OR_RETURN(group_, WorkerGroup::Create({1, options_.workers}, group_options));
+  if (config_.reward_placement == "separate") {
+    group_options.roles = {kRewardRole};
+    DRAY_ASSIGN_OR_RETURN(
+        reward_group_,
+        WorkerGroup::Create({1, static_cast<int>(config_.reward_workers)}, group_options));
+  }
   TrainConfig worker_config = config_;
   worker_config.model.model_path = model_path_;
   DRAY_ASSIGN_OR_RETURN(DataProto init,
@@ -219,22 +231,12 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
   if (remote_scorers_ != nullptr) remote = remote_scorers_->Score(samples);
   const double n = static_cast<double>(samples.size());
   std::vector<double> total(samples.size(), 0.0);
+  DRAY_ASSIGN_OR_RETURN(at::Tensor scores, FunctionScores(step, samples, rollout, rows));
   for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
-    const std::string& name = config_.reward_functions[f];
-    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(name));
-    double sum = 0;
-    for (size_t i = 0; i < samples.size(); ++i) {
-      absl::StatusOr<double> value = reward(samples[i]);
-      if (!value.ok()) {
-        return absl::Status(
-            value.status().code(),
-            absl::StrCat("reward ", name, ", sample ", i, " (", prompts_[prompt_of[i]].image_path,
-                         "): ", value.status().message()));
-      }
-      total[i] += config_.reward_weights[f] * *value;
-      sum += *value;
-    }
-    metrics["reward/" + name] = sum / n;
+    const at::Tensor column = scores.select(1, static_cast<int64_t>(f));
+    for (size_t i = 0; i < samples.size(); ++i)
+      total[i] += config_.reward_weights[f] * column[i].item<double>();
+    metrics["reward/" + config_.reward_functions[f]] = column.mean().item<double>();
   }
   if (!remote.valid()) return total;
   DRAY_ASSIGN_OR_RETURN(std::vector<RemoteScores> scored, remote.get());
@@ -253,6 +255,47 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
     }
   }
   return total;
+}
+
+absl::StatusOr<at::Tensor> FlowGrpoTrainer::FunctionScores(int64_t step,
+                                                           const std::vector<RewardInput>& samples,
+                                                           const DataProto& rollout,
+                                                           const DataProto& rows) const {
+  const std::vector<std::string>& names = config_.reward_functions;
+  if (config_.reward_placement != "controller") {
+    DRAY_ASSIGN_OR_RETURN(DataProto batch,
+                          rows.Select({{},
+                                       std::vector<std::string>{kImagesColumn, kInstructionsColumn},
+                                       std::vector<std::string>{}}));
+    DRAY_ASSIGN_OR_RETURN(DataProto edited, rollout.Select({std::vector<std::string>{},
+                                                            std::vector<std::string>{kEditedColumn},
+                                                            std::vector<std::string>{}}));
+    DRAY_ASSIGN_OR_RETURN(batch, batch.Union(edited));
+    std::vector<Json> fields;
+    for (const RewardInput& sample : samples) fields.push_back({sample.fields.dump()});
+    DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRewardFieldsColumn, std::move(fields)));
+    batch.SetMeta("functions", Json{nlohmann::json(names).dump()});
+    WorkerGroup& scorers = reward_group_ != nullptr ? *reward_group_ : *group_;
+    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> scored, scorers.Call("compute_reward", {batch}));
+    return scored.front().GetTensor(kRewardScoresColumn);
+  }
+  at::Tensor scores = at::empty(
+      {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
+  const std::vector<size_t> prompts = PromptsOf(step);
+  for (size_t f = 0; f < names.size(); ++f) {
+    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(names[f]));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      absl::StatusOr<double> value = reward(samples[i]);
+      if (!value.ok()) {
+        return absl::Status(value.status().code(),
+                            absl::StrCat("reward ", names[f], ", sample ", i, " (",
+                                         prompts_[prompts[i / config_.group_size]].image_path,
+                                         "): ", value.status().message()));
+      }
+      scores[i][f] = *value;
+    }
+  }
+  return scores;
 }
 
 absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step) {
@@ -587,7 +630,8 @@ absl::Status FlowGrpoTrainer::Run() {
       if (!saved.ok()) metrics = saved;
     }
     if (!metrics.ok()) {
-      const absl::Status health = group_->Health();
+      absl::Status health = group_->Health();
+      if (health.ok() && reward_group_ != nullptr) health = reward_group_->Health();
       if (!health.ok() && restarts_ < config_.max_restarts) {
         DRAY_RETURN_IF_ERROR(RestartWorkers(health));
         continue;

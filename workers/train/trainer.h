@@ -4,8 +4,9 @@
 //
 //   rollout    prompts_per_step prompts x group_size samples, drawn with the
 //              SDE sampler on the workers (DP_COMPUTE_PROTO)
-//   reward     every configured reward function on each sample (here), and
-//              every remote scorer (workers/train/remote_reward.h) meanwhile
+//   reward     every configured reward function on each sample (here, or in
+//              reward workers: workers/train/reward_worker.h), and every
+//              remote scorer (workers/train/remote_reward.h) meanwhile
 //   advantage  the registered estimator over each prompt's group (here)
 //   update     num_inner_epochs optimizer steps on the workers (sharded
 //              backward, clipping, AdamW), on a random timestep_fraction
@@ -49,6 +50,7 @@
 #include "workers/rl/advantages.h"
 #include "workers/train/plot.h"
 #include "workers/train/remote_reward.h"
+#include "workers/train/rewards.h"
 #include "workers/train/train_config.h"
 #include "workers/train/train_data.h"
 
@@ -110,6 +112,10 @@ class FlowGrpoTrainer {
   absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
   absl::StatusOr<std::map<std::string, double>> SftStep(int64_t step);
   // Rewards scores step `step`'s samples (each function's mean into `metrics`).
+  // FunctionScores: each built-in function's score of each sample [B, F],
+  // where worker.reward.placement runs them.
+  absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const std::vector<RewardInput>& samples,
+                                            const DataProto& rollout, const DataProto& rows) const;
   absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
                                               const DataProto& rows,
                                               std::map<std::string, double>& metrics) const;
@@ -144,6 +150,7 @@ class FlowGrpoTrainer {
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
   std::shared_ptr<WorkerGroup> group_;
+  std::shared_ptr<WorkerGroup> reward_group_;           // worker.reward.placement: separate
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   int restarts_ = 0;
 };
