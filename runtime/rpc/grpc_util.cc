@@ -9,8 +9,11 @@
 
 #include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/server_interceptor.h>
 
@@ -35,6 +38,23 @@ constexpr int kKeepaliveTimeoutMs = 2000;  // and give up 2 s after an unanswere
 void KeepGrpcInitialized() {
   static const bool initialized = (grpc_init(), true);
   (void)initialized;
+}
+
+// KeepCallbackQueue keeps gRPC's callback completion queue for the rest of
+// the process. Servers with callback methods (the health service's Watch)
+// share that queue: the first such server creates it, the last one's
+// destruction shuts it down and joins its threads, and a server started
+// meanwhile races that shutdown (gRPC 1.51 aborts with "prior > 0" in
+// grpc_cq_internal_unref). A server that never goes, listening nowhere,
+// holds the queue, so that it is made once.
+void KeepCallbackQueue() {
+  static grpc::Server* const keeper = [] {
+    static grpc::CallbackGenericService unused;  // answers nothing: there is no port
+    grpc::ServerBuilder builder;
+    builder.RegisterCallbackGenericService(&unused);
+    return builder.BuildAndStart().release();
+  }();
+  (void)keeper;
 }
 
 class UnparsableRequestInterceptor final : public grpc::experimental::Interceptor {
@@ -118,6 +138,7 @@ void ConfigureDrayServer(grpc::ServerBuilder* builder) {
 
 void ConfigureKeepalive(grpc::ServerBuilder* builder) {
   KeepGrpcInitialized();
+  KeepCallbackQueue();
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);

@@ -48,7 +48,9 @@ std::shared_ptr<grpc::Channel> CreateExternalChannel(
 // ConfigureDrayServer applies the same limits and keepalive to a server.
 // It, ConfigureKeepalive and the channel factories keep gRPC initialized
 // for the rest of the process, so that it never shuts down and restarts in
-// between.
+// between; the server configurations also keep gRPC's callback completion
+// queue, shared by servers with callback methods (health), which gRPC 1.51
+// cannot shut down and make again safely.
 void ConfigureDrayServer(grpc::ServerBuilder* builder);
 
 // ConfigureKeepalive makes a server ping its clients as dray's channels do
