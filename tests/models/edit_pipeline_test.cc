@@ -301,6 +301,38 @@ TEST(EditPipelineTest, RowsDoNotDependOnTheirBatch) {
   }
 }
 
+// A ConditionCache holds each distinct row's encodings: preparing the same
+// rows again (in any grouping) encodes nothing and gives what the first
+// preparation gave; other options start the cache afresh.
+TEST(EditPipelineTest, ACachedConditionIsEncodedOnce) {
+  QwenImageEditPipeline pipeline(TinyModel());
+  const std::vector<EditInput> rows = {{RandomImage(64, 64, 9), "add snow", 1},
+                                       {RandomImage(64, 64, 10), "a longer instruction", 2},
+                                       {RandomImage(64, 64, 9), "add snow", 3}};
+  EditOptions options = FastOptions();
+  options.negative_prompt = " ";
+  ConditionCache cache;
+  DRAY_ASSERT_OK_AND_ASSIGN(PreparedEdit all,
+                            pipeline.Prepare({&rows[0], &rows[1], &rows[2]}, options, &cache));
+  EXPECT_EQ(cache.size(), 2u);
+  DRAY_ASSERT_OK_AND_ASSIGN(PreparedEdit uncached,
+                            pipeline.Prepare({&rows[0], &rows[1], &rows[2]}, options));
+  EXPECT_TRUE(at::equal(all.prompt.embeds, uncached.prompt.embeds));
+  EXPECT_TRUE(at::equal(all.negative->embeds, uncached.negative->embeds));
+  EXPECT_TRUE(at::equal(all.image_latents, uncached.image_latents));
+  // The last row alone, from the cache: the first row's encodings, unpadded.
+  DRAY_ASSERT_OK_AND_ASSIGN(PreparedEdit last, pipeline.Prepare({&rows[2]}, options, &cache));
+  EXPECT_EQ(cache.size(), 2u);
+  const int64_t tokens = all.prompt.mask[0].sum().item<int64_t>();
+  EXPECT_EQ(last.prompt.embeds.size(1), tokens);
+  EXPECT_TRUE(at::equal(last.prompt.embeds[0], all.prompt.embeds[0].narrow(0, 0, tokens)));
+  EXPECT_TRUE(at::equal(last.image_latents[0], all.image_latents[0]));
+  EXPECT_FALSE(at::equal(last.noise[0], all.noise[0])) << "noise follows each row's seed";
+  options.negative_prompt.reset();
+  DRAY_ASSERT_OK(pipeline.Prepare({&rows[1]}, options, &cache).status());
+  EXPECT_EQ(cache.size(), 1u);
+}
+
 TEST(EditPipelineTest, BadInputIsAnErrorNamingTheRow) {
   QwenImageEditPipeline pipeline(TinyModel());
   EXPECT_THAT(

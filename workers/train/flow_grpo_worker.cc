@@ -84,6 +84,9 @@ struct FlowGrpoWorker::State {
   rl::SdeSamplerOptions sampler;
   rl::PolicyLoss loss;
   qwen_image::EditOptions options;  // the rollout's: steps, resolution, guidance
+  // The current step's prompt and image encodings on this rank: made by
+  // rollout, reused by compute_log_prob and update_actor.
+  qwen_image::ConditionCache conditions;
 
   qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
 
@@ -214,12 +217,15 @@ struct FlowGrpoWorker::State {
     return grad_norm;
   }
 
+  // Prepare encodes a micro-batch's conditions, reusing those this rank's
+  // rollout encoded; with `options`, into `cache` (none: nullptr).
   absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro) {
-    return Prepare(micro, options);
+    return Prepare(micro, options, &conditions);
   }
 
   absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro,
-                                                   const qwen_image::EditOptions& options) {
+                                                   const qwen_image::EditOptions& options,
+                                                   qwen_image::ConditionCache* cache) {
     std::vector<const qwen_image::EditInput*> rows;
     for (const qwen_image::EditInput& input : micro.inputs) rows.push_back(&input);
     DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options));
@@ -227,7 +233,7 @@ struct FlowGrpoWorker::State {
       return absl::InvalidArgumentError(
           "a training batch's input images must share one size (sharded ranks run in step)");
     }
-    return pipeline().Prepare(rows, options);
+    return pipeline().Prepare(rows, options, cache);
   }
 };
 
@@ -296,6 +302,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   rl::SdeSamplerOptions sampler = state_->sampler;
   sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  state_->conditions.Clear();  // a new step's prompts
   const int64_t steps = state_->options.num_inference_steps;
   const int64_t total = steps * static_cast<int64_t>(micro_batches.size());
   std::vector<rl::Trajectory> trajectories;
@@ -451,7 +458,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
     if (micro.targets.empty())
       return absl::InvalidArgumentError(absl::StrCat("sft_update needs a ", kTargetsColumn,
                                                      " and a ", kSigmaDrawsColumn, " column"));
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro, conditional));
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
+                          state_->Prepare(micro, conditional, /*cache=*/nullptr));
     DRAY_ASSIGN_OR_RETURN(at::Tensor target_latents,
                           SftTargetLatents(state_->pipeline(), micro.targets, prepared));
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler schedule,

@@ -384,10 +384,14 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
   batch.SetMeta("lr", lr);
   std::map<std::string, double> update_sums;
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
+    // Shuffled within each rank's share, as flow_grpo shuffles within each
+    // process: a row stays where it was sampled, whose encodings it reuses.
     std::vector<int64_t> order(batch.size());
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(),
-                 std::mt19937_64(Seed(config_.seed, 5, step * 1000 + epoch)));
+    std::mt19937_64 random(Seed(config_.seed, 5, step * 1000 + epoch));
+    const int64_t share = batch.size() / group_->world_size();
+    for (int64_t begin = 0; begin < batch.size(); begin += share)
+      std::shuffle(order.begin() + begin, order.begin() + begin + share, random);
     DRAY_ASSIGN_OR_RETURN(DataProto shuffled, batch.Reorder(order));
     absl::StatusOr<std::vector<DataProto>> updated = group_->Call("update_actor", {shuffled});
     if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {

@@ -23,10 +23,11 @@
 //   DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, options));
 //   DRAY_RETURN_IF_ERROR(trainer->Run());
 //
-// Seeds, windows, timesteps, prompts and row order come from trainer.seed
-// and the step alone, so the result does not depend on the number of
-// workers (rows_per_step must divide by it), and a checkpoint's step count
-// is all the random and data position a resumed run needs. A loss that is not finite stops the
+// Seeds, windows, timesteps, prompts and row shuffles come from
+// trainer.seed and the step alone, so the result does not depend on the
+// number of workers (rows_per_step must divide by it) beyond the order of
+// sums, and a checkpoint's step count is all the random and data position
+// a resumed run needs. A loss that is not finite stops the
 // run naming the step, or with on_nan: skip skips that step's update.
 //
 // Thread-safety: not thread-safe.

@@ -56,6 +56,22 @@ absl::Status CheckImage(const at::Tensor& image, size_t row) {
   return absl::OkStatus();
 }
 
+// PadPrompts stacks prompts of different lengths ([tokens, hidden] each)
+// into a batch, zero past each one's end, with its mask.
+PromptEmbeddings PadPrompts(const std::vector<at::Tensor>& prompts) {
+  int64_t longest = 0;
+  for (const at::Tensor& prompt : prompts) longest = std::max(longest, prompt.size(0));
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  PromptEmbeddings out{at::zeros({batch, longest, prompts[0].size(1)}, prompts[0].options()),
+                       at::zeros({batch, longest}, at::kLong)};
+  for (int64_t b = 0; b < batch; ++b) {
+    out.embeds[b].narrow(0, 0, prompts[b].size(0)).copy_(prompts[b]);
+    out.mask[b].narrow(0, 0, prompts[b].size(0)).fill_(1);
+  }
+  out.mask = out.mask.to(prompts[0].device());
+  return out;
+}
+
 // ToPixels maps uint8 [B, H, W, 3] images to the VAE's input [B, 3, 1, H, W] in [-1, 1].
 at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options) {
   const at::Tensor unit = at::stack(images).permute({0, 3, 1, 2}).to(at::kFloat) / 255.0;
@@ -130,18 +146,12 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   DRAY_ASSIGN_OR_RETURN(at::Tensor hidden,
                         model_.text_encoder->forward(ids, mask, at::cat(patches), grids));
   // Each prompt's own tokens after the template's system turn, right-padded with zeros.
-  const int64_t kept = longest - dropped_tokens_;
-  PromptEmbeddings out{at::zeros({batch, kept, hidden.size(2)}, hidden.options()),
-                       at::zeros({batch, kept}, at::kLong)};
+  std::vector<at::Tensor> kept;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t length = static_cast<int64_t>(prompts[b].size()) - dropped_tokens_;
-    out.embeds[b].narrow(0, 0, length).copy_(hidden[b].narrow(0, dropped_tokens_, length));
-    out.mask[b].narrow(0, 0, length).fill_(1);
+    kept.push_back(hidden[b].narrow(0, dropped_tokens_, length));
   }
-  const int64_t longest_kept = out.mask.sum(1).max().item<int64_t>();
-  out.embeds = out.embeds.narrow(1, 0, longest_kept);
-  out.mask = out.mask.narrow(1, 0, longest_kept).to(hidden.device());
-  return out;
+  return PadPrompts(kept);
 }
 
 std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer,
@@ -199,7 +209,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
 }
 
 absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
-    const std::vector<const EditInput*>& rows, const EditOptions& options) {
+    const std::vector<const EditInput*>& rows, const EditOptions& options, ConditionCache* cache) {
   torch::NoGradGuard no_grad;
   const int64_t scale = vae_scale_factor();
   const int64_t image_height = rows[0]->image.size(0), image_width = rows[0]->image.size(1);
@@ -216,42 +226,42 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
                                                    ": output ", width, "x", height,
                                                    " is smaller than one latent token"));
   }
+  const bool guided = options.negative_prompt.has_value() && options.true_cfg_scale > 1;
+  ConditionCache local;
+  if (cache == nullptr) cache = &local;
+  const std::string cache_options =
+      absl::StrCat(options.image_size, "/", guided ? *options.negative_prompt : "", "/", guided);
+  if (cache->options_ != cache_options) {
+    cache->Clear();
+    cache->options_ = cache_options;
+  }
 
   // Rows asking the same of the same image (a GRPO group, a repeated
   // request) are resized and encoded once, then expanded back to rows.
-  std::vector<at::Tensor> resized;
-  std::vector<std::string> instructions;
-  std::vector<int64_t> distinct_of_row;
-  std::vector<const EditInput*> distinct;
+  std::vector<int64_t> entry_of_row;
+  std::vector<size_t> missing;  // entries encoded below
   for (const EditInput* row : rows) {
-    auto same = std::find_if(distinct.begin(), distinct.end(), [row](const EditInput* seen) {
-      return seen->instruction == row->instruction && at::equal(seen->image, row->image);
+    auto& entries = cache->entries_;
+    auto same = std::find_if(entries.begin(), entries.end(), [row](const auto& entry) {
+      return entry.instruction == row->instruction && at::equal(entry.image, row->image);
     });
-    distinct_of_row.push_back(same - distinct.begin());
-    if (same != distinct.end()) continue;
-    distinct.push_back(row);
-    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(row->image, condition_height,
-                                                        condition_width, Resample::kLanczos));
-    resized.push_back(image);
-    instructions.push_back(row->instruction);
+    entry_of_row.push_back(same - entries.begin());
+    if (same != entries.end()) continue;
+    missing.push_back(entries.size());
+    entries.push_back({row->instruction, row->image, {}, {}, {}});
   }
-  const at::Tensor expand = at::tensor(distinct_of_row, at::kLong);
-  auto per_row = [&expand](const at::Tensor& per_distinct) {
-    return per_distinct.index_select(0, expand.to(per_distinct.device()));
-  };
-  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompt, EncodePrompts(instructions, resized));
-  prepared.prompt = {per_row(prompt.embeds), per_row(prompt.mask)};
-  if (options.negative_prompt.has_value() && options.true_cfg_scale > 1) {
-    DRAY_ASSIGN_OR_RETURN(
-        PromptEmbeddings negative,
-        EncodePrompts(std::vector<std::string>(distinct.size(), *options.negative_prompt),
-                      resized));
-    prepared.negative = PromptEmbeddings{per_row(negative.embeds), per_row(negative.mask)};
+  DRAY_RETURN_IF_ERROR(EncodeConditions(*cache, missing, condition_height, condition_width,
+                                        guided ? options.negative_prompt : std::nullopt));
+  std::vector<at::Tensor> embeds, negative, latents;
+  for (int64_t entry : entry_of_row) {
+    const ConditionCache::Entry& e = cache->entries_[entry];
+    embeds.push_back(e.embeds);
+    negative.push_back(e.negative);
+    latents.push_back(e.latents);
   }
-
-  const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
-  DRAY_ASSIGN_OR_RETURN(at::Tensor image_latents, EncodeImages(resized));
-  prepared.image_latents = per_row(image_latents);
+  prepared.prompt = PadPrompts(embeds);
+  if (guided) prepared.negative = PadPrompts(negative);
+  prepared.image_latents = at::stack(latents);
 
   // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
   const int64_t channels = model_.transformer->config().in_channels / 4;
@@ -261,11 +271,45 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(row->seed);
     noise.push_back(at::randn({1, channels, 1, latent_h, latent_w}, generator, at::kFloat));
   }
-  DRAY_ASSIGN_OR_RETURN(prepared.noise, PackLatents(at::cat(noise).to(model_options)));
+  DRAY_ASSIGN_OR_RETURN(prepared.noise,
+                        PackLatents(at::cat(noise).to(prepared.image_latents.options())));
   prepared.shapes.assign(
       rows.size(), SampleImages{{1, latent_h / 2, latent_w / 2},
                                 {1, condition_height / scale / 2, condition_width / scale / 2}});
   return prepared;
+}
+
+absl::Status QwenImageEditPipeline::EncodeConditions(
+    ConditionCache& cache, const std::vector<size_t>& entries, int64_t height, int64_t width,
+    const std::optional<std::string>& negative_prompt) {
+  if (entries.empty()) return absl::OkStatus();
+  std::vector<at::Tensor> resized;
+  std::vector<std::string> instructions;
+  for (size_t entry : entries) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(cache.entries_[entry].image, height, width,
+                                                        Resample::kLanczos));
+    resized.push_back(image);
+    instructions.push_back(cache.entries_[entry].instruction);
+  }
+  // Each row's states without the batch's padding.
+  auto unpadded = [](const PromptEmbeddings& prompts, size_t i) {
+    return prompts.embeds[i].narrow(0, 0, prompts.mask[i].sum().item<int64_t>());
+  };
+  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompts, EncodePrompts(instructions, resized));
+  std::optional<PromptEmbeddings> negatives;
+  if (negative_prompt.has_value()) {
+    DRAY_ASSIGN_OR_RETURN(
+        negatives,
+        EncodePrompts(std::vector<std::string>(entries.size(), *negative_prompt), resized));
+  }
+  DRAY_ASSIGN_OR_RETURN(at::Tensor latents, EncodeImages(resized));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ConditionCache::Entry& entry = cache.entries_[entries[i]];
+    entry.embeds = unpadded(prompts, i);
+    if (negatives.has_value()) entry.negative = unpadded(*negatives, i);
+    entry.latents = latents[i];
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::EncodeImages(

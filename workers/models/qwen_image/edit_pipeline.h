@@ -92,6 +92,30 @@ struct PreparedEdit {
   int64_t width = 0, height = 0;  // output pixels
 };
 
+// ConditionCache keeps what Prepare encodes of each row (its instruction
+// with its image through the text encoder, the negative prompt's states,
+// the image's VAE latents), so that preparing the same rows again under the
+// same options (an RL update after its rollout) encodes nothing twice.
+// Entries match on instruction and image pixels; options other than the
+// cache's (image size, guidance) clear it.
+class ConditionCache {
+ public:
+  void Clear() { entries_.clear(); }
+  size_t size() const { return entries_.size(); }
+
+ private:
+  friend class QwenImageEditPipeline;
+  struct Entry {
+    std::string instruction;
+    at::Tensor image;     // the row's input, to match on
+    at::Tensor embeds;    // [tokens, hidden]: no padding
+    at::Tensor negative;  // the same for the negative prompt, when guidance runs
+    at::Tensor latents;   // [S, C], packed
+  };
+  std::string options_;  // what the entries were encoded under
+  std::vector<Entry> entries_;
+};
+
 // SameSizeGroups returns the indices of `inputs` grouped by image size (each
 // group one denoising loop), after checking every image and `options`.
 absl::StatusOr<std::vector<std::vector<size_t>>> SameSizeGroups(
@@ -112,10 +136,11 @@ class QwenImageEditPipeline {
                                                const StepCallback& on_step = nullptr);
 
   // Prepare resizes and encodes the images and instructions of `rows` (one
-  // image size; rows asking the same of the same image are encoded once)
-  // and draws their noise; without gradients.
+  // image size; rows asking the same of the same image are encoded once,
+  // and not at all when `cache` holds them) and draws their noise; without
+  // gradients.
   absl::StatusOr<PreparedEdit> Prepare(const std::vector<const EditInput*>& rows,
-                                       const EditOptions& options);
+                                       const EditOptions& options, ConditionCache* cache = nullptr);
 
   // Velocity: the transformer's prediction for `latents` at schedule
   // timestep `timestep` ([B], 0..1000), with true CFG when the prepared
@@ -143,6 +168,12 @@ class QwenImageEditPipeline {
   int64_t vae_scale_factor() const;
 
  private:
+  // EncodeConditions fills cache entries `entries` (their instructions and
+  // images): the images resized to height x width, the prompt states (and
+  // the negative prompt's), the VAE latents.
+  absl::Status EncodeConditions(ConditionCache& cache, const std::vector<size_t>& entries,
+                                int64_t height, int64_t width,
+                                const std::optional<std::string>& negative_prompt);
   // Denoise runs the flow-matching loop from the prepared noise.
   absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
                                      const StepCallback& on_step);
