@@ -65,8 +65,9 @@ TEST(TrainerTest, OneAndTwoWorkersTrainTheSameParameters) {
 TEST(TrainerTest, EveryShardingStrategyAndOffloadTrainTheSameParameters) {
   std::map<std::string, at::Tensor> reference;
   int run = 0;
-  for (const std::string& sharding : {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
-                                      "HYBRID_SHARD_ZERO2", "FULL_SHARD offload"}) {
+  for (const std::string& sharding :
+       std::vector<std::string>{"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                "HYBRID_SHARD_ZERO2", "FULL_SHARD offload"}) {
     SCOPED_TRACE(sharding);
     const std::string dir = SaveDir(absl::StrCat("strategy_", run++));
     std::vector<std::string> overrides = {"worker.image_edit.fsdp_sharding_strategy=" +
