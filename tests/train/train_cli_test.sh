@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `dray train` as a user runs it, with a controller that dies: a job killed
+# with SIGKILL in the middle of its run (its worker processes go with it)
+# and started again with trainer.resume=auto ends with the adapters of a
+# run never interrupted, byte for byte, and each step in metrics.jsonl once.
+set -euo pipefail
+
+root="$TEST_SRCDIR/$TEST_WORKSPACE"
+dray="$root/cli/dray"
+out="$TEST_TMPDIR"
+fail() { echo "FAIL: $*" >&2; tail -5 "$out"/*.log >&2 || true; exit 1; }
+job=(trainer.total_steps=6 trainer.save_every=1 data.prompts_per_step=2 algorithm.group_size=2
+  worker.rollout.num_inference_steps=4 --workers 2)
+
+"$dray" train trainer.save_dir="$out/straight" "${job[@]}" >"$out/straight.log" 2>&1 ||
+  fail "the uninterrupted run failed"
+
+"$dray" train trainer.save_dir="$out/killed" "${job[@]}" >"$out/killed.log" 2>&1 &
+controller=$!
+# The second checkpoint is the event: the run is under way, four steps to go.
+checkpoint="$out/killed/checkpoints/step_000002/trainer_state.json"
+# wait_until SECONDS COMMAND...: polls COMMAND every 0.1 s until it succeeds.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
+}
+wait_until 120 test -f "$checkpoint" || true
+[[ -f "$checkpoint" ]] || fail "no checkpoint within 2 minutes"
+workers=$(pgrep -P $controller) || fail "the controller has no worker processes"
+kill -KILL $controller
+wait $controller 2>/dev/null && fail "the controller finished before it was killed"
+gone() { ! kill -0 "$1" 2>/dev/null; }
+for pid in $workers; do
+  wait_until 60 gone $pid || fail "worker $pid outlived its controller"
+done
+[[ ! -d "$out/killed/final" ]] || fail "the killed run had finished"
+
+"$dray" train trainer.save_dir="$out/killed" "${job[@]}" trainer.resume=auto >"$out/resumed.log" 2>&1 ||
+  fail "the resumed run failed"
+grep -q "dray train: resumed from .*/checkpoints/step_0000" "$out/resumed.log" || fail "it did not resume"
+cmp "$out/straight/final/pytorch_lora_weights.safetensors" \
+  "$out/killed/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"
+/usr/bin/python3 - "$out/straight/metrics.jsonl" "$out/killed/metrics.jsonl" <<'PY' || fail "the metrics differ"
+import json, sys
+straight, resumed = ([json.loads(line) for line in open(path)] for path in sys.argv[1:])
+assert [m["step"] for m in resumed] == list(range(6)), [m["step"] for m in resumed]
+assert [m["reward_mean"] for m in resumed] == [m["reward_mean"] for m in straight]
+PY
+echo PASS
