@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "workers/train/train_config.h"
 #include "workers/train/trainer.h"
 
@@ -34,7 +36,9 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   Flags& f = *flags_;
   f.self = std::move(self);
   f.train = app.add_subcommand(
-      "train", "train Qwen-Image-Edit with Flow-GRPO (no config: the embedded task)");
+      "train",
+      "train Qwen-Image-Edit with Flow-GRPO or SFT (algorithm.name=sft), checkpointed with "
+      "trainer.save_every and resumed with trainer.resume=auto (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");
   f.train->add_option("overrides", f.overrides,
                       "SECTION.KEY=VALUE overrides, e.g. worker.actor.lr=3e-4 "
@@ -53,11 +57,14 @@ std::optional<int> TrainCommand::Run() {
   if (!config.ok()) return Fail(config.status());
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
-  std::fprintf(
-      stderr, "dray train: %s, %lld steps of %lld prompts x %lld samples, %d worker%s\n",
-      config->embedded_task() ? "the embedded task on the tiny model" : config->train_files.c_str(),
-      static_cast<long long>(config->total_steps), static_cast<long long>(config->prompts_per_step),
-      static_cast<long long>(config->group_size), f.workers, f.workers == 1 ? "" : "s");
+  const std::string batch = config->sft() ? absl::StrCat(config->prompts_per_step, " pairs")
+                                          : absl::StrCat(config->prompts_per_step, " prompts x ",
+                                                         config->group_size, " samples");
+  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %d worker%s\n",
+               config->sft() ? "SFT on" : "Flow-GRPO on",
+               config->embedded_task() ? "the embedded task" : config->train_files.c_str(),
+               static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
+               batch.c_str(), f.workers, f.workers == 1 ? "" : "s");
   FlowGrpoTrainer::Options options;
   options.workers = f.workers;
   options.worker_command = {f.self, "worker"};
@@ -67,8 +74,9 @@ std::optional<int> TrainCommand::Run() {
   if (!trainer.ok()) return Fail(trainer.status());
   absl::Status ran = (*trainer)->Run();
   if (!ran.ok()) return Fail(ran);
+  std::error_code ignored;
   std::printf("wrote %s/{config.yaml,metrics.jsonl,curves.png,samples/,final/}\n",
-              config->save_dir.c_str());
+              std::filesystem::absolute(config->save_dir, ignored).c_str());
   return 0;
 }
 

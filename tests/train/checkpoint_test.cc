@@ -117,8 +117,12 @@ TEST(CheckpointTest, AnUnfinishedSaveIsIgnoredAndRemoved) {
 TEST(CheckpointTest, ResumeErrorsNameTheCheckpoint) {
   const std::string dir = SaveDir("bad_resume");
   EXPECT_THAT(StartTrainer(Job(dir, {"trainer.resume=" + dir + "/nowhere"}), 1).status(),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nowhere is not a complete")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nowhere is not a directory")));
   DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"})));
+  // A new run would mix its checkpoints with the earlier run's.
+  EXPECT_THAT(StartTrainer(Job(dir), 1).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("holds checkpoints of an earlier run")));
   EXPECT_THAT(
       StartTrainer(Job(dir, {"trainer.resume=auto", "worker.actor.lora_rank=4"}), 1).status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step_000002")));

@@ -90,9 +90,17 @@ absl::Status ApplyOverride(const std::string& text, const std::vector<ConfigKey>
   const std::string key = text.substr(0, equals);
   const ConfigKey* leaf = Find(keys, key);
   if (leaf == nullptr) {
-    const size_t dot = key.rfind('.');
-    return Unknown(keys, dot == std::string::npos ? "" : key.substr(0, dot),
-                   dot == std::string::npos ? key : key.substr(dot + 1));
+    if (const std::vector<std::string> inner = SectionKeys(keys, key); !inner.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, " is a section; set one of its keys (",
+                                                     key,
+                                                     ".KEY=VALUE): ", absl::StrJoin(inner, ", ")));
+    }
+    // The deepest section that exists, and the first unknown part after it.
+    std::string section = key.substr(0, key.rfind('.') == std::string::npos ? 0 : key.rfind('.'));
+    while (!section.empty() && SectionKeys(keys, section).empty())
+      section = section.substr(0, section.rfind('.') == std::string::npos ? 0 : section.rfind('.'));
+    const std::string rest = key.substr(section.empty() ? 0 : section.size() + 1);
+    return Unknown(keys, section, rest.substr(0, rest.find('.')));
   }
   YAML::Node value;
   try {

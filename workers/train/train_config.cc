@@ -12,56 +12,61 @@
 #include "workers/rl/sde_step.h"
 #include "workers/train/rewards.h"
 
-namespace YAML {
-
-// A worker.reward.remote entry as YAML: a mapping with name and address
-// and any of the other fields; anything else does not convert.
-template <>
-struct convert<dray::RemoteRewardConfig> {
-  static Node encode(const dray::RemoteRewardConfig& c) {
-    Node node(NodeType::Map);
-    node["name"] = c.name;
-    node["address"] = c.address;
-    node["weight"] = c.weight;
-    node["timeout_ms"] = c.timeout_ms;
-    node["max_batch"] = c.max_batch;
-    node["max_retries"] = c.max_retries;
-    node["tls_ca"] = c.tls_ca;
-    node["token_env"] = c.token_env;
-    return node;
-  }
-  static bool decode(const Node& node, dray::RemoteRewardConfig& c) {
-    if (!node.IsMap() || !node["name"] || !node["address"]) return false;
-    for (const auto& field : node) {
-      const std::string key = field.first.as<std::string>();
-      const Node& value = field.second;
-      if (key == "name")
-        c.name = value.as<std::string>();
-      else if (key == "address")
-        c.address = value.as<std::string>();
-      else if (key == "weight")
-        c.weight = value.as<double>();
-      else if (key == "timeout_ms")
-        c.timeout_ms = value.as<int64_t>();
-      else if (key == "max_batch")
-        c.max_batch = value.as<int64_t>();
-      else if (key == "max_retries")
-        c.max_retries = value.as<int64_t>();
-      else if (key == "tls_ca")
-        c.tls_ca = value.as<std::string>();
-      else if (key == "token_env")
-        c.token_env = value.as<std::string>();
-      else
-        return false;
-    }
-    return true;
-  }
-};
-
-}  // namespace YAML
-
 namespace dray {
 namespace {
+
+// RemoteRewardsKey binds worker.reward.remote: a list of scorer mappings,
+// each field checked by name.
+ConfigKey RemoteRewardsKey(std::vector<RemoteRewardConfig>& member) {
+  static constexpr char kKey[] = "worker.reward.remote";
+  auto set = [&member](const YAML::Node& value) -> absl::Status {
+    if (!value.IsSequence()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kKey, " must be a list of {name, address, ...}, got '", YAML::Dump(value), "'"));
+    }
+    std::vector<RemoteRewardConfig> scorers;
+    for (size_t i = 0; i < value.size(); ++i) {
+      const std::string where = absl::StrCat(kKey, "[", i, "]");
+      if (!value[i].IsMap()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, " must be a mapping {name, address, ...}"));
+      }
+      RemoteRewardConfig& c = scorers.emplace_back();
+      const std::vector<ConfigKey> fields = {
+          Key("name", c.name, "a string"),
+          Key("address", c.address, "host:port"),
+          Key("weight", c.weight, "a number"),
+          Key("timeout_ms", c.timeout_ms, "an integer"),
+          Key("max_batch", c.max_batch, "an integer"),
+          Key("max_retries", c.max_retries, "an integer"),
+          Key("tls_ca", c.tls_ca, "a path"),
+          Key("token_env", c.token_env, "an environment variable's name")};
+      const absl::Status applied = ApplyYaml(value[i], where, fields);
+      if (!applied.ok()) return applied;
+      if (c.name.empty() || c.address.empty())
+        return absl::InvalidArgumentError(absl::StrCat(where, " needs a name and an address"));
+    }
+    member = std::move(scorers);
+    return absl::OkStatus();
+  };
+  auto get = [&member] {
+    YAML::Node list(YAML::NodeType::Sequence);
+    for (const RemoteRewardConfig& c : member) {
+      YAML::Node node(YAML::NodeType::Map);
+      node["name"] = c.name;
+      node["address"] = c.address;
+      node["weight"] = c.weight;
+      node["timeout_ms"] = c.timeout_ms;
+      node["max_batch"] = c.max_batch;
+      node["max_retries"] = c.max_retries;
+      node["tls_ca"] = c.tls_ca;
+      node["token_env"] = c.token_env;
+      list.push_back(node);
+    }
+    return list;
+  };
+  return {kKey, set, get};
+}
 
 std::vector<ConfigKey> Keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = {
@@ -98,9 +103,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("worker.reward.weights", c.reward_weights, "a list of numbers"),
            Key("worker.reward.placement", c.reward_placement, "controller, colocated or separate"),
            Key("worker.reward.num_workers", c.reward_workers, "an integer"),
-           Key("worker.reward.remote", c.remote_rewards,
-               "a list of {name, address, weight, timeout_ms, max_batch, max_retries, tls_ca, "
-               "token_env} (name and address required)"),
+           RemoteRewardsKey(c.remote_rewards),
            Key("trainer.total_steps", c.total_steps, "an integer"),
            Key("trainer.save_dir", c.save_dir, "a path"),
            Key("trainer.seed", c.seed, "an integer"),
@@ -191,9 +194,15 @@ absl::Status TrainConfig::Validate() const {
   std::set<std::string> names(reward_functions.begin(), reward_functions.end());
   for (const RemoteRewardConfig& remote : remote_rewards) {
     const std::string where = absl::StrCat("worker.reward.remote '", remote.name, "'");
-    if (remote.name.empty() || !names.insert(remote.name).second)
-      return bad("worker.reward.remote", "names must be unique and not a function's");
-    if (remote.address.empty()) return bad(where.c_str(), "needs an address (host:port)");
+    if (!names.insert(remote.name).second)
+      return bad(where.c_str(), "has the name of another scorer or function: names must differ");
+    const size_t colon = remote.address.rfind(':');
+    if (remote.address.find("://") != std::string::npos || colon == std::string::npos ||
+        colon + 1 == remote.address.size() ||
+        remote.address.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+      return bad(where.c_str(),
+                 absl::StrCat("address '", remote.address, "' must be host:port (no scheme)"));
+    }
     if (!std::isfinite(remote.weight)) return bad(where.c_str(), "weight must be a number");
     if (remote.timeout_ms < 1) return bad(where.c_str(), "timeout_ms must be at least 1");
     if (remote.max_batch < 1) return bad(where.c_str(), "max_batch must be at least 1");
@@ -235,7 +244,8 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
     return config;
   };
   DRAY_ASSIGN_OR_RETURN(TrainConfig config, resolve(TrainConfig()));
-  if (!config.embedded_task()) return config;
+  // The embedded task, or any data on the embedded tiny model: its sizes.
+  if (!config.embedded_task() && !config.model.model_path.empty()) return config;
   return resolve(EmbeddedDefaults());
 }
 

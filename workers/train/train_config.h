@@ -22,8 +22,10 @@
 //   std::cout << config.ToYaml();  // the resolved configuration
 //
 // With no train_files, the job is the embedded task (a colour-naming edit
-// task on the embedded tiny model); keys a file and overrides leave unset
-// then default to what suits it (EmbeddedDefaults). An unknown key, a
+// task, or SFT's synthetic pairs, on the embedded tiny model); with no
+// model_path, the embedded tiny model. Either way, keys a file and
+// overrides leave unset default to what suits the tiny model
+// (EmbeddedDefaults: 64-pixel images, a few steps). An unknown key, a
 // wrong type or an out-of-range value is INVALID_ARGUMENT naming the key.
 #ifndef DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
 #define DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_

@@ -53,6 +53,34 @@ constexpr int64_t kEmbeddedScenes = 8;
 
 }  // namespace
 
+namespace {
+
+constexpr char kStateFile[] = "trainer_state.json";
+
+// CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
+int64_t CheckpointStep(const fs::path& folder) {
+  const std::string name = folder.filename().string();
+  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile)) return -1;
+  int64_t step = -1;
+  return absl::SimpleAtoi(name.substr(5), &step) ? step : -1;
+}
+
+// Checkpoints lists the complete checkpoints under `root`, oldest first.
+std::vector<fs::path> Checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(root, error)) {
+    const int64_t step = CheckpointStep(entry.path());
+    if (step >= 0) found.emplace_back(step, entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+}  // namespace
+
 FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
     : config_(std::move(config)), options_(std::move(options)) {}
 
@@ -101,8 +129,14 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   }
   DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
 
-  DRAY_RETURN_IF_ERROR(trainer->StartWorkers());
   DRAY_ASSIGN_OR_RETURN(std::optional<std::string> checkpoint, trainer->CheckpointToResume());
+  if (!checkpoint.has_value() && !Checkpoints(trainer->CheckpointRoot()).empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(config.save_dir,
+                     " holds checkpoints of an earlier run: continue it with "
+                     "trainer.resume=auto, or use another trainer.save_dir"));
+  }
+  DRAY_RETURN_IF_ERROR(trainer->StartWorkers());
   if (checkpoint.has_value()) {
     DRAY_RETURN_IF_ERROR(trainer->Restore(*checkpoint));
   } else {
@@ -502,34 +536,6 @@ absl::Status FlowGrpoTrainer::SaveFinal() {
   return absl::OkStatus();
 }
 
-namespace {
-
-constexpr char kStateFile[] = "trainer_state.json";
-
-// CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
-int64_t CheckpointStep(const fs::path& folder) {
-  const std::string name = folder.filename().string();
-  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile)) return -1;
-  int64_t step = -1;
-  return absl::SimpleAtoi(name.substr(5), &step) ? step : -1;
-}
-
-// Checkpoints lists the complete checkpoints under `root`, oldest first.
-std::vector<fs::path> Checkpoints(const fs::path& root) {
-  std::vector<std::pair<int64_t, fs::path>> found;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(root, error)) {
-    const int64_t step = CheckpointStep(entry.path());
-    if (step >= 0) found.emplace_back(step, entry.path());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<fs::path> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
-  return paths;
-}
-
-}  // namespace
-
 fs::path FlowGrpoTrainer::CheckpointRoot() const {
   return fs::path(config_.save_dir) / "checkpoints";
 }
@@ -537,6 +543,12 @@ fs::path FlowGrpoTrainer::CheckpointRoot() const {
 absl::StatusOr<std::optional<std::string>> FlowGrpoTrainer::CheckpointToResume() const {
   if (config_.resume == "never") return std::nullopt;
   if (config_.resume != "auto") {
+    if (!fs::is_directory(config_.resume)) {
+      return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
+                                              " is not a directory (never, auto, or a "
+                                              "checkpoint directory such as ",
+                                              (CheckpointRoot() / "step_000010").string(), ")"));
+    }
     if (!fs::exists(fs::path(config_.resume) / kStateFile)) {
       return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
                                               " is not a complete checkpoint (no ", kStateFile,
