@@ -3,7 +3,7 @@
 # (examples/python/reward_server.py) drives a `dray train` run over gRPC,
 # behind a bearer token and then over TLS; its score and parts land in
 # metrics.jsonl. A scorer that stays down, or refuses the token, fails the
-# step with an error naming the scorer and its address.
+# job at start with an error naming the scorer and its address.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -58,7 +58,7 @@ if SCORER_TOKEN=wrong train wrong_token "worker.reward.remote=[{name: colourful,
   >"$out/wrong_token.log" 2>&1; then
   fail "a refused token went unnoticed"
 fi
-grep -q "UNAUTHENTICATED: step 0: reward scorer 'colourful' at 127.0.0.1:$port" "$out/wrong_token.log" ||
+grep -q "UNAUTHENTICATED: reward scorer 'colourful' at 127.0.0.1:$port" "$out/wrong_token.log" ||
   fail "unexpected error: $(tail -1 "$out/wrong_token.log")"
 
 # TLS, with a certificate made for the test.
@@ -76,6 +76,6 @@ if train down "worker.reward.remote=[{name: judge, address: \"localhost:$port\",
   >"$out/down.log" 2>&1; then
   fail "a scorer that is down went unnoticed"
 fi
-grep -q "UNAVAILABLE: step 0: reward scorer 'judge' at localhost:$port: .*(after 2 attempts at most)" "$out/down.log" ||
+grep -q "UNAVAILABLE: reward scorer 'judge' at localhost:$port: .*(after 2 attempts at most)" "$out/down.log" ||
   fail "unexpected error: $(tail -1 "$out/down.log")"
 echo PASS

@@ -73,6 +73,10 @@ struct RemoteScorers::Scorer {
   // ScoreAll scores every sample in batches of max_batch, all under way at once.
   absl::StatusOr<RemoteScores> ScoreAll(const std::vector<v1::RewardRow>& rows) const {
     std::vector<std::future<absl::StatusOr<v1::ScoreResponse>>> calls;
+    if (rows.empty()) {  // a probe: the scorer answers an empty request
+      DRAY_RETURN_IF_ERROR(Call(v1::ScoreRequest()).status());
+      return RemoteScores();
+    }
     for (size_t start = 0; start < rows.size(); start += config.max_batch) {
       v1::ScoreRequest request;
       for (size_t i = start; i < std::min(rows.size(), start + config.max_batch); ++i)

@@ -48,7 +48,8 @@ class RemoteScorers {
   ~RemoteScorers();
 
   // Score starts scoring `samples` on every scorer and returns at once; the
-  // future holds each scorer's scores, in worker.reward.remote's order.
+  // future holds each scorer's scores, in worker.reward.remote's order. No
+  // samples: one empty call to each, to learn that it answers.
   std::future<absl::StatusOr<std::vector<RemoteScores>>> Score(
       std::vector<RewardInput> samples) const;
 

@@ -47,6 +47,13 @@ std::string Duration(double seconds) {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
 
+// MetricsLine: one step's metrics as a metrics.jsonl line (the step an integer).
+std::string MetricsLine(const std::map<std::string, double>& metrics) {
+  nlohmann::json line(metrics);
+  line["step"] = static_cast<int64_t>(metrics.at("step"));
+  return line.dump();
+}
+
 // kEmbeddedScenes: the scenes of SFT's embedded task (each with every
 // synthetic edit).
 constexpr int64_t kEmbeddedScenes = 8;
@@ -119,6 +126,7 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
   if (!config.remote_rewards.empty()) {
     DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
+    DRAY_RETURN_IF_ERROR(trainer->remote_scorers_->Score({}).get().status());  // each one answers
   }
 
   std::error_code error;
@@ -460,7 +468,7 @@ absl::Status FlowGrpoTrainer::WriteMetrics(int64_t step,
                                            const std::map<std::string, double>& metrics) {
   {
     std::ofstream out(config_.save_dir + "/metrics.jsonl", std::ios::app);
-    out << nlohmann::json(metrics).dump() << "\n";
+    out << MetricsLine(metrics) << "\n";
     if (!out)
       return absl::DataLossError(
           absl::StrCat("cannot append to ", config_.save_dir, "/metrics.jsonl"));
@@ -582,8 +590,7 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
       metrics[key] = value.is_number() ? value.get<double>() : NAN;
   }
   std::string lines;
-  for (const auto& metrics : history_)
-    absl::StrAppend(&lines, nlohmann::json(metrics).dump(), "\n");
+  for (const auto& metrics : history_) absl::StrAppend(&lines, MetricsLine(metrics), "\n");
   DRAY_RETURN_IF_ERROR(WriteFileAtomically(config_.save_dir + "/metrics.jsonl", lines));
   std::fprintf(stderr, "dray train: resumed from %s (after step %zu)\n", checkpoint.c_str(),
                history_.size());
