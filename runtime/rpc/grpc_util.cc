@@ -26,9 +26,6 @@ constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
 constexpr int kKeepaliveTimeMs = 2000;     // ping an idle connection every 2 s
 constexpr int kKeepaliveTimeoutMs = 2000;  // and give up 2 s after an unanswered ping
 
-// UnparsableRequestInterceptor rewrites the status gRPC's protobuf
-// deserialization fails a call with (INTERNAL, no message): no handler ever
-// answers that way.
 // KeepGrpcInitialized initializes gRPC once for the rest of the process.
 // Otherwise gRPC shuts down whenever its last object goes and starts again
 // with the next one; when that last object goes on one of gRPC's own threads
@@ -57,6 +54,9 @@ void KeepCallbackQueue() {
   (void)keeper;
 }
 
+// UnparsableRequestInterceptor rewrites the status gRPC's protobuf
+// deserialization fails a call with (INTERNAL, no message): no handler ever
+// answers that way.
 class UnparsableRequestInterceptor final : public grpc::experimental::Interceptor {
  public:
   explicit UnparsableRequestInterceptor(std::string method) : method_(std::move(method)) {}

@@ -198,26 +198,42 @@ absl::Status FullyShardedModule::ReadSlots(const std::string& dir, const std::st
   if (files.empty()) {
     return absl::NotFoundError(absl::StrCat(dir, " holds no ", prefix, "-00000-of-*.safetensors"));
   }
+  const auto layout_text = files[0]->metadata().find("dray_layout");
   const nlohmann::json layout =
-      nlohmann::json::parse(files[0]->metadata().at("dray_layout"), nullptr, false);
+      layout_text == files[0]->metadata().end()
+          ? nlohmann::json()
+          : nlohmann::json::parse(layout_text->second, nullptr, /*allow_exceptions=*/false);
+  if (!layout.is_object()) {
+    return absl::DataLossError(
+        absl::StrCat(dir, ": ", prefix, " files carry no dray_layout (not written by dray?)"));
+  }
   torch::NoGradGuard no_grad;
   for (const ShardSlot& slot : slots) {
     if (slot.unit == nullptr) {
       DRAY_ASSIGN_OR_RETURN(at::Tensor saved, files[0]->Get(slot.key));
+      if (saved.sizes() != slot.tensor.sizes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir, ": ", slot.key, " was saved with shape [", absl::StrJoin(saved.sizes(), ", "),
+            "], the module's is [", absl::StrJoin(slot.tensor.sizes(), ", "), "]"));
+      }
       slot.tensor.detach().copy_(saved);
       continue;
     }
     const Unit& unit = *slot.unit;
-    if (layout.is_discarded() || !layout.contains(slot.key)) {
+    const auto saved_unit = layout.find(slot.key);
+    if (saved_unit == layout.end() || !saved_unit->is_object() || !saved_unit->contains("params") ||
+        !(*saved_unit)["params"].is_array() ||
+        (*saved_unit)["params"].size() != unit.params.size() || !saved_unit->contains("padded") ||
+        !(*saved_unit)["padded"].is_number_integer()) {
       return absl::InvalidArgumentError(
           absl::StrCat(dir, ": ", prefix, " was saved without ", slot.key,
-                       " (another model, or other trainable parameters?)"));
+                       " as this module has it (another model, or other trainable parameters?)"));
     }
-    const nlohmann::json& saved_unit = layout[slot.key];
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      const nlohmann::json& saved = saved_unit["params"].at(i);
-      if (saved["name"] != unit.names[i] || saved["offset"] != unit.offsets[i] ||
-          saved["numel"] != unit.params[i].numel()) {
+      const nlohmann::json& saved = (*saved_unit)["params"][i];
+      if (!saved.is_object() || saved.value("name", "") != unit.names[i] ||
+          saved.value("offset", int64_t{-1}) != unit.offsets[i] ||
+          saved.value("numel", int64_t{-1}) != unit.params[i].numel()) {
         return absl::InvalidArgumentError(
             absl::StrCat(dir, ": ", slot.key, " was saved with a different parameter layout (at '",
                          unit.names[i], "')"));
@@ -226,7 +242,7 @@ absl::Status FullyShardedModule::ReadSlots(const std::string& dir, const std::st
     // This rank's range of the (new) flat parameter, read from the saved shards.
     const auto [begin, end] = ShardRange(unit);
     const int64_t saved_size =
-        saved_unit["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
+        (*saved_unit)["padded"].get<int64_t>() / static_cast<int64_t>(files.size());
     slot.tensor.detach().zero_();
     for (size_t r = 0; r < files.size(); ++r) {
       const int64_t from = std::max<int64_t>(begin, r * saved_size),

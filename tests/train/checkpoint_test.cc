@@ -96,6 +96,18 @@ TEST(CheckpointTest, AStopAndAResumeEqualAnUninterruptedRun) {
   ExpectSameRun(dir, Uninterrupted(1), 1e-6);
 }
 
+// Resuming an earlier checkpoint abandons the later ones: they are moved
+// aside, never mixed with (or pruned in favour of) the new run's.
+TEST(CheckpointTest, ResumingAnEarlierCheckpointSetsTheLaterOnesAside) {
+  const std::string dir = SaveDir("rewound");
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.save_every=1", "trainer.keep_last=4"})));
+  DRAY_ASSERT_OK(Train(Job(dir, {"trainer.save_every=1", "trainer.keep_last=1",
+                                 "trainer.resume=" + dir + "/checkpoints/step_000002"})));
+  ExpectSameRun(dir, Uninterrupted(1), 1e-6);
+  EXPECT_THAT(CheckpointNames(dir), ElementsAre("abandoned_after_step_2", "step_000004"));
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/abandoned_after_step_2/step_000003"));
+}
+
 TEST(CheckpointTest, ACheckpointResumesAtAnotherWorldSize) {
   const std::string dir = SaveDir("rescaled");
   DRAY_ASSERT_OK(Train(Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"}), 1));

@@ -67,7 +67,8 @@ constexpr char kStateFile[] = "trainer_state.json";
 // CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
 int64_t CheckpointStep(const fs::path& folder) {
   const std::string name = folder.filename().string();
-  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile)) return -1;
+  std::error_code error;
+  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile, error)) return -1;
   int64_t step = -1;
   return absl::SimpleAtoi(name.substr(5), &step) ? step : -1;
 }
@@ -124,7 +125,7 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   }
   DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.sft()));
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
-  if (!config.remote_rewards.empty()) {
+  if (!config.remote_rewards.empty() && !config.sft()) {
     DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
     DRAY_RETURN_IF_ERROR(trainer->remote_scorers_->Score({}).get().status());  // each one answers
   }
@@ -135,7 +136,6 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create trainer.save_dir ", config.save_dir, ": ", error.message()));
   }
-  DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
 
   DRAY_ASSIGN_OR_RETURN(std::optional<std::string> checkpoint, trainer->CheckpointToResume());
   if (!checkpoint.has_value() && !Checkpoints(trainer->CheckpointRoot()).empty()) {
@@ -144,6 +144,8 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
                      " holds checkpoints of an earlier run: continue it with "
                      "trainer.resume=auto, or use another trainer.save_dir"));
   }
+  if (checkpoint.has_value()) DRAY_RETURN_IF_ERROR(trainer->SetAsideLaterCheckpoints(*checkpoint));
+  DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
   DRAY_RETURN_IF_ERROR(trainer->StartWorkers());
   if (checkpoint.has_value()) {
     DRAY_RETURN_IF_ERROR(trainer->Restore(*checkpoint));
@@ -161,12 +163,13 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   WorkerGroupOptions group_options;
   group_options.command = options_.worker_command;
   group_options.roles = {kFlowGrpoRole};
-  if (config_.reward_placement == "colocated") group_options.roles.push_back(kRewardRole);
+  const std::string placement = config_.sft() ? "controller" : config_.reward_placement;
+  if (placement == "colocated") group_options.roles.push_back(kRewardRole);
   group_options.env = options_.env;
   group_options.call_timeout = options_.call_timeout;
   group_options.stall_timeout = absl::Minutes(1);
   DRAY_ASSIGN_OR_RETURN(group_, WorkerGroup::Create({1, options_.workers}, group_options));
-  if (config_.reward_placement == "separate") {
+  if (placement == "separate") {
     group_options.roles = {kRewardRole};
     DRAY_ASSIGN_OR_RETURN(
         reward_group_,
@@ -291,9 +294,13 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
     }
     metrics["reward/" + scorer.name] = sum / n;
     for (const auto& [part, values] : scored[r].components) {
-      double part_sum = 0;
-      for (double value : values) part_sum += value;
-      metrics[absl::StrCat("reward/", scorer.name, "/", part)] = part_sum / n;
+      double part_sum = 0, scored_rows = 0;  // over the rows the part was given for
+      for (double value : values) {
+        if (!std::isfinite(value)) continue;
+        part_sum += value;
+        scored_rows += 1;
+      }
+      metrics[absl::StrCat("reward/", scorer.name, "/", part)] = part_sum / scored_rows;
     }
   }
   return total;
@@ -551,13 +558,14 @@ fs::path FlowGrpoTrainer::CheckpointRoot() const {
 absl::StatusOr<std::optional<std::string>> FlowGrpoTrainer::CheckpointToResume() const {
   if (config_.resume == "never") return std::nullopt;
   if (config_.resume != "auto") {
-    if (!fs::is_directory(config_.resume)) {
+    std::error_code error;
+    if (!fs::is_directory(config_.resume, error)) {
       return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
                                               " is not a directory (never, auto, or a "
                                               "checkpoint directory such as ",
                                               (CheckpointRoot() / "step_000010").string(), ")"));
     }
-    if (!fs::exists(fs::path(config_.resume) / kStateFile)) {
+    if (!fs::exists(fs::path(config_.resume) / kStateFile, error)) {
       return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
                                               " is not a complete checkpoint (no ", kStateFile,
                                               ")"));
@@ -585,6 +593,13 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
   DRAY_RETURN_IF_ERROR(group_->Call("load_checkpoint", {load}).status());
   history_.clear();
   for (const nlohmann::json& saved : state["history"]) {
+    if (!saved.is_object() || !saved.contains("step") || !saved["step"].is_number() ||
+        saved["step"].get<double>() != static_cast<double>(history_.size())) {
+      const size_t entry = history_.size();
+      history_.clear();
+      return absl::DataLossError(absl::StrCat(checkpoint, "/", kStateFile, ": history entry ",
+                                              entry, " is not step ", entry, "'s metrics"));
+    }
     std::map<std::string, double>& metrics = history_.emplace_back();
     for (const auto& [key, value] : saved.items())  // JSON writes NaN as null
       metrics[key] = value.is_number() ? value.get<double>() : NAN;
@@ -597,11 +612,31 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
   return absl::OkStatus();
 }
 
+absl::Status FlowGrpoTrainer::SetAsideLaterCheckpoints(const std::string& checkpoint) {
+  const int64_t resumed = CheckpointStep(checkpoint);
+  std::error_code error;
+  for (const fs::path& later : Checkpoints(CheckpointRoot())) {
+    if (CheckpointStep(later) <= resumed || fs::equivalent(later, checkpoint, error)) continue;
+    const fs::path aside = CheckpointRoot() / absl::StrCat("abandoned_after_step_", resumed);
+    fs::create_directories(aside, error);
+    fs::rename(later, aside / later.filename(), error);
+    if (error) {
+      return absl::DataLossError(absl::StrCat("cannot set ", later.string(), " aside into ",
+                                              aside.string(), ": ", error.message()));
+    }
+    std::fprintf(stderr, "dray train: %s is after the resumed step: moved into %s\n",
+                 later.string().c_str(), aside.string().c_str());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FlowGrpoTrainer::SaveCheckpoint() {
   const int64_t steps = static_cast<int64_t>(history_.size());
   const fs::path root = CheckpointRoot();
   const fs::path complete = root / absl::StrFormat("step_%06d", steps);
-  if (fs::exists(complete / kStateFile)) return absl::OkStatus();  // the same state, saved before
+  std::error_code exists_error;
+  if (fs::exists(complete / kStateFile, exists_error))
+    return absl::OkStatus();  // this run's own, saved before a restart
   const fs::path partial = root / absl::StrFormat(".step_%06d.partial", steps);
   std::error_code error;
   fs::remove_all(partial, error);

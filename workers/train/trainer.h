@@ -112,11 +112,11 @@ class FlowGrpoTrainer {
   double LearningRate(int64_t step) const;
   absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
   absl::StatusOr<std::map<std::string, double>> SftStep(int64_t step);
-  // Rewards scores step `step`'s samples (each function's mean into `metrics`).
   // FunctionScores: each built-in function's score of each sample [B, F],
   // where worker.reward.placement runs them.
   absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const std::vector<RewardInput>& samples,
                                             const DataProto& rollout, const DataProto& rows) const;
+  // Rewards scores step `step`'s samples (each function's mean into `metrics`).
   absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
                                               const DataProto& rows,
                                               std::map<std::string, double>& metrics) const;
@@ -128,6 +128,10 @@ class FlowGrpoTrainer {
   absl::StatusOr<std::optional<std::string>> CheckpointToResume() const;
   // Restore loads a checkpoint into the workers and the metrics so far.
   absl::Status Restore(const std::string& checkpoint);
+  // SetAsideLaterCheckpoints moves the checkpoints after `checkpoint`'s step
+  // (an abandoned continuation) into checkpoints/abandoned_after_step_K/, so
+  // that they never mix with the resumed run's.
+  absl::Status SetAsideLaterCheckpoints(const std::string& checkpoint);
   // SaveCheckpoint writes checkpoints/step_N (N steps done) atomically: into
   // a .partial folder, renamed when complete; keeps the keep_last newest.
   absl::Status SaveCheckpoint();

@@ -240,6 +240,7 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
   // request) are resized and encoded once, then expanded back to rows.
   std::vector<int64_t> entry_of_row;
   std::vector<size_t> missing;  // entries encoded below
+  const size_t encoded = cache->entries_.size();
   for (const EditInput* row : rows) {
     auto& entries = cache->entries_;
     auto same = std::find_if(entries.begin(), entries.end(), [row](const auto& entry) {
@@ -250,8 +251,12 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
     missing.push_back(entries.size());
     entries.push_back({row->instruction, row->image, {}, {}, {}});
   }
-  DRAY_RETURN_IF_ERROR(EncodeConditions(*cache, missing, condition_height, condition_width,
-                                        guided ? options.negative_prompt : std::nullopt));
+  const absl::Status encoding = EncodeConditions(*cache, missing, condition_height, condition_width,
+                                                 guided ? options.negative_prompt : std::nullopt);
+  if (!encoding.ok()) {
+    cache->entries_.resize(encoded);  // no half-made entries
+    return encoding;
+  }
   std::vector<at::Tensor> embeds, negative, latents;
   for (int64_t entry : entry_of_row) {
     const ConditionCache::Entry& e = cache->entries_[entry];
