@@ -20,6 +20,7 @@ namespace dray {
 namespace {
 
 constexpr absl::Duration kFirstRetryDelay = absl::Milliseconds(100);
+constexpr size_t kMaxCallsInFlight = 8;  // per scorer
 
 v1::RgbImage ToRgbImage(const at::Tensor& image) {
   const at::Tensor pixels = image.to(at::kCPU, at::kByte).contiguous();
@@ -72,22 +73,30 @@ struct RemoteScorers::Scorer {
 
   // ScoreAll scores every sample in batches of max_batch, all under way at once.
   absl::StatusOr<RemoteScores> ScoreAll(const std::vector<v1::RewardRow>& rows) const {
-    std::vector<std::future<absl::StatusOr<v1::ScoreResponse>>> calls;
     if (rows.empty()) {  // a probe: the scorer answers an empty request
       DRAY_RETURN_IF_ERROR(Call(v1::ScoreRequest()).status());
       return RemoteScores();
     }
+    std::vector<v1::ScoreRequest> requests;
     for (size_t start = 0; start < rows.size(); start += config.max_batch) {
-      v1::ScoreRequest request;
+      v1::ScoreRequest& request = requests.emplace_back();
       for (size_t i = start; i < std::min(rows.size(), start + config.max_batch); ++i)
         *request.add_rows() = rows[i];
-      calls.push_back(std::async(std::launch::async,
-                                 [this, request = std::move(request)] { return Call(request); }));
     }
+    // At most kMaxCallsInFlight calls at once, each started as one ends.
+    std::vector<std::future<absl::StatusOr<v1::ScoreResponse>>> calls(requests.size());
+    auto start = [&](size_t c) {
+      if (c < calls.size())
+        calls[c] =
+            std::async(std::launch::async, [this, &requests, c] { return Call(requests[c]); });
+    };
+    for (size_t c = 0; c < kMaxCallsInFlight; ++c) start(c);
     RemoteScores out;
     size_t row = 0;
     for (size_t c = 0; c < calls.size(); ++c) {
-      DRAY_ASSIGN_OR_RETURN(v1::ScoreResponse response, calls[c].get());
+      absl::StatusOr<v1::ScoreResponse> answered = calls[c].get();
+      start(c + kMaxCallsInFlight);
+      DRAY_ASSIGN_OR_RETURN(v1::ScoreResponse response, std::move(answered));
       const size_t expected = std::min<size_t>(config.max_batch, rows.size() - row);
       if (static_cast<size_t>(response.scores_size()) != expected) {
         return Error(absl::InvalidArgumentError(

@@ -7,8 +7,8 @@
 //   ... compute the built-in rewards meanwhile ...
 //   DRAY_ASSIGN_OR_RETURN(std::vector<RemoteScores> scores, pending.get());
 //
-// Each scorer gets the samples in calls of at most max_batch rows, all at
-// once, each with a deadline of timeout_ms; a failed call is retried up to
+// Each scorer gets the samples in calls of at most max_batch rows, up to 8
+// at once, each with a deadline of timeout_ms; a failed call is retried up to
 // max_retries times (after 0.1 s, then doubling), unless its error cannot
 // change (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED,
 // UNIMPLEMENTED). A scorer that stays down, or answers the wrong number of

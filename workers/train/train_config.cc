@@ -190,7 +190,8 @@ absl::Status TrainConfig::Validate() const {
   if (reward_placement != "controller" && reward_placement != "colocated" &&
       reward_placement != "separate")
     return bad("worker.reward.placement", "must be controller, colocated or separate");
-  if (reward_workers < 1) return bad("worker.reward.num_workers", "must be at least 1");
+  if (reward_workers < 1 || reward_workers > 4096)
+    return bad("worker.reward.num_workers", "must lie in [1, 4096]");
   std::set<std::string> names(reward_functions.begin(), reward_functions.end());
   for (const RemoteRewardConfig& remote : remote_rewards) {
     const std::string where = absl::StrCat("worker.reward.remote '", remote.name, "'");
