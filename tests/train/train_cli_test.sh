@@ -17,25 +17,16 @@ job=(trainer.total_steps=6 trainer.save_every=1 data.prompts_per_step=2 algorith
 
 "$dray" train trainer.save_dir="$out/killed" "${job[@]}" >"$out/killed.log" 2>&1 &
 controller=$!
-# The second checkpoint is the event: the run is under way, four steps to go.
-checkpoint="$out/killed/checkpoints/step_000002/trainer_state.json"
-# wait_until SECONDS COMMAND...: polls COMMAND every 0.1 s until it succeeds.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.1
-  done
-}
-wait_until 120 test -f "$checkpoint" || true
-[[ -f "$checkpoint" ]] || fail "no checkpoint within 2 minutes"
+# The event: step 2 reported, which comes after its checkpoint is written;
+# four steps to go. (tail -f follows the log as it grows.)
+timeout 120 grep -q -m1 "dray train: step 2/6" < <(tail -n +1 --pid=$$ -f "$out/killed.log") ||
+  fail "step 2 was not reported within 2 minutes"
+[[ -f "$out/killed/checkpoints/step_000002/trainer_state.json" ]] || fail "no checkpoint of step 2"
 workers=$(pgrep -P $controller) || fail "the controller has no worker processes"
 kill -KILL $controller
 wait $controller 2>/dev/null && fail "the controller finished before it was killed"
-gone() { ! kill -0 "$1" 2>/dev/null; }
-for pid in $workers; do
-  wait_until 60 gone $pid || fail "worker $pid outlived its controller"
+for pid in $workers; do  # tail --pid returns when the process is gone
+  timeout 60 tail --pid=$pid -f /dev/null || fail "worker $pid outlived its controller"
 done
 [[ ! -d "$out/killed/final" ]] || fail "the killed run had finished"
 
