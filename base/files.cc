@@ -1,5 +1,6 @@
 #include "base/files.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -52,6 +53,15 @@ absl::Status WriteFile(const std::string& path, absl::string_view bytes) {
     return ErrnoError("write", path, errno);
   }
   return absl::OkStatus();
+}
+
+absl::Status SyncToDisk(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open", path, errno);
+  const int synced = fsync(fd);
+  const int error = errno;
+  close(fd);
+  return synced == 0 ? absl::OkStatus() : ErrnoError("sync", path, error);
 }
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view bytes) {

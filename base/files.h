@@ -27,6 +27,10 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // WriteFile replaces the file at `path` with `bytes`.
 absl::Status WriteFile(const std::string& path, absl::string_view bytes);
 
+// SyncToDisk makes the file or directory at `path` durable (fsync): a
+// file's contents, or a directory's entries (a rename inside it).
+absl::Status SyncToDisk(const std::string& path);
+
 // WriteFileAtomically replaces the file at `path` with `bytes` all at once:
 // written and synced beside it, then renamed over it, so that a reader (or
 // a crash) sees the old file or the new one, never a part; writers of the

@@ -331,7 +331,9 @@ absl::Status WriteSafetensors(const std::string& path,
     }
     if (!out.flush()) return ErrnoError("cannot write", partial);
   }
-  // Readers never see a half-written file.
+  // On disk before it takes the name, so readers (and a crash) never see a
+  // half-written file.
+  if (absl::Status synced = SyncToDisk(partial); !synced.ok()) return synced;
   if (std::rename(partial.c_str(), path.c_str()) != 0) return ErrnoError("cannot rename to", path);
   return absl::OkStatus();
 }

@@ -650,11 +650,13 @@ absl::Status FlowGrpoTrainer::SaveCheckpoint() {
   const nlohmann::json state = {
       {"step", steps}, {"history", history_}, {"config", config_.ToYaml()}};
   DRAY_RETURN_IF_ERROR(WriteFileAtomically((partial / kStateFile).string(), state.dump()));
+  DRAY_RETURN_IF_ERROR(SyncToDisk(partial.string()));
   fs::rename(partial, complete, error);  // complete all at once, or not at all
   if (error) {
     return absl::DataLossError(absl::StrCat("cannot rename ", partial.string(), " to ",
                                             complete.string(), ": ", error.message()));
   }
+  DRAY_RETURN_IF_ERROR(SyncToDisk(root.string()));  // the rename too, before older ones go
   std::vector<fs::path> kept = Checkpoints(root);
   for (size_t i = 0; i + config_.keep_last < kept.size(); ++i) fs::remove_all(kept[i], error);
   return absl::OkStatus();
