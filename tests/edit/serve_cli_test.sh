@@ -14,9 +14,10 @@ dray="$root/cli/dray"
 image="$root/docs/example.png"
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; cat "$out/serve.log" >&2; exit 1; }
-# wait_for_line FILE PATTERN: blocks until a line of FILE matches (tail -f
-# follows the file as it grows); false if none does within 2 minutes.
-wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -f "$1"); }
+# wait_for_line FILE PATTERN: blocks until a line of FILE matches (tail -F
+# follows the file as it grows, once the background job has created it);
+# false if none does within 2 minutes.
+wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -F "$1"); }
 
 (
   ulimit -v 6000000 # KiB, for the server and its workers

@@ -10,9 +10,10 @@ root="$TEST_SRCDIR/$TEST_WORKSPACE"
 dray="$root/cli/dray"
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; cat "$out"/*.log >&2 || true; exit 1; }
-# wait_for_line FILE PATTERN: blocks until a line of FILE matches; false if
-# none does within 2 minutes.
-wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -f "$1"); }
+# wait_for_line FILE PATTERN: blocks until a line of FILE matches (tail -F
+# waits for the file to exist, then follows it); false if none does within
+# 2 minutes.
+wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -F "$1"); }
 servers=()
 trap 'for p in "${servers[@]}"; do kill $p 2>/dev/null || true; done' EXIT
 

@@ -18,8 +18,8 @@ job=(trainer.total_steps=6 trainer.save_every=1 data.prompts_per_step=2 algorith
 "$dray" train trainer.save_dir="$out/killed" "${job[@]}" >"$out/killed.log" 2>&1 &
 controller=$!
 # The event: step 2 reported, which comes after its checkpoint is written;
-# four steps to go. (tail -f follows the log as it grows.)
-timeout 120 grep -q -m1 "dray train: step 2/6" < <(tail -n +1 --pid=$$ -f "$out/killed.log") ||
+# four steps to go. (tail -F follows the log as it grows, once it exists.)
+timeout 120 grep -q -m1 "dray train: step 2/6" < <(tail -n +1 --pid=$$ -F "$out/killed.log") ||
   fail "step 2 was not reported within 2 minutes"
 [[ -f "$out/killed/checkpoints/step_000002/trainer_state.json" ]] || fail "no checkpoint of step 2"
 workers=$(pgrep -P $controller) || fail "the controller has no worker processes"
