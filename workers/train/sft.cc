@@ -15,9 +15,9 @@ SftNoising SftNoise(const qwen_image::FlowMatchEulerScheduler& schedule, const a
                                .to(at::kLong)
                                .clamp(0, steps - 1);
   SftNoising out;
-  out.sigmas = schedule.sigmas().index_select(0, index).to(latents.device(), at::kFloat);
   out.timesteps = schedule.timesteps().index_select(0, index).to(latents.device(), at::kFloat);
-  const at::Tensor sigma = out.sigmas.view({-1, 1, 1});
+  const at::Tensor sigma =
+      schedule.sigmas().index_select(0, index).to(latents.device(), at::kFloat).view({-1, 1, 1});
   const at::Tensor x0 = latents.to(at::kFloat), epsilon = noise.to(at::kFloat);
   out.noisy = ((1 - sigma) * x0 + sigma * epsilon).to(latents.scalar_type());
   out.target = epsilon - x0;

@@ -25,7 +25,6 @@
 namespace dray {
 
 struct SftNoising {
-  at::Tensor sigmas;     // [B]
   at::Tensor timesteps;  // [B], the transformer's 0..1000 scale
   at::Tensor noisy;      // [B, S, C]
   at::Tensor target;     // [B, S, C] float32: noise - x0
