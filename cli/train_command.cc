@@ -3,13 +3,18 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "base/stop_signals.h"
 #include "workers/train/train_config.h"
 #include "workers/train/trainer.h"
 
@@ -30,6 +35,30 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
+// StopOnSignals waits until `done`: a first SIGINT or SIGTERM asks the
+// trainer to stop after its step (saving a checkpoint), a second exits at
+// once (the workers die with this process).
+void StopOnSignals(FlowGrpoTrainer& trainer, const absl::Notification& done) {
+  int signal = 0;
+  while (!done.HasBeenNotified() && (signal = WaitForStopSignal(/*timeout_ms=*/200)) == 0) {
+  }
+  if (signal == 0) return;
+  std::fprintf(stderr, "dray train: %s: stopping after this step (%s again stops at once)\n",
+               strsignal(signal), strsignal(signal));
+  trainer.RequestStop();
+  while (!done.HasBeenNotified()) {
+    if (const int again = WaitForStopSignal(/*timeout_ms=*/200); again != 0) {
+      const std::string checkpoint = trainer.NewestCheckpoint();
+      std::fprintf(stderr, "dray train: %s again, exiting now; %s\n", strsignal(again),
+                   checkpoint.empty() ? "no checkpoint was saved"
+                                      : ("the newest checkpoint is " + checkpoint +
+                                         " (trainer.resume=auto continues from it)")
+                                            .c_str());
+      std::_Exit(128 + again);
+    }
+  }
+}
+
 }  // namespace
 
 TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
@@ -37,7 +66,8 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.self = std::move(self);
   f.train = app.add_subcommand(
       "train",
-      "train Qwen-Image-Edit with Flow-GRPO or SFT (algorithm.name=sft), checkpointed with "
+      "train Qwen-Image-Edit with Flow-GRPO, SFT (algorithm.name=sft) or its VAE "
+      "(algorithm.name=vae), checkpointed with "
       "trainer.save_every and resumed with trainer.resume=auto (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");
   f.train->add_option("overrides", f.overrides,
@@ -57,14 +87,15 @@ std::optional<int> TrainCommand::Run() {
   if (!config.ok()) return Fail(config.status());
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
-  const std::string batch = config->sft() ? absl::StrCat(config->prompts_per_step, " pairs")
-                                          : absl::StrCat(config->prompts_per_step, " prompts x ",
-                                                         config->group_size, " samples");
-  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %d worker%s\n",
-               config->sft() ? "SFT on" : "Flow-GRPO on",
+  const std::string batch = config->paired() ? absl::StrCat(config->prompts_per_step, " pairs")
+                                             : absl::StrCat(config->prompts_per_step, " prompts x ",
+                                                            config->group_size, " samples");
+  const char* job = config->sft() ? "SFT on" : config->vae() ? "VAE training on" : "Flow-GRPO on";
+  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %d worker%s\n", job,
                config->embedded_task() ? "the embedded task" : config->train_files.c_str(),
                static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
                batch.c_str(), f.workers, f.workers == 1 ? "" : "s");
+  BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask
   FlowGrpoTrainer::Options options;
   options.workers = f.workers;
   options.worker_command = {f.self, "worker"};
@@ -72,7 +103,11 @@ std::optional<int> TrainCommand::Run() {
   absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> trainer =
       FlowGrpoTrainer::Start(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
+  absl::Notification done;
+  std::thread stopper([&] { StopOnSignals(**trainer, done); });
   absl::Status ran = (*trainer)->Run();
+  done.Notify();
+  stopper.join();
   if (!ran.ok()) return Fail(ran);
   std::error_code ignored;
   std::printf("wrote %s/{config.yaml,metrics.jsonl,curves.png,samples/,final/}\n",

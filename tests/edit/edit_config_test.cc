@@ -56,11 +56,12 @@ worker:
   EXPECT_EQ(from_text.ToYaml(), config.ToYaml());
 }
 
-TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSize) {
+TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSizeWithoutGuidance) {
   DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig config, ImageEditConfig::Load("", {}));
   EXPECT_TRUE(config.model_path.empty());
   EXPECT_EQ(config.num_inference_steps, kEmbeddedSteps);
   EXPECT_EQ(config.image_size, kEmbeddedImageSize);
+  EXPECT_EQ(config.negative_prompt, "");
   EXPECT_THAT(config.ToYaml(), HasSubstr("image_edit:"));
   // Keys that are set keep their values; a model path brings the full defaults back.
   DRAY_ASSERT_OK_AND_ASSIGN(config,
@@ -70,6 +71,7 @@ TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSize) {
   DRAY_ASSERT_OK_AND_ASSIGN(config, ImageEditConfig::Load("", {"worker.image_edit.model_path=/m"}));
   EXPECT_EQ(config.num_inference_steps, 50);
   EXPECT_EQ(config.image_size, 1024);
+  EXPECT_EQ(config.negative_prompt, " ");
 }
 
 TEST(ImageEditConfigTest, UnknownKeysListTheValidOnes) {

@@ -36,7 +36,7 @@ TEST(SftTest, TheLossIsTheFlowMatchingLossComputedByHand) {
                 "worker.image_edit.model_path=" + dir + "/model", "worker.actor.micro_batch_size=2",
                 "worker.image_edit.image_size=64", "worker.rollout.resolution=64"});
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->SftBatch(0));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->PairedBatch(0));
   ASSERT_EQ(batch.size(), 2);
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> updated,
                             trainer->group().Call("sft_update", {batch}));

@@ -3,6 +3,8 @@
 # with SIGKILL in the middle of its run (its worker processes go with it)
 # and started again with trainer.resume=auto ends with the adapters of a
 # run never interrupted, byte for byte, and each step in metrics.jsonl once.
+# A job stopped with SIGINT (Ctrl-C) saves a checkpoint after its step,
+# names it, and resumes from it to the same end.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -41,4 +43,20 @@ straight, resumed = ([json.loads(line) for line in open(path)] for path in sys.a
 assert [m["step"] for m in resumed] == list(range(6)), [m["step"] for m in resumed]
 assert [m["reward_mean"] for m in resumed] == [m["reward_mean"] for m in straight]
 PY
+
+"$dray" train trainer.save_dir="$out/interrupted" "${job[@]}" >"$out/interrupted.log" 2>&1 &
+controller=$!
+timeout 120 grep -q -m1 "dray train: step 1/6" < <(tail -n +1 --pid=$$ -F "$out/interrupted.log") ||
+  fail "step 1 was not reported within 2 minutes"
+kill -INT $controller
+status=0
+wait $controller || status=$?
+[[ $status == 1 ]] || fail "an interrupted run exited with $status, not 1"
+grep -q "stopping after this step" "$out/interrupted.log" || fail "SIGINT was not acknowledged"
+grep -q "CANCELLED: stopped on request after step [1-5] of 6; checkpoint .*/interrupted/checkpoints/step_00000[1-5]: continue with trainer.resume=auto" \
+  "$out/interrupted.log" || fail "the stop did not name its checkpoint"
+"$dray" train trainer.save_dir="$out/interrupted" "${job[@]}" trainer.resume=auto \
+  >"$out/interrupted_resumed.log" 2>&1 || fail "the run resumed after SIGINT failed"
+cmp "$out/straight/final/pytorch_lora_weights.safetensors" \
+  "$out/interrupted/final/pytorch_lora_weights.safetensors" || fail "the adapters differ after SIGINT"
 echo PASS

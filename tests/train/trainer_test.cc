@@ -27,7 +27,8 @@ using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
-  const TrainConfig config = SmallJob(SaveDir("on_policy"));
+  const TrainConfig config =
+      SmallJob(SaveDir("on_policy"), {"worker.image_edit.negative_prompt=\" \""});
   ASSERT_GT(config.model.true_cfg_scale, 1);
   ASSERT_FALSE(config.model.negative_prompt.empty());
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 2));

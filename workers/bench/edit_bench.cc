@@ -19,13 +19,15 @@ namespace {
 
 constexpr int kBatchRows = 8;
 
-// StartController starts the tiny model at image_size^2 with `steps` steps.
+// StartController starts the tiny model at image_size^2 with `steps` steps,
+// with guidance (two transformer passes a step, as real edits run).
 absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(
     const EditBenchOptions& options, int workers, int image_size, int steps) {
   DRAY_ASSIGN_OR_RETURN(
       ImageEditConfig config,
       ImageEditConfig::Load("", {absl::StrCat("worker.image_edit.image_size=", image_size),
-                                 absl::StrCat("worker.image_edit.num_inference_steps=", steps)}));
+                                 absl::StrCat("worker.image_edit.num_inference_steps=", steps),
+                                 "worker.image_edit.negative_prompt=\" \""}));
   ImageEditController::Options start;
   start.workers = workers;
   start.worker_command = options.worker_command;

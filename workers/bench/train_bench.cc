@@ -39,7 +39,8 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
     DRAY_ASSIGN_OR_RETURN(
         TrainConfig config,
-        TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000"}));
+        TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000",
+                               "worker.image_edit.negative_prompt=\" \""}));  // with guidance
     FlowGrpoTrainer::Options start;
     start.workers = workers;
     start.worker_command = options.worker_command;

@@ -70,6 +70,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
 void ImageEditConfig::UseEmbeddedDefaults() {
   num_inference_steps = kEmbeddedSteps;
   image_size = kEmbeddedImageSize;
+  negative_prompt = "";  // it was trained without guidance
 }
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_path,

@@ -40,7 +40,7 @@ inline constexpr int64_t kMaxPromptTokens = 2048;
 
 // The embedded default's step count and working size.
 inline constexpr int64_t kEmbeddedSteps = 20;
-inline constexpr int64_t kEmbeddedImageSize = 256;
+inline constexpr int64_t kEmbeddedImageSize = 64;
 
 struct ImageEditConfig {
   std::string model_path;    // empty: the embedded tiny model
@@ -72,8 +72,8 @@ struct ImageEditConfig {
   std::string ToYaml() const;
   // Validate checks every value's range (what Load and FromYaml check).
   absl::Status Validate() const;
-  // UseEmbeddedDefaults sets what the embedded tiny model needs (20 steps
-  // at 256^2), for keys a file and overrides leave unset.
+  // UseEmbeddedDefaults sets what the embedded model needs (20 steps at
+  // kEmbeddedImageSize^2, no guidance), for keys a file and overrides leave unset.
   void UseEmbeddedDefaults();
 };
 

@@ -9,7 +9,7 @@
 #include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
-#include "workers/models/qwen_image/model.h"
+#include "workers/models/qwen_image/embedded_model.h"
 
 namespace dray {
 
@@ -34,9 +34,7 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
   ImageEditConfig worker_config = config;
   if (config.model_path.empty()) {
     DRAY_ASSIGN_OR_RETURN(controller->embedded_, ScratchDir::Create("dray-tiny"));
-    DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
-    DRAY_RETURN_IF_ERROR(
-        qwen_image::WriteRandomQwenImageModel(controller->embedded_->path(), tiny, /*seed=*/0));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(controller->embedded_->path()));
     worker_config.model_path = controller->embedded_->path();
   }
   controller->worker_config_yaml_ = worker_config.ToYaml();

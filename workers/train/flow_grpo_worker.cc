@@ -22,6 +22,7 @@
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_model.h"
 #include "workers/models/component_weights.h"
+#include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
 #include "workers/models/lora.h"
 #include "workers/rl/policy_loss.h"
@@ -29,6 +30,7 @@
 #include "workers/rl/sde_step.h"
 #include "workers/train/sft.h"
 #include "workers/train/train_config.h"
+#include "workers/train/vae_training.h"
 
 namespace dray {
 namespace {
@@ -76,6 +78,9 @@ constexpr int kTrainTimesteps = 1000;
 struct FlowGrpoWorker::State {
   TrainConfig config;
   std::unique_ptr<EditModel> model;
+  // algorithm.name vae: the VAE, sharded as one unit (the pipeline cannot
+  // use it then: only VaeLoss runs it, between the unit's hooks).
+  std::unique_ptr<FullyShardedModule> vae_shards;
   // Full fine-tuning with a KL term: a frozen, sharded copy of the initial
   // transformer (its shards declared first: they outlive the module's hooks).
   std::unique_ptr<FullyShardedModule> reference_shards;
@@ -89,6 +94,54 @@ struct FlowGrpoWorker::State {
   qwen_image::ConditionCache conditions;
 
   qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
+  // trained: the sharded module the optimizer updates.
+  FullyShardedModule& trained() { return vae_shards ? *vae_shards : *model->transformer_shards; }
+
+  // ShardVae makes the VAE trainable: one sharding unit of all its modules.
+  absl::Status ShardVae(Worker& worker) {
+    qwen_image::AutoencoderKLQwenImage& vae = model->model().vae;
+    DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(model->config, worker));
+    DRAY_ASSIGN_OR_RETURN(Communicator * group,
+                          model->device.is_cuda() ? worker.device_comm() : worker.comm());
+    const std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> one_unit(1, vae->children());
+    DRAY_ASSIGN_OR_RETURN(vae_shards,
+                          FullyShardedModule::Shard(vae.ptr(), one_unit, group, sharding));
+    return absl::OkStatus();
+  }
+
+  // VaeLossOf runs the sharded VAE on `images` (resized to the job's
+  // resolution), each row's latent noise drawn from its seed (none: the
+  // posterior's mean).
+  absl::StatusOr<VaeLoss> VaeLossOf(const std::vector<at::Tensor>& images,
+                                    const std::vector<int64_t>& seeds) {
+    std::vector<at::Tensor> resized;
+    for (const at::Tensor& image : images) {
+      DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, ResizeImage(image, config.resolution,
+                                                           config.resolution, Resample::kLanczos));
+      resized.push_back(pixels);
+    }
+    const at::TensorOptions compute = model->model().transformer->parameters()[0].options();
+    const at::Tensor pixels = qwen_image::ToPixels(resized, compute);
+    const int64_t side = config.resolution / pipeline().vae_scale_factor();
+    const int64_t channels = model->model().vae->config().z_dim;
+    std::vector<at::Tensor> eps;
+    for (size_t i = 0; i < images.size(); ++i) {
+      if (seeds.empty()) {
+        eps.push_back(at::zeros({1, channels, 1, side, side}));
+        continue;
+      }
+      at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seeds[i]);
+      eps.push_back(at::randn({1, channels, 1, side, side}, generator, at::kFloat));
+    }
+    vae_shards->BeforeForward();
+    vae_shards->BeforeUnit(0);
+    absl::StatusOr<VaeLoss> out = VaeReconstructionLoss(
+        *model->model().vae, pixels, at::cat(eps).to(model->device), config.beta);
+    std::vector<at::Tensor> outputs;
+    if (out.ok()) outputs.push_back(out->loss);
+    vae_shards->AfterUnit(model->model().vae->children().size() - 1, outputs);
+    return out;
+  }
 
   // Schedule: the sampler's schedule for latents of `tokens` tokens.
   absl::StatusOr<rl::SdeSchedule> Schedule(int64_t tokens) {
@@ -182,6 +235,8 @@ struct FlowGrpoWorker::State {
           }
           micro.targets.push_back(*std::move(target));
         }
+      }
+      if (batch.HasColumn(kSigmaDrawsColumn)) {
         DRAY_ASSIGN_OR_RETURN(micro.sigma_draws, rows_of(kSigmaDrawsColumn));
       }
     }
@@ -210,8 +265,7 @@ struct FlowGrpoWorker::State {
   // FinishUpdate clips the accumulated gradients' global norm across ranks
   // and steps the optimizer; returns the norm before clipping.
   absl::StatusOr<double> FinishUpdate() {
-    DRAY_ASSIGN_OR_RETURN(double grad_norm,
-                          model->transformer_shards->ClipGradNorm(config.max_grad_norm));
+    DRAY_ASSIGN_OR_RETURN(double grad_norm, trained().ClipGradNorm(config.max_grad_norm));
     optimizer->step();
     optimizer->zero_grad();
     return grad_norm;
@@ -248,6 +302,8 @@ FlowGrpoWorker::FlowGrpoWorker() {
   per_rank_metrics.dispatch_mode = kDpComputeMetric;
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
   Def("sft_update", &FlowGrpoWorker::SftUpdate, per_rank_metrics);
+  Def("vae_update", &FlowGrpoWorker::VaeUpdate, per_rank_metrics);
+  Def("reconstruct", &FlowGrpoWorker::Reconstruct, batched);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
   Def("save_checkpoint", &FlowGrpoWorker::SaveCheckpoint, {kOneToAll});
   Def("load_checkpoint", &FlowGrpoWorker::LoadCheckpoint, {kOneToAll});
@@ -269,6 +325,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   model_config.enable_fsdp = true;  // training always shards (NO_SHARD is DDP)
   auto freeze = [&config](qwen_image::QwenImageModel& model) -> absl::Status {
     for (auto& parameter : model.text_encoder->parameters()) parameter.set_requires_grad(false);
+    if (config.vae()) {  // the VAE alone trains
+      for (auto& parameter : model.transformer->parameters()) parameter.set_requires_grad(false);
+      return absl::OkStatus();
+    }
     for (auto& parameter : model.vae->parameters()) parameter.set_requires_grad(false);
     if (config.lora_rank == 0) return absl::OkStatus();
     const LoraOptions lora{config.lora_rank, config.lora_alpha, config.lora_target_modules};
@@ -277,9 +337,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
         .status();
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
-  if (config.lora_rank == 0 && config.beta > 0) DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
+  if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
+  if (!config.paired() && config.lora_rank == 0 && config.beta > 0)
+    DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
   state->optimizer = std::make_unique<torch::optim::AdamW>(
-      state->model->transformer_shards->shards(),
+      state->trained().shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
   DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
   state->sampler.noise_level = config.noise_level;
@@ -479,22 +541,79 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
   return DataProto::Make({}, {}, {{"loss", loss_sum}, {"grad_norm", grad_norm}});
 }
 
+absl::StatusOr<DataProto> FlowGrpoWorker::VaeUpdate(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "vae_update");
+  if (state_ == nullptr || !state_->vae_shards)
+    return absl::FailedPreconditionError("vae_update needs init_model with algorithm.name vae");
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  state_->BeginUpdate(lr);
+  const double parts = static_cast<double>(micro_batches.size());
+  std::map<std::string, double> sums;
+  for (const MicroBatch& micro : micro_batches) {
+    std::vector<at::Tensor> images;  // each row's input, then its target (if any)
+    std::vector<int64_t> seeds;
+    for (size_t i = 0; i < micro.inputs.size(); ++i) {
+      images.push_back(micro.inputs[i].image);
+      seeds.push_back(micro.inputs[i].seed);
+      if (micro.targets.empty()) continue;
+      images.push_back(micro.targets[i]);
+      seeds.push_back(micro.inputs[i].seed + kSdeNoiseStream);
+    }
+    DRAY_ASSIGN_OR_RETURN(VaeLoss out, state_->VaeLossOf(images, seeds));
+    const at::Tensor loss = out.loss / parts;
+    DRAY_RETURN_IF_ERROR(state_->AgreeFinite(group, loss, "in the VAE's loss"));
+    loss.backward();
+    sums["loss"] += loss.item<double>();
+    sums["reconstruction_mse"] += out.reconstruction_mse.item<double>() / parts;
+    sums["kl"] += out.kl.item<double>() / parts;
+    sums["latent_std"] += out.latents.std().item<double>() / parts;
+  }
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
+  return DataProto::Make(
+      {}, {},
+      {{"loss", sums["loss"]},
+       {"reconstruction_rmse", ReconstructionRmse255(sums["reconstruction_mse"])},
+       {"kl", sums["kl"]},
+       {"latent_std", sums["latent_std"]},
+       {"grad_norm", grad_norm}});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::Reconstruct(const DataProto& batch) {
+  if (state_ == nullptr || !state_->vae_shards)
+    return absl::FailedPreconditionError("reconstruct needs init_model with algorithm.name vae");
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  torch::NoGradGuard no_grad;
+  std::vector<Image> images;
+  for (const MicroBatch& micro : micro_batches) {
+    std::vector<at::Tensor> inputs;
+    for (const qwen_image::EditInput& input : micro.inputs) inputs.push_back(input.image);
+    DRAY_ASSIGN_OR_RETURN(VaeLoss out, state_->VaeLossOf(inputs, /*seeds=*/{}));
+    for (const at::Tensor& image : qwen_image::ToImages(out.reconstructions))
+      images.push_back(RawImage(image));
+  }
+  return DataProto::Make({}, {{kEditedColumn, std::move(images)}});
+}
+
 absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before save");
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
   const TrainConfig& config = state_->config;
-  DRAY_ASSIGN_OR_RETURN(auto parameters, state_->model->transformer_shards->FullParameters());
+  DRAY_ASSIGN_OR_RETURN(auto parameters, state_->trained().FullParameters());
+  const std::string component = config.vae() ? "vae" : "transformer";
   // Rank 0 writes; every rank meets at the barrier, also when writing failed.
   auto write = [&]() -> absl::Status {
     std::error_code error;
-    std::filesystem::create_directories(config.lora_rank > 0 ? dir : dir + "/transformer", error);
+    const bool lora = config.lora_rank > 0 && !config.vae();
+    std::filesystem::create_directories(lora ? dir : dir + "/" + component, error);
     if (error) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot create ", dir, ": ", error.message()));
     }
-    if (config.lora_rank == 0) {
-      return WriteSafetensors(dir + "/transformer/diffusion_pytorch_model.safetensors", parameters,
-                              {{"format", "pt"}});
+    if (!lora) {
+      return WriteSafetensors(dir + "/" + component + "/diffusion_pytorch_model.safetensors",
+                              parameters, {{"format", "pt"}});
     }
     std::vector<std::pair<std::string, at::Tensor>> kept;
     for (auto& [name, tensor] : parameters) {
@@ -519,7 +638,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before save_checkpoint");
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
-  FullyShardedModule& sharded = *state_->model->transformer_shards;
+  FullyShardedModule& sharded = state_->trained();
   DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
   DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
   return DataProto::Make({});
@@ -529,7 +648,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input)
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before load_checkpoint");
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
-  FullyShardedModule& sharded = *state_->model->transformer_shards;
+  FullyShardedModule& sharded = state_->trained();
   absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
   if (loaded.ok()) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
   if (!loaded.ok()) {

@@ -1,9 +1,10 @@
 // FlowGrpoWorker: the worker class that trains Qwen-Image-Edit with
-// Flow-GRPO (or supervised fine-tuning), one process per GPU, holding the
-// model as the edit worker does (workers/edit/edit_model.h) with LoRA
-// adapters on the transformer (or the whole transformer trainable), always
-// sharded with FSDP's design (NO_SHARD is DDP), and an AdamW optimizer over
-// the trainable parameters:
+// Flow-GRPO (or supervised fine-tuning, or its VAE as an autoencoder), one
+// process per GPU, holding the model as the edit worker does
+// (workers/edit/edit_model.h) with LoRA adapters on the transformer (or the
+// whole transformer trainable, or with algorithm.name vae the whole VAE),
+// always sharded with FSDP's design (NO_SHARD is DDP), and an AdamW
+// optimizer over the trainable parameters:
 //
 //   init_model        ONE_TO_ALL        meta "config": the resolved TrainConfig (ToYaml);
 //                                       returns the memory figures as meta
@@ -25,8 +26,16 @@
 //                                       [B] in, meta lr: one optimizer step on the
 //                                       flow-matching loss (workers/train/sft.h); returns
 //                                       loss and grad_norm as meta
+//   vae_update        DP_COMPUTE_METRIC the edit columns and target_images in, meta lr:
+//                                       one optimizer step of the VAE on every input and
+//                                       target (workers/train/vae_training.h); returns
+//                                       loss, reconstruction_rmse, kl, latent_std and
+//                                       grad_norm as meta
+//   reconstruct       DP_COMPUTE_PROTO  the edit columns in; the VAE's reconstructions of
+//                                       the inputs (final_edited_images, raw RGB) out
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
-//                                       there (LoRA: pytorch_lora_weights.safetensors)
+//                                       there (LoRA: pytorch_lora_weights.safetensors;
+//                                       else transformer/ or vae/ in diffusers' layout)
 //   save_checkpoint   ONE_TO_ALL        meta "dir" (an existing directory): each rank
 //                                       writes its shards of the trainable weights and of
 //                                       AdamW's moments, and the optimizer's step count
@@ -80,6 +89,8 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> Edit(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
   absl::StatusOr<DataProto> SftUpdate(const DataProto& batch);
+  absl::StatusOr<DataProto> VaeUpdate(const DataProto& batch);
+  absl::StatusOr<DataProto> Reconstruct(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);
   absl::StatusOr<DataProto> SaveCheckpoint(const DataProto& input);
   absl::StatusOr<DataProto> LoadCheckpoint(const DataProto& input);

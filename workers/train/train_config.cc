@@ -72,7 +72,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = {
       Key("data.train_files", c.train_files, "a path"),
       Key("data.prompts_per_step", c.prompts_per_step, "an integer"),
-      Key("algorithm.name", c.name, "grpo or sft"),
+      Key("algorithm.name", c.name, "grpo, sft or vae"),
       Key("algorithm.adv_estimator", c.adv_estimator, "a name"),
       Key("algorithm.loss", c.loss, "a name"),
       Key("algorithm.group_size", c.group_size, "an integer"),
@@ -157,7 +157,8 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (name != "grpo" && name != "sft") return bad("algorithm.name", "must be grpo or sft");
+  if (name != "grpo" && name != "sft" && name != "vae")
+    return bad("algorithm.name", "must be grpo, sft or vae");
   if (!(clip_range > 0)) return bad("algorithm.clip_range", "must be > 0");
   if (!(adv_clip_max > 0)) return bad("algorithm.adv_clip_max", "must be > 0");
   if (!(beta >= 0)) return bad("algorithm.beta", "must be >= 0");
@@ -185,7 +186,7 @@ absl::Status TrainConfig::Validate() const {
     return bad("worker.actor.lora_target_modules", "must name at least one module");
   if (resolution < 16 || resolution % 16 != 0)
     return bad("worker.rollout.resolution", "must be a multiple of 16, at least 16");
-  if (reward_functions.empty() && remote_rewards.empty() && !sft())
+  if (reward_functions.empty() && remote_rewards.empty() && !paired())
     return bad("worker.reward.functions", "must name at least one (or a remote scorer)");
   if (reward_placement != "controller" && reward_placement != "colocated" &&
       reward_placement != "separate")

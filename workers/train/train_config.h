@@ -1,9 +1,9 @@
-// TrainConfig: a training job's configuration (Flow-GRPO or SFT), in verl/EasyR1's
+// TrainConfig: a training job's configuration (Flow-GRPO, SFT or the VAE), in verl/EasyR1's
 // YAML layout with dotted command-line overrides:
 //
-//   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT: and
-//              "target"), prompts_per_step
-//   algorithm: name (grpo or sft), adv_estimator, loss, group_size, global_std, clip_range,
+//   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT and
+//              VAE: and "target"), prompts_per_step
+//   algorithm: name (grpo, sft or vae), adv_estimator, loss, group_size, global_std, clip_range,
 //   adv_clip_max,
 //              beta, timestep_fraction, num_inner_epochs, noise_level, sde_type,
 //              sde_window_size, sde_window_range
@@ -64,14 +64,18 @@ struct TrainConfig {
   int64_t prompts_per_step = 8;
 
   // algorithm.*
-  std::string name = "grpo";           // or "sft": supervised flow matching on paired data
+  // "grpo", "sft" (supervised flow matching on paired data) or "vae" (the
+  // VAE as an autoencoder on the paired rows' images and targets).
+  std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
   int64_t group_size = 4;              // samples per prompt
   bool global_std = true;
   double clip_range = 1e-4;
   double adv_clip_max = 5.0;
-  double beta = 0.0;               // KL weight to the reference policy (LoRA: adapters off)
+  // KL weight: to the reference policy (LoRA: adapters off); vae: of the
+  // latent distribution to N(0, 1) (a beta-VAE's beta).
+  double beta = 0.0;
   double timestep_fraction = 1.0;  // share of the SDE window's steps trained
   int64_t num_inner_epochs = 1;    // optimizer steps on each rollout batch
   double noise_level = 0.7;        // eta inside the SDE window
@@ -142,9 +146,12 @@ struct TrainConfig {
 
   bool embedded_task() const { return train_files.empty(); }
   bool sft() const { return name == "sft"; }
-  // rows_per_step: samples per step, prompts_per_step x group_size (SFT:
-  // prompts_per_step pairs).
-  int64_t rows_per_step() const { return prompts_per_step * (sft() ? 1 : group_size); }
+  bool vae() const { return name == "vae"; }
+  // paired: the job reads pairs (image and target) and needs no rewards.
+  bool paired() const { return sft() || vae(); }
+  // rows_per_step: samples per step, prompts_per_step x group_size (SFT
+  // and VAE: prompts_per_step pairs).
+  int64_t rows_per_step() const { return prompts_per_step * (paired() ? 1 : group_size); }
 };
 
 }  // namespace dray

@@ -19,7 +19,7 @@
 #include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/image/image_codec.h"
-#include "workers/models/qwen_image/model.h"
+#include "workers/models/qwen_image/embedded_model.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/plot.h"
 #include "workers/train/remote_reward.h"
@@ -113,19 +113,18 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   trainer->model_path_ = config.model.model_path;
   if (trainer->model_path_.empty()) {
     trainer->model_path_ = trainer->scratch_->path() + "/model";
-    DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
-    DRAY_RETURN_IF_ERROR(qwen_image::WriteRandomQwenImageModel(trainer->model_path_, tiny, 0));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(trainer->model_path_));
   }
   std::string data = config.train_files;
   if (config.embedded_task()) {
     const std::string task = trainer->scratch_->path() + "/task";
     fs::create_directories(task);
-    DRAY_ASSIGN_OR_RETURN(data, config.sft() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
-                                             : WriteEmbeddedTask(task));
+    DRAY_ASSIGN_OR_RETURN(data, config.paired() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
+                                                : WriteEmbeddedTask(task));
   }
-  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.sft()));
+  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.paired()));
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
-  if (!config.remote_rewards.empty() && !config.sft()) {
+  if (!config.remote_rewards.empty() && !config.paired()) {
     DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
     DRAY_RETURN_IF_ERROR(trainer->remote_scorers_->Score({}).get().status());  // each one answers
   }
@@ -163,7 +162,7 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   WorkerGroupOptions group_options;
   group_options.command = options_.worker_command;
   group_options.roles = {kFlowGrpoRole};
-  const std::string placement = config_.sft() ? "controller" : config_.reward_placement;
+  const std::string placement = config_.paired() ? "controller" : config_.reward_placement;
   if (placement == "colocated") group_options.roles.push_back(kRewardRole);
   group_options.env = options_.env;
   group_options.call_timeout = options_.call_timeout;
@@ -217,7 +216,7 @@ absl::StatusOr<DataProto> FlowGrpoTrainer::EditRows(int64_t step, int64_t copies
   return MakeEditBatch(images, instructions, seeds);
 }
 
-absl::StatusOr<DataProto> FlowGrpoTrainer::SftBatch(int64_t step) const {
+absl::StatusOr<DataProto> FlowGrpoTrainer::PairedBatch(int64_t step) const {
   DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
   std::vector<Image> targets;
   std::vector<double> draws;
@@ -348,16 +347,21 @@ absl::StatusOr<at::Tensor> FlowGrpoTrainer::FunctionScores(int64_t step,
 }
 
 absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::Step(int64_t step) {
-  return config_.sft() ? SftStep(step) : GrpoStep(step);
+  return config_.paired() ? PairedStep(step) : GrpoStep(step);
 }
 
-absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::SftStep(int64_t step) {
+absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::PairedStep(int64_t step) {
+  const bool vae = config_.vae();
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, SftBatch(step));
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, group_->Call("sft_update", {batch}));
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, PairedBatch(step));
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated,
+                        group_->Call(vae ? "vae_update" : "sft_update", {batch}));
+  const std::vector<const char*> keys =
+      vae ? std::vector<const char*>{"loss", "reconstruction_rmse", "kl", "latent_std", "grad_norm"}
+          : std::vector<const char*>{"loss", "grad_norm"};
   for (const DataProto& rank : updated) {
-    for (const char* key : {"loss", "grad_norm"}) {
+    for (const char* key : keys) {
       DRAY_ASSIGN_OR_RETURN(double value, rank.GetMeta<double>(key));
       metrics[key] += value / static_cast<double>(updated.size());
     }
@@ -368,17 +372,20 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::SftStep(int64_t s
   history_.push_back(metrics);
   DRAY_RETURN_IF_ERROR(WriteMetrics(step, metrics));
   if (!SamplesDue(step)) return metrics;
-  // The inputs, what they should become, and what the model makes of them now.
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited, group_->Call("edit", {batch}));
+  // The inputs, what they should become, and what the model makes of them
+  // now (VAE: the inputs and their reconstructions).
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
+                        group_->Call(vae ? "reconstruct" : "edit", {batch}));
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs,
                         edited.front().GetRows<Image>(kEditedColumn));
   std::vector<SampleRow> grid;
   const std::vector<size_t> prompts = PromptsOf(step);
   for (size_t p = 0; p < prompts.size(); ++p) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[p]));
-    grid.push_back({prompts_[prompts[p]].pixels,
-                    {prompts_[prompts[p]].target_pixels, output},
-                    {"target", "model"}});
+    const TrainPrompt& prompt = prompts_[prompts[p]];
+    grid.push_back(
+        vae ? SampleRow{prompt.pixels, {output}, {"reconstruction"}}
+            : SampleRow{prompt.pixels, {prompt.target_pixels, output}, {"target", "model"}});
   }
   DRAY_RETURN_IF_ERROR(WriteSamples(step, grid));
   return metrics;
@@ -492,14 +499,19 @@ absl::Status FlowGrpoTrainer::WriteMetrics(int64_t step,
     return s;
   };
   std::vector<at::Tensor> charts;
-  if (!config_.sft())
+  if (config_.sft()) {
+    charts.push_back(
+        LineChart("flow-matching loss", {series("loss", "loss", {40, 90, 200})}, 720, 260));
+  } else if (config_.vae()) {
+    charts.push_back(LineChart("reconstruction RMSE (0-255)",
+                               {series("reconstruction_rmse", "rmse", {40, 90, 200})}, 720, 260));
+  } else {
     charts.push_back(LineChart("reward", {series("reward_mean", "mean", {200, 50, 40})}, 720, 260));
-  charts.push_back(config_.sft() ? LineChart("flow-matching loss",
-                                             {series("loss", "loss", {40, 90, 200})}, 720, 260)
-                                 : LineChart("loss",
-                                             {series("policy_loss", "policy", {40, 90, 200}),
-                                              series("approx_kl", "approx_kl", {60, 160, 60})},
-                                             720, 260));
+    charts.push_back(LineChart("loss",
+                               {series("policy_loss", "policy", {40, 90, 200}),
+                                series("approx_kl", "approx_kl", {60, 160, 60})},
+                               720, 260));
+  }
   return WritePngFile(config_.save_dir + "/curves.png", StackVertically(charts));
 }
 
@@ -530,12 +542,13 @@ absl::Status FlowGrpoTrainer::SaveFinal() {
   const std::string final_dir = config_.save_dir + "/final";
   DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", final_dir}}));
   DRAY_RETURN_IF_ERROR(group_->Call("save", {save}).status());
-  if (config_.lora_rank > 0) return absl::OkStatus();
-  // Full fine-tuning: the other components next to the trained transformer.
+  if (config_.lora_rank > 0 && !config_.vae()) return absl::OkStatus();
+  // A trained component (the transformer, or the VAE): the others beside it.
+  const std::string trained = config_.vae() ? "vae" : "transformer";
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(model_path_, error)) {
     const fs::path target = fs::path(final_dir) / entry.path().filename();
-    if (entry.path().filename() == "transformer") {
+    if (entry.path().filename() == trained) {
       fs::copy_file(entry.path() / "config.json", target / "config.json",
                     fs::copy_options::overwrite_existing, error);
     } else {
@@ -700,8 +713,27 @@ absl::Status FlowGrpoTrainer::Run() {
                           absl::StrCat("step ", step, ": ", metrics.status().message()));
     }
     ReportProgress(*metrics, first, started);
+    if (stop_requested_ && step + 1 < config_.total_steps) return Stopped();
   }
   return SaveFinal();
+}
+
+absl::Status FlowGrpoTrainer::Stopped() {
+  const int64_t steps = static_cast<int64_t>(history_.size());
+  if (config_.save_every == 0) {
+    return absl::CancelledError(
+        absl::StrCat("stopped on request after step ", steps, " of ", config_.total_steps,
+                     "; nothing was saved (trainer.save_every is 0), so a new run starts over"));
+  }
+  DRAY_RETURN_IF_ERROR(SaveCheckpoint());
+  return absl::CancelledError(absl::StrCat("stopped on request after step ", steps, " of ",
+                                           config_.total_steps, "; checkpoint ", NewestCheckpoint(),
+                                           ": continue with trainer.resume=auto"));
+}
+
+std::string FlowGrpoTrainer::NewestCheckpoint() const {
+  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
+  return checkpoints.empty() ? "" : checkpoints.back().string();
 }
 
 void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metrics, int64_t first,

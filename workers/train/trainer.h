@@ -12,7 +12,11 @@
 //              backward, clipping, AdamW), on a random timestep_fraction
 //              of the SDE window's steps
 //
-// and writes to trainer.save_dir: config.yaml (the resolved configuration),
+// With algorithm.name sft or vae, a step is one optimizer step on a batch
+// of pairs instead (sft_update or vae_update on the workers), with the
+// model's current edits (or the VAE's reconstructions) as samples.
+//
+// It writes to trainer.save_dir: config.yaml (the resolved configuration),
 // metrics.jsonl (a line per step), curves.png (reward and loss, redrawn
 // every log_every steps), samples/step_N.png (every sample_every steps),
 // checkpoints/step_N/ (every save_every steps: the trainable weights and
@@ -34,6 +38,7 @@
 #ifndef DRAY_WORKERS_TRAIN_TRAINER_H_
 #define DRAY_WORKERS_TRAIN_TRAINER_H_
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -87,15 +92,23 @@ class FlowGrpoTrainer {
   // start), as many times.
   absl::Status Run();
 
+  // RequestStop asks Run to stop after the step under way: it saves a
+  // checkpoint (with trainer.save_every) and returns CANCELLED naming it and
+  // how to continue. Thread-safe: a thread waiting for signals calls it.
+  void RequestStop() { stop_requested_ = true; }
+  // NewestCheckpoint: the newest complete checkpoint in trainer.save_dir
+  // (none: empty). Thread-safe.
+  std::string NewestCheckpoint() const;
+
   // Step runs one training step and returns its metrics (metrics.jsonl's keys).
   absl::StatusOr<std::map<std::string, double>> Step(int64_t step);
 
   // RolloutBatch: the rows step `step` samples (its prompts, group_size
   // times each, with their seeds and SDE window).
   absl::StatusOr<DataProto> RolloutBatch(int64_t step) const;
-  // SftBatch: SFT step `step`'s rows (its prompts with their targets, seeds
-  // and noise-level draws) and learning rate.
-  absl::StatusOr<DataProto> SftBatch(int64_t step) const;
+  // PairedBatch: SFT's or the VAE's step `step`: its rows (prompts with
+  // their targets, seeds and SFT's noise-level draws) and learning rate.
+  absl::StatusOr<DataProto> PairedBatch(int64_t step) const;
 
   const TrainConfig& config() const { return config_; }
   WorkerGroup& group() { return *group_; }
@@ -111,7 +124,9 @@ class FlowGrpoTrainer {
   absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies) const;
   double LearningRate(int64_t step) const;
   absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
-  absl::StatusOr<std::map<std::string, double>> SftStep(int64_t step);
+  // PairedStep: an SFT or VAE step (one optimizer step on the workers) and
+  // its sample grid when due.
+  absl::StatusOr<std::map<std::string, double>> PairedStep(int64_t step);
   // FunctionScores: each built-in function's score of each sample [B, F],
   // where worker.reward.placement runs them.
   absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const std::vector<RewardInput>& samples,
@@ -136,6 +151,8 @@ class FlowGrpoTrainer {
   // a .partial folder, renamed when complete; keeps the keep_last newest.
   absl::Status SaveCheckpoint();
   absl::Status RestartWorkers(const absl::Status& cause);
+  // Stopped ends a run stopped on request: a checkpoint, and the error saying so.
+  absl::Status Stopped();
   void ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
                       absl::Time started) const;
   // WriteMetrics appends to metrics.jsonl and redraws curves.png (every log_every steps).
@@ -158,6 +175,7 @@ class FlowGrpoTrainer {
   std::shared_ptr<WorkerGroup> reward_group_;           // worker.reward.placement: separate
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   int restarts_ = 0;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace dray

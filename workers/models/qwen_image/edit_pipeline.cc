@@ -72,13 +72,13 @@ PromptEmbeddings PadPrompts(const std::vector<at::Tensor>& prompts) {
   return out;
 }
 
-// ToPixels maps uint8 [B, H, W, 3] images to the VAE's input [B, 3, 1, H, W] in [-1, 1].
+}  // namespace
+
 at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options) {
   const at::Tensor unit = at::stack(images).permute({0, 3, 1, 2}).to(at::kFloat) / 255.0;
   return (unit * 2 - 1).unsqueeze(2).to(options);
 }
 
-// ToImages maps VAE output [B, 3, H, W] in [-1, 1] to uint8 [H, W, 3] images.
 std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
   const at::Tensor unit = (decoded.to(at::kCPU, at::kFloat) / 2 + 0.5).clamp(0, 1);
   const at::Tensor bytes = (unit * 255).round().to(at::kByte).permute({0, 2, 3, 1});
@@ -86,8 +86,6 @@ std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
   for (int64_t i = 0; i < bytes.size(0); ++i) images.push_back(bytes[i].contiguous());
   return images;
 }
-
-}  // namespace
 
 QwenImageEditPipeline::QwenImageEditPipeline(QwenImageModel model)
     : model_(std::move(model)), dropped_tokens_(TemplateTokensDropped(model_.tokenizer.get())) {}

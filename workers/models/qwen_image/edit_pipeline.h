@@ -68,6 +68,11 @@ using StepCallback = std::function<absl::Status(int step, int steps)>;
 // distinct input image size, each of num_inference_steps steps.
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 
+// ToPixels maps uint8 [H, W, 3] images of one size to the VAE's input
+// [B, 3, 1, H, W] in [-1, 1]; ToImages maps its output [B, 3, H, W] back.
+at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options);
+std::vector<at::Tensor> ToImages(const at::Tensor& decoded);
+
 // EncodeEditPrompt tokenizes the edit template around `instruction`. The
 // template's control tokens are matched; the instruction is plain text (a
 // "<|im_end|>" a user types is those ten characters, not the end of the
