@@ -22,7 +22,7 @@ wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -F "$1");
 (
   ulimit -v 6000000 # KiB, for the server and its workers
   exec "$dray" serve --workers 2 --port 0 --shutdown-grace-s 1 worker.image_edit.num_inference_steps=2 \
-    worker.image_edit.image_size=64
+    worker.image_edit.image_size=64 worker.image_edit.negative_prompt='" "'
 ) >"$out/serve.log" 2>&1 &
 server=$!
 trap 'kill -KILL $server 2>/dev/null || true' EXIT

@@ -86,6 +86,7 @@ TEST(SftTest, TheLossFallsOnTheEmbeddedPairs) {
   DRAY_ASSERT_OK_AND_ASSIGN(
       auto trainer,
       StartTrainer(TrainConfig::Load("", {"algorithm.name=sft", "trainer.total_steps=20",
+                                          "worker.image_edit.model_path=" + RandomTinyModel(),
                                           "trainer.save_dir=" + dir})
                        .value(),
                    2));

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
 #include "tests/runtime/test_util.h"
+#include "workers/models/qwen_image/model.h"
 
 namespace dray {
 
@@ -14,10 +15,23 @@ std::string SaveDir(const std::string& name) {
   return (std::filesystem::path(std::getenv("TEST_TMPDIR")) / name).string();
 }
 
+const std::string& RandomTinyModel() {
+  static const std::string dir = [] {
+    const std::string path = SaveDir("random_tiny_model");
+    absl::Status written = qwen_image::WriteRandomQwenImageModel(
+        path, qwen_image::PresetNamed("tiny").value(), /*seed=*/0);
+    EXPECT_TRUE(written.ok()) << written;
+    return path;
+  }();
+  return dir;
+}
+
 TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides) {
   overrides.insert(
       overrides.begin(),
-      {"data.prompts_per_step=2", "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
+      {"worker.image_edit.model_path=" + RandomTinyModel(),
+       "worker.image_edit.negative_prompt=\" \"", "data.prompts_per_step=2",
+       "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
        "worker.actor.micro_batch_size=1", "trainer.total_steps=2", "trainer.save_dir=" + save_dir});
   absl::StatusOr<TrainConfig> config = TrainConfig::Load("", overrides);
   EXPECT_TRUE(config.ok()) << config.status();

@@ -18,8 +18,14 @@ namespace dray {
 // SaveDir: a fresh path under the test's temporary directory.
 std::string SaveDir(const std::string& name);
 
-// SmallJob: the embedded task, shortened (2 prompts x 2 samples, 4
-// denoising steps, micro-batches of 1, 2 training steps), then `overrides`.
+// RandomTinyModel: a random tiny model directory (seed 0, written once per
+// process): the training tests check the trainer's mechanics on it, apart
+// from the embedded model's trained weights.
+const std::string& RandomTinyModel();
+
+// SmallJob: the embedded task on RandomTinyModel with guidance, shortened
+// (2 prompts x 2 samples, 4 denoising steps, micro-batches of 1, 2
+// training steps), then `overrides`.
 TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides = {});
 
 // StartTrainer starts a trainer with `workers` worker processes.

@@ -116,9 +116,9 @@ TEST(VaeTrainingTest, TheReconstructionErrorFallsOnTwoShardedWorkers) {
   DRAY_EXPECT_OK(
       qwen_image::LoadQwenImageModel(dir + "/final", at::TensorOptions(at::kFloat)).status());
   EXPECT_GT(MaxDifference(Weights(dir + "/final/vae"), Weights(RandomModel() + "/vae")), 1e-3);
-  EXPECT_EQ(
-      MaxDifference(Weights(dir + "/final/transformer"), Weights(RandomModel() + "/transformer")),
-      0);
+  EXPECT_EQ(MaxDifference(Weights(dir + "/final/transformer"),
+                          Weights(RandomModel() + "/transformer")),
+            0);
 }
 
 TEST(VaeTrainingTest, AStopAndAResumeEqualAnUninterruptedRun) {
