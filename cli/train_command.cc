@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,27 +36,30 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// StopOnSignals waits until `done`: a first SIGINT or SIGTERM asks the
-// trainer to stop after its step (saving a checkpoint), a second exits at
-// once (the workers die with this process).
-void StopOnSignals(FlowGrpoTrainer& trainer, const absl::Notification& done) {
-  int signal = 0;
-  while (!done.HasBeenNotified() && (signal = WaitForStopSignal(/*timeout_ms=*/200)) == 0) {
-  }
-  if (signal == 0) return;
-  std::fprintf(stderr, "dray train: %s: stopping after this step (%s again stops at once)\n",
-               strsignal(signal), strsignal(signal));
-  trainer.RequestStop();
+// StopOnSignals waits until `done`. A first SIGINT or SIGTERM while the
+// workers start exits at once; once `trainer` is running, it asks it to
+// stop after its step (saving a checkpoint), and a second exits at once (the
+// workers die with this process).
+void StopOnSignals(const std::atomic<FlowGrpoTrainer*>& trainer, const absl::Notification& done) {
+  bool asked = false;
   while (!done.HasBeenNotified()) {
-    if (const int again = WaitForStopSignal(/*timeout_ms=*/200); again != 0) {
-      const std::string checkpoint = trainer.NewestCheckpoint();
-      std::fprintf(stderr, "dray train: %s again, exiting now; %s\n", strsignal(again),
-                   checkpoint.empty() ? "no checkpoint was saved"
-                                      : ("the newest checkpoint is " + checkpoint +
-                                         " (trainer.resume=auto continues from it)")
-                                            .c_str());
-      std::_Exit(128 + again);
+    const int signal = WaitForStopSignal(/*timeout_ms=*/200);
+    if (signal == 0) continue;
+    FlowGrpoTrainer* running = trainer.load();
+    if (running != nullptr && !asked) {
+      std::fprintf(stderr, "dray train: %s: stopping after this step (%s again stops at once)\n",
+                   strsignal(signal), strsignal(signal));
+      running->RequestStop();
+      asked = true;
+      continue;
     }
+    const std::string checkpoint = running == nullptr ? "" : running->NewestCheckpoint();
+    std::fprintf(stderr, "dray train: %s, exiting now; %s\n", strsignal(signal),
+                 checkpoint.empty() ? "no checkpoint was saved"
+                                    : ("the newest checkpoint is " + checkpoint +
+                                       " (trainer.resume=auto continues from it)")
+                                          .c_str());
+    std::_Exit(128 + signal);
   }
 }
 
@@ -96,18 +100,22 @@ std::optional<int> TrainCommand::Run() {
                static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
                batch.c_str(), f.workers, f.workers == 1 ? "" : "s");
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask
+  std::atomic<FlowGrpoTrainer*> running{nullptr};
+  absl::Notification done;
+  std::thread stopper([&] { StopOnSignals(running, done); });
   FlowGrpoTrainer::Options options;
   options.workers = f.workers;
   options.worker_command = {f.self, "worker"};
   options.progress_bar = isatty(fileno(stderr));
   absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> trainer =
       FlowGrpoTrainer::Start(*config, options);
-  if (!trainer.ok()) return Fail(trainer.status());
-  absl::Notification done;
-  std::thread stopper([&] { StopOnSignals(**trainer, done); });
-  absl::Status ran = (*trainer)->Run();
+  absl::Status ran = trainer.status();
+  if (trainer.ok()) {
+    running = trainer->get();
+    ran = (*trainer)->Run();
+  }
   done.Notify();
-  stopper.join();
+  stopper.join();  // before the trainer goes
   if (!ran.ok()) return Fail(ran);
   std::error_code ignored;
   std::printf("wrote %s/{config.yaml,metrics.jsonl,curves.png,samples/,final/}\n",

@@ -79,7 +79,7 @@ struct FlowGrpoWorker::State {
   TrainConfig config;
   std::unique_ptr<EditModel> model;
   // algorithm.name vae: the VAE, sharded as one unit (the pipeline cannot
-  // use it then: only VaeLoss runs it, between the unit's hooks).
+  // use it then: only VaeLossOf runs it, between the unit's hooks).
   std::unique_ptr<FullyShardedModule> vae_shards;
   // Full fine-tuning with a KL term: a frozen, sharded copy of the initial
   // transformer (its shards declared first: they outlive the module's hooks).

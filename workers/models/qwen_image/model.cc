@@ -209,8 +209,8 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
       absl::StrCat("unknown model preset '", name, "'; presets: tiny, small, real"));
 }
 
-absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
-                                       uint64_t seed) {
+absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std::string& dir,
+                                                                       const ModelPreset& preset) {
   const fs::path root(dir);
   std::error_code error;
   for (const Component& component : kComponents) {
@@ -234,7 +234,14 @@ absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset
   DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder" / "config.json", text_encoder.ToJson()));
   DRAY_RETURN_IF_ERROR(
       WriteText(root / "processor" / "preprocessor_config.json", preset.image_processor.ToJson()));
+  return text_encoder;
+}
 
+absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
+                                       uint64_t seed) {
+  const fs::path root(dir);
+  DRAY_ASSIGN_OR_RETURN(qwen2_vl::TextEncoderConfig text_encoder,
+                        WriteQwenImageModelConfigs(dir, preset));
   const at::TensorOptions float32 = at::TensorOptions().dtype(at::kFloat);
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   QwenImageTransformer transformer(preset.transformer, float32);

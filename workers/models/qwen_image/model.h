@@ -67,10 +67,15 @@ struct ModelPreset {
 // meta-device checks, far too large to write here). NOT_FOUND otherwise.
 absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
 
-// WriteRandomQwenImageModel writes a model directory with PyTorch-default
-// random weights (float32), deterministic for `seed`, and a byte-level BPE
-// tokenizer with Qwen2's special tokens whose merges are learned from the
-// edit prompt template.
+// WriteQwenImageModelConfigs writes a model directory's every file but the
+// weights: the configs and a byte-level BPE tokenizer with Qwen2's special
+// tokens whose merges are learned from the edit prompt template. Returns the
+// text encoder's config as written (its vocabulary follows the tokenizer).
+absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std::string& dir,
+                                                                       const ModelPreset& preset);
+
+// WriteRandomQwenImageModel writes those files and PyTorch-default random
+// weights (float32), deterministic for `seed`.
 absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
                                        uint64_t seed);
 
