@@ -5,6 +5,8 @@
 //   dray bench [--suite runtime|sharding|edit] [--workers N] [--quick] [--json]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
+//   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
+//   dray node --controller=HOST:PORT --token-file=F                    (one per node)
 //   dray init-model --preset tiny|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
@@ -19,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/cluster_commands.h"
 #include "cli/edit_commands.h"
 #include "cli/train_command.h"
 #include "runtime/bench/actor_bench.h"
@@ -155,6 +158,7 @@ int Main(int argc, char** argv) {
 
   EditCommands edit_commands(app, SelfPath());
   TrainCommand train_command(app, SelfPath());
+  NodeCommand node_command(app, SelfPath());
 
   CLI::App* init = app.add_subcommand(
       "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
@@ -192,6 +196,7 @@ int Main(int argc, char** argv) {
   if (*bench) return Bench(suite, workers, quick, json);
   if (std::optional<int> code = edit_commands.Run()) return *code;
   if (std::optional<int> code = train_command.Run()) return *code;
+  if (std::optional<int> code = node_command.Run()) return *code;
   if (*init) return InitModel(preset, out, seed);
   if (*parity) return Parity(reference);
   if (*worker) {

@@ -19,6 +19,7 @@
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "base/stop_signals.h"
+#include "cli/cluster_commands.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "workers/edit/edit_batch.h"
@@ -48,6 +49,7 @@ struct EditCommands::Flags {
   int max_wait_ms = 20;
   double shutdown_grace_s = 10;
   int max_restarts = 3;
+  ClusterFlags cluster;
 };
 
 namespace {
@@ -87,9 +89,12 @@ absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) 
   return ImageEditConfig::Load(f.config_file, overrides);
 }
 
-ImageEditController::Options ControllerOptions(const EditCommands::Flags& f) {
+ImageEditController::Options ControllerOptions(const EditCommands::Flags& f,
+                                               NodePool* pool = nullptr) {
   ImageEditController::Options options;
   options.workers = f.workers;
+  options.nodes = f.cluster.nodes;
+  options.node_pool = pool;
   options.worker_command = {f.self, "worker"};
   options.max_restarts = f.max_restarts;
   return options;
@@ -214,8 +219,10 @@ int Serve(const EditCommands::Flags& f) {
   if (!config.ok()) return Fail("serve", config.status());
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
+  absl::StatusOr<std::unique_ptr<NodePool>> pool = f.cluster.StartPool();  // outlives the workers
+  if (!pool.ok()) return Fail("serve", pool.status());
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
-      ImageEditController::Start(*config, ControllerOptions(f));
+      ImageEditController::Start(*config, ControllerOptions(f, pool->get()));
   if (!controller.ok()) return Fail("serve", controller.status());
   ServeOptions options;
   options.address = absl::StrCat(f.host, ":", f.port);
@@ -225,10 +232,10 @@ int Serve(const EditCommands::Flags& f) {
       ImageEditServer::Start(controller->get(), options);
   if (!server.ok()) return Fail("serve", server.status());
   std::printf(
-      "dray serve: ImageEditService on %s:%d with %d worker%s, up to %lld images per call; "
+      "dray serve: ImageEditService on %s:%d with %s, up to %lld images per call; "
       "SIGINT or SIGTERM stops\n",
-      f.host.c_str(), (*server)->port(), f.workers, f.workers == 1 ? "" : "s",
-      static_cast<long long>(config->batch_size * f.workers));
+      f.host.c_str(), (*server)->port(), WorkerLayout(f.cluster, f.workers).c_str(),
+      static_cast<long long>(config->batch_size * f.workers * f.cluster.nodes));
   if (f.host != "127.0.0.1" && f.host != "localhost" && f.host != "::1") {
     std::fprintf(stderr,
                  "dray serve: warning: ImageEditService listens on %s without authentication: "
@@ -280,9 +287,10 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
   f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
   f.serve->add_option("overrides", f.overrides, overrides_help);
-  f.serve->add_option("--workers", f.workers, "worker processes (one per GPU)")
+  f.serve->add_option("--workers", f.workers, "worker processes (one per GPU) on each node")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  f.cluster.Add(f.serve);
   f.serve
       ->add_option("--host", f.host,
                    "address to listen on (0.0.0.0: every interface, without authentication)")

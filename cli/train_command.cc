@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/stop_signals.h"
+#include "cli/cluster_commands.h"
 #include "workers/train/train_config.h"
 #include "workers/train/trainer.h"
 
@@ -27,6 +28,7 @@ struct TrainCommand::Flags {
   std::string config_file;
   std::vector<std::string> overrides;
   int workers = 1;
+  ClusterFlags cluster;
 };
 
 namespace {
@@ -77,9 +79,10 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.train->add_option("overrides", f.overrides,
                       "SECTION.KEY=VALUE overrides, e.g. worker.actor.lr=3e-4 "
                       "trainer.total_steps=50");
-  f.train->add_option("--workers", f.workers, "worker processes (one per GPU)")
+  f.train->add_option("--workers", f.workers, "worker processes (one per GPU) on each node")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  f.cluster.Add(f.train);
 }
 
 TrainCommand::~TrainCommand() = default;
@@ -95,16 +98,20 @@ std::optional<int> TrainCommand::Run() {
                                              : absl::StrCat(config->prompts_per_step, " prompts x ",
                                                             config->group_size, " samples");
   const char* job = config->sft() ? "SFT on" : config->vae() ? "VAE training on" : "Flow-GRPO on";
-  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %d worker%s\n", job,
+  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %s\n", job,
                config->embedded_task() ? "the embedded task" : config->train_files.c_str(),
                static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
-               batch.c_str(), f.workers, f.workers == 1 ? "" : "s");
+               batch.c_str(), WorkerLayout(f.cluster, f.workers).c_str());
+  absl::StatusOr<std::unique_ptr<NodePool>> pool = f.cluster.StartPool();  // outlives the trainer
+  if (!pool.ok()) return Fail(pool.status());
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask
   std::atomic<FlowGrpoTrainer*> running{nullptr};
   absl::Notification done;
   std::thread stopper([&] { StopOnSignals(running, done); });
   FlowGrpoTrainer::Options options;
   options.workers = f.workers;
+  options.nodes = f.cluster.nodes;
+  options.node_pool = pool->get();
   options.worker_command = {f.self, "worker"};
   options.progress_bar = isatty(fileno(stderr));
   absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> trainer =

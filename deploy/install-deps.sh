@@ -24,6 +24,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev
   # The Python client and reward-server examples and their tests (TLS: openssl).
   python3 python3-grpcio python3-protobuf python3-numpy openssl
+  # Multi-node tests: network namespaces stand in for hosts.
+  iproute2
 )
 
 missing=()

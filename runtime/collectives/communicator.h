@@ -79,12 +79,17 @@ struct GroupAddress {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // This rank's own address, where its collectives' connections bind (on a
+  // node that is not MASTER_ADDR's); empty: master_addr, one machine.
+  std::string node_addr;
   // Set: the ranks, all on one machine, meet through this file (a c10d
   // FileStore, in a directory only the job's user may enter) and nothing
   // listens for the store; master_port is unused.
   std::string store_file;
   // How long to wait for peers, at setup and in each collective.
   absl::Duration timeout = absl::Minutes(5);
+
+  const std::string& local_addr() const { return node_addr.empty() ? master_addr : node_addr; }
 };
 
 // Rendezvous: the c10d store where the ranks of a group meet: the FileStore

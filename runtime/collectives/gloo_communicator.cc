@@ -154,7 +154,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
         absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ",")), rendezvous->store().store);
     auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
     options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(address.master_addr));
+        c10d::ProcessGroupGloo::createDeviceForHostname(address.local_addr()));
     auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
         store, group_rank, static_cast<int>(ranks.size()), options);
     return std::unique_ptr<Communicator>(

@@ -108,8 +108,8 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     if (failure_.has_value()) return *failure_;
     for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
       if (exits_[rank].has_value()) {
-        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ",
-                                                   processes_[rank]->pid(), ") ",
+        return absl::UnavailableError(absl::StrCat("worker rank ", rank, " (",
+                                                   processes_[rank]->Describe(), ") ",
                                                    exits_[rank]->ToString()));
       }
     }
@@ -123,10 +123,18 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
 
  private:
   absl::Status StartServer();
+  // Launch starts every rank: here (Spawn) or on the pool's nodes.
+  absl::Status Launch();
   absl::Status Spawn(int rank);
+  // WorkerArgs: what follows the worker command on every rank's command line.
+  std::vector<std::string> WorkerArgs() const {
+    return {absl::StrCat("--controller=", controller_address_),
+            absl::StrCat("--roles=", absl::StrJoin(options_.roles, ","))};
+  }
   absl::Status WaitForRegistration();
   absl::Status Connect();
   void OnWorkerExit(int rank, const ExitStatus& status);
+  void OnWorkerLost(int rank, const absl::Status& cause);
   // FailRank fails `rank`'s calls and, the first time, the group.
   void FailRank(int rank, const absl::Status& cause);
   // WatchHeartbeats fails the first rank silent for stall_timeout.
@@ -138,7 +146,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   std::string controller_address_;
   std::optional<ScratchDir> store_dir_;  // where the ranks meet for collectives
   const std::string job_secret_ = NewJobSecret();
-  std::vector<std::unique_ptr<Subprocess>> processes_;  // by rank
+  std::vector<std::unique_ptr<Process>> processes_;     // by rank
   std::vector<std::unique_ptr<WorkerClient>> clients_;  // by rank
 
   absl::Mutex mu_;
@@ -157,29 +165,50 @@ absl::Status WorkerGroup::Impl::Start() {
         absl::StrCat("a worker group needs at least one node and one worker per node, got ",
                      resources_.nodes, " x ", resources_.workers_per_node));
   }
-  if (options_.command.empty())
+  if (options_.command.empty() && options_.nodes == nullptr)
     return absl::InvalidArgumentError("WorkerGroupOptions.command is empty");
   if (options_.roles.empty())
     return absl::InvalidArgumentError("WorkerGroupOptions.roles is empty");
   DRAY_RETURN_IF_ERROR(StartServer());
-  DRAY_ASSIGN_OR_RETURN(store_dir_, ScratchDir::Create("dray-group"));
-  processes_.resize(resources_.world_size());
-  for (int rank = 0; rank < resources_.world_size(); ++rank) DRAY_RETURN_IF_ERROR(Spawn(rank));
+  DRAY_RETURN_IF_ERROR(Launch());
   DRAY_RETURN_IF_ERROR(WaitForRegistration());
   return Connect();
+}
+
+absl::Status WorkerGroup::Impl::Launch() {
+  if (options_.nodes == nullptr) {
+    DRAY_ASSIGN_OR_RETURN(store_dir_, ScratchDir::Create("dray-group"));
+    processes_.resize(resources_.world_size());
+    for (int rank = 0; rank < resources_.world_size(); ++rank) DRAY_RETURN_IF_ERROR(Spawn(rank));
+    return absl::OkStatus();
+  }
+  NodeLaunch launch;
+  launch.nodes = resources_.nodes;
+  launch.workers_per_node = resources_.workers_per_node;
+  launch.args = WorkerArgs();
+  launch.env = options_.env;
+  launch.job_secret = job_secret_;
+  launch.wait_for_nodes = options_.register_timeout;
+  DRAY_ASSIGN_OR_RETURN(
+      processes_,
+      options_.nodes->Launch(
+          launch, [this](int rank, const ExitStatus& status) { OnWorkerExit(rank, status); },
+          [this](int rank, const absl::Status& cause) { OnWorkerLost(rank, cause); }));
+  return absl::OkStatus();
 }
 
 absl::Status WorkerGroup::Impl::StartServer() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
+  const std::string host = options_.nodes != nullptr ? options_.nodes->host() : "127.0.0.1";
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(host, ":0"), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0)
-    return absl::UnavailableError("the controller cannot listen on 127.0.0.1");
-  controller_address_ = absl::StrCat("127.0.0.1:", port);
+    return absl::UnavailableError(absl::StrCat("the controller cannot listen on ", host));
+  controller_address_ = absl::StrCat(host, ":", port);
   return absl::OkStatus();
 }
 
@@ -187,8 +216,7 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
   const int local_rank = rank % resources_.workers_per_node;
   SubprocessOptions spawn;
   spawn.argv = options_.command;
-  spawn.argv.push_back(absl::StrCat("--controller=", controller_address_));
-  spawn.argv.push_back(absl::StrCat("--roles=", absl::StrJoin(options_.roles, ",")));
+  for (std::string& arg : WorkerArgs()) spawn.argv.push_back(std::move(arg));
   spawn.env = {{"RANK", absl::StrCat(rank)},
                {"WORLD_SIZE", absl::StrCat(resources_.world_size())},
                {"LOCAL_RANK", absl::StrCat(local_rank)},
@@ -226,9 +254,9 @@ absl::Status WorkerGroup::Impl::WaitForRegistration() {
   std::vector<int> missing;
   for (size_t rank = 0; rank < registrations_.size(); ++rank) {
     if (exits_[rank].has_value() && !registrations_[rank].has_value()) {
-      return absl::UnavailableError(absl::StrCat("worker rank ", rank, " ",
-                                                 exits_[rank]->ToString(),
-                                                 " before registering (its output is above)"));
+      return absl::UnavailableError(
+          absl::StrCat("worker rank ", rank, " (", processes_[rank]->Describe(), ") ",
+                       exits_[rank]->ToString(), " before registering (its output is above)"));
     }
     if (!registrations_[rank].has_value()) missing.push_back(static_cast<int>(rank));
   }
@@ -285,10 +313,21 @@ void WorkerGroup::Impl::OnWorkerExit(int rank, const ExitStatus& status) {
   {
     absl::MutexLock lock(&mu_);
     exits_[rank] = status;
+    // Until the group is connected, Start reports exits (and processes_ may
+    // still be filling in).
+    if (!connected_) return;
   }
   FailRank(rank,
-           absl::UnavailableError(absl::StrCat("worker rank ", rank, " (pid ",
-                                               processes_[rank]->pid(), ") ", status.ToString())));
+           absl::UnavailableError(absl::StrCat(
+               "worker rank ", rank, " (", processes_[rank]->Describe(), ") ", status.ToString())));
+}
+
+void WorkerGroup::Impl::OnWorkerLost(int rank, const absl::Status& cause) {
+  {
+    absl::MutexLock lock(&mu_);
+    exits_[rank] = ExitStatus{-1, 0, /*lost=*/true};
+  }
+  FailRank(rank, cause);
 }
 
 void WorkerGroup::Impl::FailRank(int rank, const absl::Status& cause) {
@@ -327,7 +366,7 @@ void WorkerGroup::Impl::WatchHeartbeats() {
   const auto [rank, silence] = *stalled;
   FailRank(rank,
            absl::UnavailableError(absl::StrCat(
-               "worker rank ", rank, " (pid ", processes_[rank]->pid(), ") sent no heartbeat for ",
+               "worker rank ", rank, " (", processes_[rank]->Describe(), ") sent no heartbeat for ",
                absl::FormatDuration(silence), ": stalled or unreachable")));
 }
 

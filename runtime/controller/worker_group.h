@@ -1,9 +1,10 @@
 // WorkerGroup: the controller's handle on a group of worker processes, dray's
 // counterpart of verl's RayWorkerGroup.
 //
-// Create spawns one worker process per rank (nodes x workers per node, here
-// all on this machine), waits for each to register its method table, and
-// opens a session to each. Calling a method on the group applies the
+// Create starts one worker process per rank (nodes x workers per node: by
+// default all on this machine, as its children; with a NodePool, on the
+// nodes whose agents attached to it), waits for each to register its
+// method table, and opens a session to each. Calling a method on the group applies the
 // method's dispatch mode: split the input across ranks, call them, collect.
 //
 //   WorkerGroupOptions options;
@@ -57,11 +58,14 @@
 #include "dispatch/dispatch_mode.h"
 #include "dray/v1/worker.pb.h"
 #include "runtime/controller/method_dispatcher.h"
+#include "runtime/controller/node_pool.h"
 
 namespace dray {
 
 // ResourceSpec: how many worker processes, laid out as nodes x workers per
-// node (LOCAL_RANK counts within a node; CUDA_VISIBLE_DEVICES = LOCAL_RANK).
+// node (LOCAL_RANK counts within a node). On one machine, the "nodes" are a
+// layout only and CUDA_VISIBLE_DEVICES = LOCAL_RANK; on a NodePool they are
+// machines, each giving its own GPUs by local rank.
 struct ResourceSpec {
   int nodes = 1;
   int workers_per_node = 1;
@@ -94,6 +98,12 @@ struct WorkerGroupOptions {
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
+  // Set: the ranks run on this pool's nodes (controller/node_pool.h), which
+  // must outlive the group; the group's controller service then listens on
+  // the pool's host, and command and master_addr are unused (each node's
+  // agent knows how to start a worker; rank 0's node hosts the store).
+  // Unset: the group starts its workers on this machine.
+  NodePool* nodes = nullptr;
 };
 
 class WorkerGroup {

@@ -1,5 +1,6 @@
 #include "runtime/process/subprocess.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -87,6 +88,7 @@ std::vector<char*> Pointers(std::vector<std::string>& strings) {
 }  // namespace
 
 std::string ExitStatus::ToString() const {
+  if (lost) return "was lost with its node";
   if (signal != 0) return absl::StrCat("killed by signal ", signal, " (", strsignal(signal), ")");
   return absl::StrCat("exited with code ", exit_code);
 }
@@ -170,7 +172,7 @@ void Subprocess::Watch(SubprocessOptions options, Pipes pipes) {
   }
   pid_ = pid;
   forwarder_ = std::thread(&Subprocess::ForwardOutput, this, pipes.out[0], pipes.err[0],
-                           options.output_prefix);
+                           options.output_prefix, std::move(options.on_output));
   {
     absl::MutexLock lock(&mu_);
     spawn_result_ = absl::OkStatus();
@@ -191,10 +193,16 @@ void Subprocess::Watch(SubprocessOptions options, Pipes pipes) {
   if (on_exit_) on_exit_(exit_status);
 }
 
-void Subprocess::ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix) {
+void Subprocess::ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix,
+                               std::function<void(bool, std::string)> on_output) {
   pollfd fds[2] = {{stdout_fd, POLLIN, 0}, {stderr_fd, POLLIN, 0}};
   std::string pending[2];
   const int targets[2] = {STDOUT_FILENO, STDERR_FILENO};
+  auto emit = [&](int i, std::string lines) {
+    if (on_output) return on_output(i == 1, std::move(lines));
+    absl::MutexLock lock(&output_mu);
+    WriteAll(targets[i], lines);
+  };
   int open_fds = 2;
   char buffer[65536];
   while (open_fds > 0) {
@@ -207,9 +215,8 @@ void Subprocess::ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix)
         if (fds[i].fd >= 0) close(fds[i].fd);
         if (!pending[i].empty()) pending[i] += '\n';
       }
-      absl::MutexLock lock(&output_mu);
       for (int i = 0; i < 2; ++i) {
-        if (!pending[i].empty()) WriteAll(targets[i], absl::StrCat(prefix, pending[i]));
+        if (!pending[i].empty()) emit(i, absl::StrCat(prefix, pending[i]));
       }
       return;
     }
@@ -237,11 +244,12 @@ void Subprocess::ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix)
         start = newline + 1;
       }
       pending[i].erase(0, end + 1);
-      absl::MutexLock lock(&output_mu);
-      WriteAll(targets[i], out);
+      emit(i, std::move(out));
     }
   }
 }
+
+std::string Subprocess::Describe() const { return absl::StrCat("pid ", pid_); }
 
 void Subprocess::Signal(int signal) {
   absl::MutexLock lock(&mu_);
@@ -266,17 +274,20 @@ Subprocess::~Subprocess() {
   if (forwarder_.joinable()) forwarder_.join();
 }
 
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
+absl::StatusOr<int> PickFreePort(const std::string& host) {
   sockaddr_in address = {};
   address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("'", host, "' is not an IPv4 address"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", strerror(errno)));
   socklen_t length = sizeof(address);
   const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
                   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
   close(fd);
-  if (!ok) return absl::UnavailableError(absl::StrCat("no free port: ", strerror(errno)));
+  if (!ok)
+    return absl::UnavailableError(absl::StrCat("no free port on ", host, ": ", strerror(errno)));
   return static_cast<int>(ntohs(address.sin_port));
 }
 

@@ -33,48 +33,44 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "runtime/process/process.h"
 
 namespace dray {
-
-// ExitStatus: how a process ended.
-struct ExitStatus {
-  int exit_code = -1;  // set when it exited
-  int signal = 0;      // set when a signal killed it
-
-  // ToString: "exited with code 3" or "killed by signal 9 (Killed)".
-  std::string ToString() const;
-};
 
 struct SubprocessOptions {
   std::vector<std::string> argv;  // argv[0] is the path of the executable
   // Variables set in the child on top of this process's environment.
   std::vector<std::pair<std::string, std::string>> env;
   std::string output_prefix;  // prepended to each line of the child's output
+  // Set: the child's output goes here (whole lines, prefixed; `to_stderr`
+  // tells which stream) instead of to this process's stdout and stderr.
+  std::function<void(bool to_stderr, std::string lines)> on_output;
   // What the child reads on its standard input, then end of file (at most
   // 64 KiB: a secret, say, that must not appear on a command line or in the
   // environment). Empty: standard input is /dev/null.
   std::string stdin_data;
 };
 
-class Subprocess {
+class Subprocess final : public Process {
  public:
   // Spawn starts the child; an executable that cannot run is an error here,
   // not a silent exit. `on_exit` runs on an internal thread once the child ended.
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(
       SubprocessOptions options, std::function<void(const ExitStatus&)> on_exit = nullptr);
 
-  ~Subprocess();
+  ~Subprocess() override;
   Subprocess(const Subprocess&) = delete;
   Subprocess& operator=(const Subprocess&) = delete;
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const override { return pid_; }
+
+  std::string Describe() const override;
 
   // Signal sends `signal` to the child's process group unless the child has
   // already been reaped.
-  void Signal(int signal);
+  void Signal(int signal) override;
 
-  // WaitFor waits up to `timeout` for the child to end.
-  std::optional<ExitStatus> WaitFor(absl::Duration timeout);
+  std::optional<ExitStatus> WaitFor(absl::Duration timeout) override;
 
  private:
   // Pipes: {read end, write end} of the child's exec status, stdin, stdout,
@@ -87,7 +83,8 @@ class Subprocess {
   // Watch forks and execs (so the child's parent-death signal is tied to this
   // long-lived thread), reports the outcome of exec, then reaps the child.
   void Watch(SubprocessOptions options, Pipes pipes);
-  void ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix);
+  void ForwardOutput(int stdout_fd, int stderr_fd, std::string prefix,
+                     std::function<void(bool, std::string)> on_output);
 
   pid_t pid_ = -1;
   std::function<void(const ExitStatus&)> on_exit_;
@@ -98,8 +95,9 @@ class Subprocess {
   std::optional<absl::Status> spawn_result_ ABSL_GUARDED_BY(mu_);
 };
 
-// PickFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-absl::StatusOr<int> PickFreePort();
+// PickFreePort returns a TCP port on `host` (an IPv4 address) that was free
+// a moment ago.
+absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 
 }  // namespace dray
 

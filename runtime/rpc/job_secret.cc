@@ -10,6 +10,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/status_macros.h"
 
 namespace dray {
 
@@ -40,6 +42,14 @@ absl::StatusOr<std::string> ReadJobSecret(int fd) {
         "no job secret on standard input: a worker is started by its controller");
   }
   return secret;
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  DRAY_ASSIGN_OR_RETURN(std::string token, ReadFile(path));
+  absl::StripAsciiWhitespace(&token);
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat("the token file ", path, " is empty"));
+  return token;
 }
 
 void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret) {

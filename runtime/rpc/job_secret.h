@@ -34,6 +34,12 @@ std::string NewJobSecret();
 // its end; INVALID_ARGUMENT when there is none.
 absl::StatusOr<std::string> ReadJobSecret(int fd);
 
+// ReadSecretFile reads a token that the operator keeps in a file (a cluster
+// token, a Kubernetes Secret mounted as a file), without surrounding white
+// space; INVALID_ARGUMENT when the file holds none, and the file's own
+// error when it cannot be read.
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
 // AttachJobSecret adds the secret to a call's metadata.
 void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret);
 

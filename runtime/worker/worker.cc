@@ -36,6 +36,7 @@ absl::StatusOr<WorkerContext> WorkerContext::FromEnvironment() {
   }
   if (const char* addr = std::getenv("MASTER_ADDR")) context.master_addr = addr;
   if (const char* file = std::getenv("DRAY_STORE_FILE")) context.store_file = file;
+  if (const char* node = std::getenv("DRAY_NODE_ADDR")) context.node_addr = node;
   if (context.world_size < 1 || context.rank >= context.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("RANK=", context.rank, " is not below WORLD_SIZE=", context.world_size));
@@ -59,6 +60,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Worker::rendezvous() {
     address.master_addr = context_.master_addr;
     address.master_port = context_.master_port;
     address.store_file = context_.store_file;
+    address.node_addr = context_.node_addr;
     DRAY_ASSIGN_OR_RETURN(rendezvous_, Rendezvous::Join(address));
   }
   return rendezvous_;

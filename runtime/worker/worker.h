@@ -47,8 +47,9 @@ namespace dray {
 
 // WorkerContext: where a worker stands in its group. The controller passes
 // it to each worker process as RANK, WORLD_SIZE, LOCAL_RANK,
-// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and, on one machine,
-// DRAY_STORE_FILE (GroupAddress::store_file).
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, on one machine
+// DRAY_STORE_FILE (GroupAddress::store_file), and on a node that node's own
+// address, DRAY_NODE_ADDR (GroupAddress::node_addr).
 struct WorkerContext {
   int rank = 0;
   int world_size = 1;
@@ -57,6 +58,7 @@ struct WorkerContext {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
   std::string store_file;
+  std::string node_addr;
 
   // FromEnvironment reads the variables above; a missing one keeps its
   // default (a lone worker), a malformed one is INVALID_ARGUMENT.

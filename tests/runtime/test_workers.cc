@@ -20,6 +20,12 @@
 namespace dray {
 namespace {
 
+std::string Hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
 // WithRank returns `input` with a "rank" column naming who processed each row.
 absl::StatusOr<DataProto> WithRank(const DataProto& input, int rank) {
   DataProto output = input;
@@ -62,6 +68,8 @@ class TestWorker : public Worker {
                             {"local_world_size", int64_t{local_world_size()}},
                             {"master_addr", context().master_addr},
                             {"store_file", context().store_file},
+                            {"node_addr", context().node_addr},
+                            {"hostname", Hostname()},
                             {"cuda_visible_devices", std::string(devices ? devices : "")},
                             {"pid", int64_t{getpid()}}});
   }

@@ -64,12 +64,13 @@ absl::Status ImageEditController::StartGroup() {
   group_options.roles = {kImageEditRole};
   group_options.env = options_.env;
   group_options.stall_timeout = options_.stall_timeout;
+  group_options.nodes = options_.node_pool;
   auto failed_group = std::make_shared<const WorkerGroup*>(nullptr);  // set once created
   group_options.on_failure = [this, failed_group](const absl::Status& cause) {
     OnGroupFailure(*failed_group, cause);
   };
   DRAY_ASSIGN_OR_RETURN(std::shared_ptr<WorkerGroup> group,
-                        WorkerGroup::Create({1, options_.workers}, group_options));
+                        WorkerGroup::Create({options_.nodes, options_.workers}, group_options));
   *failed_group = group.get();
   DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", worker_config_yaml_}}));
   CallOptions call;

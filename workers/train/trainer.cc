@@ -101,10 +101,12 @@ FlowGrpoTrainer::~FlowGrpoTrainer() {
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainConfig config,
                                                                         Options options) {
   DRAY_RETURN_IF_ERROR(config.Validate());
-  if (options.workers < 1 || config.rows_per_step() % options.workers != 0) {
+  const int world_size = options.nodes * options.workers;
+  if (options.workers < 1 || options.nodes < 1 || config.rows_per_step() % world_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.prompts_per_step x algorithm.group_size = ", config.rows_per_step(),
-                     " rows per step must divide among --workers ", options.workers));
+                     " rows per step must divide among the workers: --workers ", options.workers,
+                     options.nodes > 1 ? absl::StrCat(" x --nodes ", options.nodes) : ""));
   }
   std::unique_ptr<FlowGrpoTrainer> trainer(new FlowGrpoTrainer(config, std::move(options)));
   if (config.model.model_path.empty() || config.embedded_task()) {
@@ -167,8 +169,10 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   group_options.env = options_.env;
   group_options.call_timeout = options_.call_timeout;
   group_options.stall_timeout = absl::Minutes(1);
-  DRAY_ASSIGN_OR_RETURN(group_, WorkerGroup::Create({1, options_.workers}, group_options));
-  if (placement == "separate") {
+  group_options.nodes = options_.node_pool;
+  DRAY_ASSIGN_OR_RETURN(group_,
+                        WorkerGroup::Create({options_.nodes, options_.workers}, group_options));
+  if (placement == "separate") {  // on one node (the first, on a pool)
     group_options.roles = {kRewardRole};
     DRAY_ASSIGN_OR_RETURN(
         reward_group_,

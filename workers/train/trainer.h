@@ -65,7 +65,12 @@ namespace dray {
 class FlowGrpoTrainer {
  public:
   struct Options {
+    // Worker processes per node. Without a node pool, all run on this
+    // machine (nodes stays 1); with one (controller/node_pool.h, which must
+    // outlive this), nodes x workers ranks run on the pool's nodes.
     int workers = 1;
+    int nodes = 1;
+    NodePool* node_pool = nullptr;
     // The worker executable and its leading arguments (`dray worker`).
     std::vector<std::string> worker_command;
     std::vector<std::pair<std::string, std::string>> env;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# `dray train` and `dray serve` as a cluster runs them, on two hosts made of
+# network namespaces (netns_hosts.sh; needs root, skips without it): a
+# `dray node` agent on each host, the controller here with --nodes 2
+# --listen and a cluster token. The trained adapters and metrics equal a
+# one-machine run's byte for byte, and an image edited through the
+# multi-node service equals one edited locally.
+set -euo pipefail
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "SKIPPED: needs root (network namespaces stand in for hosts)"
+  exit 0
+fi
+root="$TEST_SRCDIR/$TEST_WORKSPACE"
+dray="$root/cli/dray"
+hosts="$root/tests/cluster/netns_hosts.sh"
+out="$TEST_TMPDIR"
+name="drcl$(($$ % 10000))"
+subnet=10.77.32
+fail() { echo "FAIL: $*" >&2; tail -5 "$out"/*.log >&2 || true; exit 1; }
+# wait_for_line FILE PATTERN: blocks until a line of FILE matches.
+wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -F "$1"); }
+agents=()
+cleanup() {
+  kill -KILL "${agents[@]}" ${server:-} 2>/dev/null || true
+  "$hosts" down "$name" 2
+}
+trap cleanup EXIT
+"$hosts" up "$name" 2 "$subnet"
+openssl rand -hex 32 >"$out/token"
+
+# start_agents LOG: a `dray node` on each host for the controller whose
+# LOG names the address it waits at.
+start_agents() {
+  wait_for_line "$1" "waiting for 2 nodes to attach at" || fail "no node pool in $1"
+  local address
+  address=$(sed -n 's/.*waiting for 2 nodes to attach at \([0-9.:]*\).*/\1/p' "$1" | head -1)
+  agents=()
+  for i in 1 2; do
+    nsenter --net="/run/netns/$name$i" unshare --uts sh -c "hostname node$i && exec \"\$0\" \"\$@\"" \
+      "$dray" node --controller="$address" --token-file="$out/token" >"$out/agent$i.log" 2>&1 &
+    agents+=($!)
+  done
+}
+cluster=(--nodes 2 --workers 1 --listen "$subnet.1:0" --token-file "$out/token")
+
+job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
+  worker.rollout.num_inference_steps=4)
+"$dray" train trainer.save_dir="$out/local" "${job[@]}" --workers 2 >"$out/local.log" 2>&1 ||
+  fail "the one-machine run failed"
+"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" >"$out/nodes.log" 2>&1 &
+controller=$!
+start_agents "$out/nodes.log"
+wait $controller || fail "the multi-node run failed"
+for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
+grep -q "^\[rank 1 node2\] init_model" "$out/nodes.log" || fail "rank 1's output did not come from node2"
+cmp "$out/local/final/pytorch_lora_weights.safetensors" \
+  "$out/nodes/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"
+/usr/bin/python3 - "$out/local/metrics.jsonl" "$out/nodes/metrics.jsonl" <<'PY' || fail "the metrics differ"
+import json, sys
+local, nodes = ([json.loads(line) for line in open(path)] for path in sys.argv[1:])
+for a, b in zip(local, nodes):
+    assert {k: v for k, v in a.items() if not k.endswith("_s")} == \
+           {k: v for k, v in b.items() if not k.endswith("_s")}, (a, b)
+PY
+
+edit=(--instruction "make it purple" --seed 3)
+"$dray" edit --image "$root/docs/scene.png" "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 ||
+  fail "dray edit failed"
+"$dray" serve --port 0 "${cluster[@]}" >"$out/serve.log" 2>&1 &
+server=$!
+start_agents "$out/serve.log"
+wait_for_line "$out/serve.log" "ImageEditService on" || fail "dray serve did not start"
+port=$(sed -n 's/.*ImageEditService on [0-9.]*:\([0-9]*\).*/\1/p' "$out/serve.log")
+grep -q "with 2 nodes x 1 worker" "$out/serve.log" || fail "the service does not say where its workers are"
+"$dray" edit --server "127.0.0.1:$port" --image "$root/docs/scene.png" "${edit[@]}" \
+  --out "$out/served.png" >"$out/served.log" 2>&1 || fail "the edit through the service failed"
+cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
+kill -TERM $server
+wait $server || fail "dray serve did not stop cleanly"
+for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
+echo PASS
