@@ -24,8 +24,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev
   # The Python client and reward-server examples and their tests (TLS: openssl).
   python3 python3-grpcio python3-protobuf python3-numpy openssl
-  # Multi-node tests: network namespaces stand in for hosts.
-  iproute2
+  # Multi-node tests: network namespaces stand in for hosts, a real Slurm runs jobs on them.
+  iproute2 slurm-wlm slurmctld slurmd slurm-client munge
 )
 
 missing=()
