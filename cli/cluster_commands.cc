@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "base/status_macros.h"
 #include "runtime/node/node_agent.h"
+#include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/job_secret.h"
 
 namespace dray {
@@ -35,6 +36,21 @@ std::vector<std::string> ParseGpus(const std::string& flag) {
 
 }  // namespace
 
+void TlsFlags::Add(CLI::App* command) {
+  command->add_option("--tls-cert", cert,
+                      "TLS on every port and channel: this process's certificate (PEM), whose "
+                      "names or IP addresses are those peers dial");
+  command->add_option("--tls-key", key, "TLS: the certificate's private key (PEM)");
+  command->add_option("--tls-ca", ca,
+                      "TLS: the authority (PEM) that signed every dray process's certificate");
+  command->add_flag("--tls-mutual", mutual, "TLS: servers also verify their clients' certificates");
+}
+
+absl::Status TlsFlags::Apply() const {
+  if (cert.empty() && key.empty() && ca.empty()) return absl::OkStatus();
+  return UseTls({cert, key, ca, mutual});
+}
+
 void ClusterFlags::Add(CLI::App* command) {
   command
       ->add_option("--nodes", nodes,
@@ -48,9 +64,11 @@ void ClusterFlags::Add(CLI::App* command) {
   command->add_option("--token-file", token_file,
                       "the cluster token node agents must present (a file, e.g. a mounted "
                       "Secret); default $DRAY_TOKEN_FILE");
+  tls.Add(command);
 }
 
 absl::StatusOr<std::unique_ptr<NodePool>> ClusterFlags::StartPool() const {
+  DRAY_RETURN_IF_ERROR(tls.Apply());
   if (listen.empty()) {
     if (nodes > 1) {
       return absl::InvalidArgumentError(
@@ -87,6 +105,7 @@ struct NodeCommand::Flags {
   std::string address;
   std::string gpus;
   double attach_timeout_s = 300;
+  TlsFlags tls;
 };
 
 NodeCommand::NodeCommand(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
@@ -110,6 +129,7 @@ NodeCommand::NodeCommand(CLI::App& app, std::string self) : flags_(std::make_uni
       ->add_option("--attach-timeout-s", f.attach_timeout_s,
                    "how long to wait for the controller to come up")
       ->capture_default_str();
+  f.tls.Add(f.node);
 }
 
 NodeCommand::~NodeCommand() = default;
@@ -126,7 +146,7 @@ std::optional<int> NodeCommand::Run() {
   const std::string token_file = f.token_file.empty() ? Env("DRAY_TOKEN_FILE") : f.token_file;
   absl::Status status = token_file.empty()
                             ? absl::InvalidArgumentError("needs --token-file (or DRAY_TOKEN_FILE)")
-                            : absl::OkStatus();
+                            : f.tls.Apply();
   if (status.ok()) {
     absl::StatusOr<std::string> token = ReadSecretFile(token_file);
     status = token.status();

@@ -25,17 +25,30 @@ class App;
 
 namespace dray {
 
-// ClusterFlags: --nodes, --listen and --token-file of a controller command.
+// TlsFlags: --tls-cert, --tls-key, --tls-ca and --tls-mutual, which put every
+// port and channel of the process and its workers on TLS (grpc_util.h).
+struct TlsFlags {
+  std::string cert, key, ca;
+  bool mutual = false;
+
+  void Add(CLI::App* command);
+  // Apply turns TLS on when any file is given (then all three must be).
+  absl::Status Apply() const;
+};
+
+// ClusterFlags: --nodes, --listen, --token-file and the TLS flags of a
+// controller command.
 struct ClusterFlags {
   int nodes = 1;
   std::string listen;
   std::string token_file;
+  TlsFlags tls;
 
   // Add adds the flags to `command`.
   void Add(CLI::App* command);
 
-  // StartPool starts the node pool the flags ask for: none (nullptr) without
-  // --listen, when every worker runs on this machine.
+  // StartPool applies the TLS flags and starts the node pool the flags ask
+  // for: none (nullptr) without --listen, when every worker runs here.
   absl::StatusOr<std::unique_ptr<NodePool>> StartPool() const;
 };
 

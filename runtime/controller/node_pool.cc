@@ -46,11 +46,17 @@ std::string RankList(const std::vector<int>& ranks) {
 
 // RemoteWorker: one worker process on a node, as the pool tracks it.
 struct RemoteWorker {
-  int rank = 0;
-  pid_t pid = 0;
-  NodePool::ExitCallback on_exit;
-  NodePool::LossCallback on_lost;
+  RemoteWorker(int rank, pid_t pid, NodePool::ExitCallback on_exit, NodePool::LossCallback on_lost)
+      : rank(rank), pid(pid), on_exit(std::move(on_exit)), on_lost(std::move(on_lost)) {}
+
+  const int rank;
+  const pid_t pid;
   std::optional<ExitStatus> exit;  // guarded by the pool's mutex
+  // Held while a callback runs: the handle's owner clears them under it, so
+  // that none runs once the handle is gone (as Subprocess joins its thread).
+  absl::Mutex callback_mu;
+  NodePool::ExitCallback on_exit ABSL_GUARDED_BY(callback_mu);
+  NodePool::LossCallback on_lost ABSL_GUARDED_BY(callback_mu);
 };
 
 // PendingLaunch: workers a node was asked to start, until it answers.
@@ -151,7 +157,14 @@ class NodePool::Impl::RemoteProcess final : public Process {
   RemoteProcess(NodePool::Impl* pool, std::shared_ptr<Node> node,
                 std::shared_ptr<RemoteWorker> worker)
       : pool_(pool), node_(std::move(node)), worker_(std::move(worker)) {}
-  ~RemoteProcess() override { Signal(SIGKILL); }
+  ~RemoteProcess() override {
+    {
+      absl::MutexLock lock(&worker_->callback_mu);
+      worker_->on_exit = nullptr;
+      worker_->on_lost = nullptr;
+    }
+    Signal(SIGKILL);
+  }
 
   pid_t pid() const override { return worker_->pid; }
   std::string Describe() const override {
@@ -185,7 +198,7 @@ absl::Status NodePool::Impl::Start() {
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int port = 0;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options_.listen, DrayServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
@@ -282,11 +295,9 @@ void NodePool::Impl::OnLaunched(Node& node, const v1::WorkersLaunched& reply) {
   }
   PendingLaunch& launch = pending->second;
   for (int i = 0; reply.error().empty() && i < reply.pids_size(); ++i) {
-    auto worker = std::make_shared<RemoteWorker>();
-    worker->rank = launch.ranks.at(i);
-    worker->pid = static_cast<pid_t>(reply.pids(i));
-    worker->on_exit = launch.on_exit;
-    worker->on_lost = launch.on_lost;
+    // Never callback_mu under mu_: a callback may take mu_.
+    auto worker = std::make_shared<RemoteWorker>(
+        launch.ranks.at(i), static_cast<pid_t>(reply.pids(i)), launch.on_exit, launch.on_lost);
     node.workers[worker->pid] = worker;
     launch.workers.push_back(std::move(worker));
   }
@@ -306,6 +317,7 @@ void NodePool::Impl::OnExited(Node& node, const v1::WorkerExited& exited) {
     node.workers.erase(found);
     worker->exit = status;
   }
+  absl::MutexLock callbacks(&worker->callback_mu);
   if (worker->on_exit) worker->on_exit(worker->rank, status);
 }
 
@@ -334,6 +346,7 @@ void NodePool::Impl::LoseNode(const std::shared_ptr<Node>& node, const std::stri
   const absl::Status status = absl::UnavailableError(
       ranks.empty() ? what : absl::StrCat(what, "; ", RankList(ranks), " ran there"));
   for (const auto& worker : lost) {
+    absl::MutexLock callbacks(&worker->callback_mu);
     if (worker->on_lost) worker->on_lost(worker->rank, status);
   }
 }

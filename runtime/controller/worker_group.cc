@@ -203,7 +203,7 @@ absl::Status WorkerGroup::Impl::StartServer() {
   ConfigureDrayServer(&builder);
   const std::string host = options_.nodes != nullptr ? options_.nodes->host() : "127.0.0.1";
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":0"), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(host, ":0"), DrayServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0)

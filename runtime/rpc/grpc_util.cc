@@ -1,8 +1,11 @@
 #include "runtime/rpc/grpc_util.h"
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +21,9 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/files.h"
+#include "base/status_macros.h"
 
 namespace dray {
 namespace {
@@ -106,6 +112,68 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
                         std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout)));
 }
 
+namespace {
+
+// Tls: the process's TLS settings once UseTls ran.
+struct Tls {
+  std::string cert, key, ca;
+  bool mutual = false;
+};
+absl::Mutex tls_mu(absl::kConstInit);
+Tls* tls ABSL_GUARDED_BY(tls_mu) = nullptr;
+
+std::optional<Tls> CurrentTls() {
+  absl::MutexLock lock(&tls_mu);
+  if (tls == nullptr) return std::nullopt;
+  return *tls;
+}
+
+}  // namespace
+
+absl::Status UseTls(const TlsFiles& files) {
+  if (files.cert.empty() || files.key.empty() || files.ca.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs all three files: --tls-cert (this process's certificate), --tls-key (its "
+        "key) and --tls-ca (the authority that signed every peer's certificate)");
+  }
+  Tls loaded;
+  loaded.mutual = files.mutual;
+  for (auto [path, pem] : {std::pair{&files.cert, &loaded.cert}, std::pair{&files.key, &loaded.key},
+                           std::pair{&files.ca, &loaded.ca}}) {
+    DRAY_ASSIGN_OR_RETURN(*pem, ReadFile(*path));
+  }
+  std::error_code ignored;
+  setenv("DRAY_TLS_CERT", std::filesystem::absolute(files.cert, ignored).c_str(), 1);
+  setenv("DRAY_TLS_KEY", std::filesystem::absolute(files.key, ignored).c_str(), 1);
+  setenv("DRAY_TLS_CA", std::filesystem::absolute(files.ca, ignored).c_str(), 1);
+  setenv("DRAY_TLS_MUTUAL", files.mutual ? "1" : "0", 1);
+  absl::MutexLock lock(&tls_mu);
+  delete tls;
+  tls = new Tls(std::move(loaded));
+  return absl::OkStatus();
+}
+
+absl::Status UseTlsFromEnvironment() {
+  const char* cert = std::getenv("DRAY_TLS_CERT");
+  if (cert == nullptr) return absl::OkStatus();
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value == nullptr ? "" : value);
+  };
+  return UseTls({cert, env("DRAY_TLS_KEY"), env("DRAY_TLS_CA"), env("DRAY_TLS_MUTUAL") == "1"});
+}
+
+std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials() {
+  std::optional<Tls> current = CurrentTls();
+  if (!current.has_value()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(
+      current->mutual ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                      : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_root_certs = current->ca;
+  options.pem_key_cert_pairs.push_back({current->key, current->cert});
+  return grpc::SslServerCredentials(options);
+}
+
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address) {
   KeepGrpcInitialized();
   grpc::ChannelArguments args;
@@ -117,7 +185,15 @@ std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Each channel gets its own connection: workers must not share one socket.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (std::optional<Tls> current = CurrentTls()) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = current->ca;
+    options.pem_private_key = current->key;
+    options.pem_cert_chain = current->cert;
+    credentials = grpc::SslCredentials(options);
+  }
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 std::shared_ptr<grpc::Channel> CreateExternalChannel(

@@ -16,6 +16,7 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/status.h>
 
@@ -34,9 +35,35 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // SetDeadline gives `context` a deadline `timeout` from now.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
 
-// CreateDrayChannel opens an insecure channel to `address` (host:port) with
-// dray's limits: messages up to 2 GiB - 1 (large payloads stream in chunks
-// anyway) and keepalive pings so a vanished peer is noticed within seconds.
+// TlsFiles: PEM files that put every dray port and channel of a process on
+// TLS (UseTls). Each process presents `cert`; peers are verified against
+// `ca`, the authority that signed every dray process's certificate of the
+// job (whose names or IP addresses must be those peers dial).
+struct TlsFiles {
+  std::string cert;     // this process's certificate (chain)
+  std::string key;      // its private key
+  std::string ca;       // the authority that signed the peers' certificates
+  bool mutual = false;  // servers also require clients to present theirs
+};
+
+// UseTls turns TLS on for the rest of the process: CreateDrayChannel and
+// DrayServerCredentials use it. It also sets DRAY_TLS_CERT, DRAY_TLS_KEY,
+// DRAY_TLS_CA and DRAY_TLS_MUTUAL (absolute paths), which the processes this
+// one starts inherit; call it before starting threads. INVALID_ARGUMENT when
+// a file is missing from the set, the file's error when one cannot be read.
+absl::Status UseTls(const TlsFiles& files);
+
+// UseTlsFromEnvironment calls UseTls with DRAY_TLS_* when DRAY_TLS_CERT is
+// set (a worker of a TLS job), and does nothing otherwise.
+absl::Status UseTlsFromEnvironment();
+
+// DrayServerCredentials: TLS after UseTls, plaintext otherwise.
+std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials();
+
+// CreateDrayChannel opens a channel to `address` (host:port), on TLS after
+// UseTls, with dray's limits: messages up to 2 GiB - 1 (large payloads
+// stream in chunks anyway) and keepalive pings so a vanished peer is noticed
+// within seconds.
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);
 
 // CreateExternalChannel opens a channel to a service dray does not run (a

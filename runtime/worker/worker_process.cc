@@ -141,8 +141,7 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":0"), grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(absl::StrCat(options.host, ":0"), DrayServerCredentials(), &port);
   builder.RegisterService(service);
   grpc::ServerCompletionQueue* sessions = builder.AddCompletionQueue().release();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -176,7 +175,8 @@ int WorkerMain(const WorkerClassRegistry& classes, int argc, char** argv) {
   KeepFreedMemoryForReuse();
   absl::StatusOr<WorkerProcessOptions> options =
       ParseWorkerProcessFlags(std::vector<std::string>(argv + 1, argv + argc));
-  absl::Status status = options.ok() ? RunWorkerProcess(classes, *options) : options.status();
+  absl::Status status = options.ok() ? UseTlsFromEnvironment() : options.status();
+  if (status.ok()) status = RunWorkerProcess(classes, *options);
   if (!status.ok()) std::fprintf(stderr, "dray worker: %s\n", status.ToString().c_str());
   // Exit now: a method that is still running (it cannot be interrupted) must
   // not hold the process, nor must destructors of servers waiting for it.

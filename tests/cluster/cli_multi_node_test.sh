@@ -2,9 +2,10 @@
 # `dray train` and `dray serve` as a cluster runs them, on two hosts made of
 # network namespaces (netns_hosts.sh; needs root, skips without it): a
 # `dray node` agent on each host, the controller here with --nodes 2
-# --listen and a cluster token. The trained adapters and metrics equal a
-# one-machine run's byte for byte, and an image edited through the
-# multi-node service equals one edited locally.
+# --listen and a cluster token. Trained with mutual TLS on every port, the
+# adapters and metrics equal a one-machine run's byte for byte (and an agent
+# without TLS cannot attach); an image edited through the multi-node service
+# equals one edited locally.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -15,9 +16,10 @@ root="$TEST_SRCDIR/$TEST_WORKSPACE"
 dray="$root/cli/dray"
 hosts="$root/tests/cluster/netns_hosts.sh"
 out="$TEST_TMPDIR"
-name="drcl$(($$ % 10000))"
+name=drcl  # one name per subnet: a run cleans up what a killed run left
+exec 9>"/run/lock/dray-$name.lock" && flock 9  # and waits for one still running
 subnet=10.77.32
-fail() { echo "FAIL: $*" >&2; tail -5 "$out"/*.log >&2 || true; exit 1; }
+fail() { echo "FAIL: $*" >&2; tail -n 5 "$out"/*.log >&2 || true; exit 1; }
 # wait_for_line FILE PATTERN: blocks until a line of FILE matches.
 wait_for_line() { timeout 120 grep -q -m1 "$2" < <(tail -n +1 --pid=$$ -F "$1"); }
 agents=()
@@ -28,17 +30,35 @@ cleanup() {
 trap cleanup EXIT
 "$hosts" up "$name" 2 "$subnet"
 openssl rand -hex 32 >"$out/token"
+# A certificate authority and one certificate for every host's address.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/ca.key" -out "$out/ca.pem" -days 1 \
+  -subj /CN=dray-test-ca 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" -subj /CN=dray 2>/dev/null
+openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
+  -out "$out/cert.pem" -days 1 2>/dev/null \
+  -extfile <(echo "subjectAltName=IP:$subnet.1,IP:$subnet.11,IP:$subnet.12")
+tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/ca.pem" --tls-mutual)
 
-# start_agents LOG: a `dray node` on each host for the controller whose
-# LOG names the address it waits at.
-start_agents() {
+# pool_address LOG: where the controller whose LOG this is waits for nodes.
+pool_address() {
   wait_for_line "$1" "waiting for 2 nodes to attach at" || fail "no node pool in $1"
+  sed -n 's/.*waiting for 2 nodes to attach at \([0-9.:]*\).*/\1/p' "$1" | head -1
+}
+# agent I ARGS...: `dray node ARGS` on host I, as nodeI.
+agent() {
+  local i=$1
+  shift
+  nsenter --net="/run/netns/$name$i" unshare --uts sh -c "hostname node$i && exec \"\$0\" \"\$@\"" \
+    "$dray" node --token-file="$out/token" "$@"
+}
+# start_agents LOG [ARGS...]: an agent on each host for the controller of LOG.
+start_agents() {
   local address
-  address=$(sed -n 's/.*waiting for 2 nodes to attach at \([0-9.:]*\).*/\1/p' "$1" | head -1)
+  address=$(pool_address "$1")
+  shift
   agents=()
   for i in 1 2; do
-    nsenter --net="/run/netns/$name$i" unshare --uts sh -c "hostname node$i && exec \"\$0\" \"\$@\"" \
-      "$dray" node --controller="$address" --token-file="$out/token" >"$out/agent$i.log" 2>&1 &
+    agent $i --controller="$address" "$@" >"$out/agent$i.log" 2>&1 &
     agents+=($!)
   done
 }
@@ -48,9 +68,13 @@ job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=4)
 "$dray" train trainer.save_dir="$out/local" "${job[@]}" --workers 2 >"$out/local.log" 2>&1 ||
   fail "the one-machine run failed"
-"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" >"$out/nodes.log" 2>&1 &
+"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" "${tls[@]}" \
+  >"$out/nodes.log" 2>&1 &
 controller=$!
-start_agents "$out/nodes.log"
+agent 1 --controller="$(pool_address "$out/nodes.log")" --attach-timeout-s 2 >"$out/plain.log" 2>&1 &&
+  fail "an agent without TLS attached"
+grep -q "could not reach the controller" "$out/plain.log" || fail "the plaintext agent's error: $(cat "$out/plain.log")"
+start_agents "$out/nodes.log" "${tls[@]}"
 wait $controller || fail "the multi-node run failed"
 for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
 grep -q "^\[rank 1 node2\] init_model" "$out/nodes.log" || fail "rank 1's output did not come from node2"

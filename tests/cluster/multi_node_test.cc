@@ -3,8 +3,10 @@
 // (test_node); the controller is this test, on the hosts' network. Real
 // processes, real gRPC, real Gloo across the namespaces. Needs root (as CI
 // has); skips without it.
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -63,7 +65,12 @@ class MultiNodeTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << "needs root: network namespaces stand in for hosts";
-    name_ = absl::StrCat("drmn", getpid() % 10000);  // interface names stay short
+    // One name per subnet: a run cleans up what a killed run left behind,
+    // and waits for one still running (--runs_per_test).
+    name_ = "drmn";
+    lock_ = open(("/run/lock/dray-" + name_ + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    ASSERT_GE(lock_, 0);
+    ASSERT_EQ(flock(lock_, LOCK_EX), 0);
     DRAY_ASSERT_OK(Hosts({"up", name_, "2", kSubnet}));
     hosts_up_ = true;
     DRAY_ASSERT_OK_AND_ASSIGN(scratch_, ScratchDir::Create("multi-node"));
@@ -83,6 +90,7 @@ class MultiNodeTest : public ::testing::Test {
     if (hosts_up_) {
       DRAY_EXPECT_OK(Hosts({"down", name_, "2"}));
     }
+    if (lock_ >= 0) close(lock_);
   }
 
   // StartAgent starts a node agent on host `host` (1 or 2), named nodeN.
@@ -128,6 +136,7 @@ class MultiNodeTest : public ::testing::Test {
   std::string HostAddress(int host) const { return absl::StrCat(kSubnet, ".", 10 + host); }
 
   std::string name_;
+  int lock_ = -1;  // held while this test owns the hosts
   bool hosts_up_ = false;
   std::optional<ScratchDir> scratch_;
   std::string token_;

@@ -16,7 +16,8 @@ dray="$root/cli/dray"
 hosts="$root/tests/cluster/netns_hosts.sh"
 sbatch_script="$root/deploy/slurm/dray.sbatch"
 out="$TEST_TMPDIR"
-name="drsl$(($$ % 10000))"
+name=drsl  # one name per subnet: a run cleans up what a killed run left
+exec 9>"/run/lock/dray-$name.lock" && flock 9  # and waits for one still running
 subnet=10.77.33
 # Slurm's own files, under a short path: its unix sockets live there.
 slurm=$(mktemp -d /tmp/drsl.XXXXXX)

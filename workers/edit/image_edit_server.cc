@@ -428,7 +428,7 @@ absl::Status ImageEditServer::Impl::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.address, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(options_.address, DrayServerCredentials(), &port_);
   ConfigureKeepalive(&builder);
   ExplainUnparsableRequests(&builder);
   builder.SetMaxReceiveMessageSize(
