@@ -22,6 +22,7 @@
 #include "cli/cluster_commands.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
@@ -42,6 +43,8 @@ struct EditCommands::Flags {
   std::optional<int64_t> steps, image_size, seed, width, height;
   std::optional<double> true_cfg_scale;
   double timeout_s = 600;
+  std::string token_file;  // the bearer token presented to --server
+  TlsFlags tls;            // to reach a --server on TLS
   // dray serve.
   std::string host = "127.0.0.1";  // this machine only, unless --host says otherwise
   int port = 8000;
@@ -49,6 +52,7 @@ struct EditCommands::Flags {
   int max_wait_ms = 20;
   double shutdown_grace_s = 10;
   int max_restarts = 3;
+  std::string client_token_file;  // the bearer token clients must present
   ClusterFlags cluster;
 };
 
@@ -156,6 +160,12 @@ int EditOnServer(const EditCommands::Flags& f) {
   request.set_height(static_cast<int32_t>(f.height.value_or(0)));
   grpc::ClientContext context;
   SetDeadline(&context, absl::Seconds(f.timeout_s));
+  if (!f.token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadSecretFile(f.token_file);
+    if (!token.ok()) return Fail("edit", token.status());
+    AttachBearerToken(&context, *token);
+  }
+  if (absl::Status tls = f.tls.Apply(); !tls.ok()) return Fail("edit", tls);
   std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(),
                f.timeout_s);
   std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> events =
@@ -228,6 +238,11 @@ int Serve(const EditCommands::Flags& f) {
   options.address = absl::StrCat(f.host, ":", f.port);
   options.max_queue = f.max_queue;
   options.max_wait = absl::Milliseconds(f.max_wait_ms);
+  if (!f.client_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadSecretFile(f.client_token_file);
+    if (!token.ok()) return Fail("serve", token.status());
+    options.bearer_token = *std::move(token);
+  }
   absl::StatusOr<std::unique_ptr<ImageEditServer>> server =
       ImageEditServer::Start(controller->get(), options);
   if (!server.ok()) return Fail("serve", server.status());
@@ -236,10 +251,11 @@ int Serve(const EditCommands::Flags& f) {
       "SIGINT or SIGTERM stops\n",
       f.host.c_str(), (*server)->port(), WorkerLayout(f.cluster, f.workers).c_str(),
       static_cast<long long>(config->batch_size * f.workers * f.cluster.nodes));
-  if (f.host != "127.0.0.1" && f.host != "localhost" && f.host != "::1") {
+  if (f.client_token_file.empty() && f.host != "127.0.0.1" && f.host != "localhost" &&
+      f.host != "::1") {
     std::fprintf(stderr,
                  "dray serve: warning: ImageEditService listens on %s without authentication: "
-                 "anyone who can reach port %d can use the workers\n",
+                 "anyone who can reach port %d can use the workers (see --client-token-file)\n",
                  f.host.c_str(), (*server)->port());
   }
   std::fflush(stdout);
@@ -283,6 +299,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option("--height", f.height, "output height");
   f.edit->add_option("--timeout", f.timeout_s, "seconds to wait for a server")
       ->capture_default_str();
+  f.edit->add_option("--token-file", f.token_file,
+                     "a file with the token a --server asks for (authorization: Bearer)");
+  f.tls.Add(f.edit);
 
   f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
   f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
@@ -316,6 +335,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve->add_option("--max-wait-ms", f.max_wait_ms, "how long a batch waits to fill")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  f.serve->add_option("--client-token-file", f.client_token_file,
+                      "a file with the token every client must present (authorization: Bearer); "
+                      "default: none asked");
 }
 
 EditCommands::~EditCommands() = default;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -131,21 +132,22 @@ std::optional<Tls> CurrentTls() {
 }  // namespace
 
 absl::Status UseTls(const TlsFiles& files) {
-  if (files.cert.empty() || files.key.empty() || files.ca.empty()) {
+  if (files.ca.empty() || files.cert.empty() != files.key.empty()) {
     return absl::InvalidArgumentError(
-        "TLS needs all three files: --tls-cert (this process's certificate), --tls-key (its "
-        "key) and --tls-ca (the authority that signed every peer's certificate)");
+        "TLS needs --tls-ca (the authority that signed the peers' certificates), and "
+        "--tls-cert with --tls-key (this process's certificate and key; a server must have "
+        "them, a client needs them only for mutual TLS)");
   }
   Tls loaded;
   loaded.mutual = files.mutual;
-  for (auto [path, pem] : {std::pair{&files.cert, &loaded.cert}, std::pair{&files.key, &loaded.key},
-                           std::pair{&files.ca, &loaded.ca}}) {
-    DRAY_ASSIGN_OR_RETURN(*pem, ReadFile(*path));
-  }
   std::error_code ignored;
-  setenv("DRAY_TLS_CERT", std::filesystem::absolute(files.cert, ignored).c_str(), 1);
-  setenv("DRAY_TLS_KEY", std::filesystem::absolute(files.key, ignored).c_str(), 1);
-  setenv("DRAY_TLS_CA", std::filesystem::absolute(files.ca, ignored).c_str(), 1);
+  for (auto [path, pem, variable] : {std::tuple{&files.cert, &loaded.cert, "DRAY_TLS_CERT"},
+                                     std::tuple{&files.key, &loaded.key, "DRAY_TLS_KEY"},
+                                     std::tuple{&files.ca, &loaded.ca, "DRAY_TLS_CA"}}) {
+    if (path->empty()) continue;
+    DRAY_ASSIGN_OR_RETURN(*pem, ReadFile(*path));
+    setenv(variable, std::filesystem::absolute(*path, ignored).c_str(), 1);
+  }
   setenv("DRAY_TLS_MUTUAL", files.mutual ? "1" : "0", 1);
   absl::MutexLock lock(&tls_mu);
   delete tls;
@@ -154,13 +156,13 @@ absl::Status UseTls(const TlsFiles& files) {
 }
 
 absl::Status UseTlsFromEnvironment() {
-  const char* cert = std::getenv("DRAY_TLS_CERT");
-  if (cert == nullptr) return absl::OkStatus();
   auto env = [](const char* name) {
     const char* value = std::getenv(name);
     return std::string(value == nullptr ? "" : value);
   };
-  return UseTls({cert, env("DRAY_TLS_KEY"), env("DRAY_TLS_CA"), env("DRAY_TLS_MUTUAL") == "1"});
+  if (env("DRAY_TLS_CA").empty()) return absl::OkStatus();
+  return UseTls({env("DRAY_TLS_CERT"), env("DRAY_TLS_KEY"), env("DRAY_TLS_CA"),
+                 env("DRAY_TLS_MUTUAL") == "1"});
 }
 
 std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials() {

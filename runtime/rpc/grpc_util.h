@@ -50,10 +50,12 @@ struct TlsFiles {
 // DrayServerCredentials use it. It also sets DRAY_TLS_CERT, DRAY_TLS_KEY,
 // DRAY_TLS_CA and DRAY_TLS_MUTUAL (absolute paths), which the processes this
 // one starts inherit; call it before starting threads. INVALID_ARGUMENT when
-// a file is missing from the set, the file's error when one cannot be read.
+// ca is missing or cert comes without key (or key without cert), the
+// file's error when one cannot be read. A process without cert and key can
+// only be a client, and not of a mutual-TLS server.
 absl::Status UseTls(const TlsFiles& files);
 
-// UseTlsFromEnvironment calls UseTls with DRAY_TLS_* when DRAY_TLS_CERT is
+// UseTlsFromEnvironment calls UseTls with DRAY_TLS_* when DRAY_TLS_CA is
 // set (a worker of a TLS job), and does nothing otherwise.
 absl::Status UseTlsFromEnvironment();
 

@@ -56,15 +56,34 @@ void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret) {
   context->AddMetadata(kJobSecretMetadata, std::string(secret));
 }
 
-absl::Status CheckJobSecret(const grpc::ServerContextBase& context, absl::string_view secret) {
+namespace {
+
+// Carries is true when metadata `key` equals `value`, in the same time
+// wherever they differ.
+bool Carries(const grpc::ServerContextBase& context, const char* key, absl::string_view value) {
   const auto& metadata = context.client_metadata();
-  auto found = metadata.find(kJobSecretMetadata);
-  if (found != metadata.end() && found->second.size() == secret.size()) {
-    uint8_t difference = 0;
-    for (size_t i = 0; i < secret.size(); ++i) difference |= found->second.data()[i] ^ secret[i];
-    if (difference == 0) return absl::OkStatus();
-  }
+  auto found = metadata.find(key);
+  if (found == metadata.end() || found->second.size() != value.size()) return false;
+  uint8_t difference = 0;
+  for (size_t i = 0; i < value.size(); ++i) difference |= found->second.data()[i] ^ value[i];
+  return difference == 0;
+}
+
+}  // namespace
+
+absl::Status CheckJobSecret(const grpc::ServerContextBase& context, absl::string_view secret) {
+  if (Carries(context, kJobSecretMetadata, secret)) return absl::OkStatus();
   return absl::UnauthenticatedError("this call does not carry the job's secret");
+}
+
+void AttachBearerToken(grpc::ClientContext* context, absl::string_view token) {
+  context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+}
+
+absl::Status CheckBearerToken(const grpc::ServerContextBase& context, absl::string_view token) {
+  if (Carries(context, "authorization", absl::StrCat("Bearer ", token))) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      "this service needs a client token: send metadata 'authorization: Bearer TOKEN'");
 }
 
 }  // namespace dray

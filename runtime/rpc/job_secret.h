@@ -40,6 +40,14 @@ absl::StatusOr<std::string> ReadJobSecret(int fd);
 // error when it cannot be read.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
 
+// AttachBearerToken adds `authorization: Bearer <token>` to a call's
+// metadata, as public services (and scorers) expect a client's token.
+void AttachBearerToken(grpc::ClientContext* context, absl::string_view token);
+
+// CheckBearerToken is OK when the call carries `authorization: Bearer
+// <token>`, else UNAUTHENTICATED; constant-time as CheckJobSecret.
+absl::Status CheckBearerToken(const grpc::ServerContextBase& context, absl::string_view token);
+
 // AttachJobSecret adds the secret to a call's metadata.
 void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret);
 

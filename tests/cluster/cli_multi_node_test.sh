@@ -5,7 +5,7 @@
 # --listen and a cluster token. Trained with mutual TLS on every port, the
 # adapters and metrics equal a one-machine run's byte for byte (and an agent
 # without TLS cannot attach); an image edited through the multi-node service
-# equals one edited locally.
+# (on TLS, asking clients for a bearer token) equals one edited locally.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -36,8 +36,9 @@ openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/ca.key" -out "$out/ca.pe
 openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" -subj /CN=dray 2>/dev/null
 openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
   -out "$out/cert.pem" -days 1 2>/dev/null \
-  -extfile <(echo "subjectAltName=IP:$subnet.1,IP:$subnet.11,IP:$subnet.12")
-tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/ca.pem" --tls-mutual)
+  -extfile <(echo "subjectAltName=IP:$subnet.1,IP:$subnet.11,IP:$subnet.12,IP:127.0.0.1")
+tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/ca.pem")
+mutual_tls=("${tls[@]}" --tls-mutual)
 
 # pool_address LOG: where the controller whose LOG this is waits for nodes.
 pool_address() {
@@ -68,13 +69,13 @@ job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=4)
 "$dray" train trainer.save_dir="$out/local" "${job[@]}" --workers 2 >"$out/local.log" 2>&1 ||
   fail "the one-machine run failed"
-"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" "${tls[@]}" \
+"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" "${mutual_tls[@]}" \
   >"$out/nodes.log" 2>&1 &
 controller=$!
 agent 1 --controller="$(pool_address "$out/nodes.log")" --attach-timeout-s 2 >"$out/plain.log" 2>&1 &&
   fail "an agent without TLS attached"
 grep -q "could not reach the controller" "$out/plain.log" || fail "the plaintext agent's error: $(cat "$out/plain.log")"
-start_agents "$out/nodes.log" "${tls[@]}"
+start_agents "$out/nodes.log" "${mutual_tls[@]}"
 wait $controller || fail "the multi-node run failed"
 for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
 grep -q "^\[rank 1 node2\] init_model" "$out/nodes.log" || fail "rank 1's output did not come from node2"
@@ -91,14 +92,20 @@ PY
 edit=(--instruction "make it purple" --seed 3)
 "$dray" edit --image "$root/docs/scene.png" "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 ||
   fail "dray edit failed"
-"$dray" serve --port 0 "${cluster[@]}" >"$out/serve.log" 2>&1 &
+openssl rand -hex 16 >"$out/client_token"
+"$dray" serve --port 0 "${cluster[@]}" "${tls[@]}" --client-token-file "$out/client_token" \
+  >"$out/serve.log" 2>&1 &
 server=$!
-start_agents "$out/serve.log"
+start_agents "$out/serve.log" "${tls[@]}"
 wait_for_line "$out/serve.log" "ImageEditService on" || fail "dray serve did not start"
 port=$(sed -n 's/.*ImageEditService on [0-9.]*:\([0-9]*\).*/\1/p' "$out/serve.log")
 grep -q "with 2 nodes x 1 worker" "$out/serve.log" || fail "the service does not say where its workers are"
-"$dray" edit --server "127.0.0.1:$port" --image "$root/docs/scene.png" "${edit[@]}" \
-  --out "$out/served.png" >"$out/served.log" 2>&1 || fail "the edit through the service failed"
+served=(--server "127.0.0.1:$port" --tls-ca "$out/ca.pem" --image "$root/docs/scene.png" "${edit[@]}")
+"$dray" edit "${served[@]}" --out "$out/refused.png" >"$out/refused.log" 2>&1 &&
+  fail "an edit without the client token was served"
+grep -q "UNAUTHENTICATED" "$out/refused.log" || fail "no token: $(cat "$out/refused.log")"
+"$dray" edit "${served[@]}" --token-file "$out/client_token" --out "$out/served.png" \
+  >"$out/served.log" 2>&1 || fail "the edit through the service failed"
 cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
 kill -TERM $server
 wait $server || fail "dray serve did not stop cleanly"

@@ -23,6 +23,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 #include "workers/edit/edit_batch.h"
 
 namespace dray {
@@ -166,7 +167,10 @@ grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::s
   thread_local absl::BitGen random;
   const std::string id = absl::StrFormat("%016x", absl::Uniform<uint64_t>(random));
   context->AddInitialMetadata(kRequestIdMetadata, id);
-  const absl::Status status = handle();
+  absl::Status status = options_.bearer_token.empty()
+                            ? absl::OkStatus()
+                            : CheckBearerToken(*context, options_.bearer_token);
+  if (status.ok()) status = handle();
   if (status.ok()) return grpc::Status::OK;
   std::fprintf(stderr, "dray serve: request %s (%s): %s\n", id.c_str(), std::string(method).c_str(),
                status.ToString().c_str());

@@ -48,6 +48,9 @@ struct ServeOptions {
   int max_queue = 64;                                // rows waiting for a batch
   absl::Duration max_wait = absl::Milliseconds(20);  // how long a batch waits to fill
   int64_t max_image_bytes = int64_t{32} << 20;       // larger images: INVALID_ARGUMENT
+  // Set: every call must carry "authorization: Bearer <token>"
+  // (UNAUTHENTICATED otherwise); grpc.health.v1 stays open.
+  std::string bearer_token;
 };
 
 class ImageEditServer {

@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/reward.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/job_secret.h"
 
 namespace dray {
 namespace {
@@ -60,7 +61,7 @@ struct RemoteScorers::Scorer {
       }
       grpc::ClientContext context;
       SetDeadline(&context, absl::Milliseconds(config.timeout_ms));
-      if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+      if (!token.empty()) AttachBearerToken(&context, token);
       v1::ScoreResponse response;
       last = ToAbslStatus(stub->Score(&context, request, &response), "Score");
       if (last.ok()) return response;
