@@ -26,6 +26,8 @@ packages=(
   python3 python3-grpcio python3-protobuf python3-numpy openssl
   # Multi-node tests: network namespaces stand in for hosts, a real Slurm runs jobs on them.
   iproute2 slurm-wlm slurmctld slurmd slurm-client munge
+  # Kubernetes manifests, checked offline against the API's typed models.
+  python3-kubernetes python3-yaml
 )
 
 missing=()
