@@ -13,6 +13,9 @@ protobuf-compiler, protobuf-compiler-grpc, python3-grpcio, python3-protobuf):
     PYTHONPATH=py python3 examples/python/edit_client.py ...
 
 (`bazel build //proto:image_edit_py` does the same into bazel-bin/proto.)
+A server started with --client-token-file wants --token-file; one on TLS
+(dray serve --tls-cert ...) wants --tls-ca, the authority that signed its
+certificate.
 """
 import argparse
 import sys
@@ -32,6 +35,8 @@ def main():
     parser.add_argument("--seed", type=int, help="noise seed (default: the server's)")
     parser.add_argument("--steps", type=int, help="denoising steps (default: the server's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait")
+    parser.add_argument("--token-file", help="a file with the token the server asks for")
+    parser.add_argument("--tls-ca", help="the authority (PEM) that signed the server's certificate")
     args = parser.parse_args()
 
     with open(args.image, "rb") as f:
@@ -41,10 +46,20 @@ def main():
     if args.steps is not None:
         request.num_inference_steps = args.steps
 
-    with grpc.insecure_channel(args.server) as channel:
+    metadata = []
+    if args.token_file:
+        with open(args.token_file) as f:
+            metadata.append(("authorization", "Bearer " + f.read().strip()))
+    if args.tls_ca:
+        with open(args.tls_ca, "rb") as f:
+            channel = grpc.secure_channel(
+                args.server, grpc.ssl_channel_credentials(root_certificates=f.read()))
+    else:
+        channel = grpc.insecure_channel(args.server)
+    with channel:
         stub = image_edit_pb2_grpc.ImageEditServiceStub(channel)
         try:
-            response = stub.Edit(request, timeout=args.timeout)
+            response = stub.Edit(request, timeout=args.timeout, metadata=metadata)
         except grpc.RpcError as error:
             print(f"edit_client: {error.code().name}: {error.details()}", file=sys.stderr)
             return 1

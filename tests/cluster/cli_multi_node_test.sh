@@ -5,7 +5,8 @@
 # --listen and a cluster token. Trained with mutual TLS on every port, the
 # adapters and metrics equal a one-machine run's byte for byte (and an agent
 # without TLS cannot attach); an image edited through the multi-node service
-# (on TLS, asking clients for a bearer token) equals one edited locally.
+# (on TLS, asking clients for a bearer token; from dray edit and the Python
+# client) equals one edited locally.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -106,6 +107,10 @@ served=(--server "127.0.0.1:$port" --tls-ca "$out/ca.pem" --image "$root/docs/sc
 grep -q "UNAUTHENTICATED" "$out/refused.log" || fail "no token: $(cat "$out/refused.log")"
 "$dray" edit "${served[@]}" --token-file "$out/client_token" --out "$out/served.png" \
   >"$out/served.log" 2>&1 || fail "the edit through the service failed"
+PYTHONPATH="$root/proto" /usr/bin/python3 "$root/examples/python/edit_client.py" "${served[@]}" \
+  --token-file "$out/client_token" --out "$out/python.png" >"$out/python.log" 2>&1 ||
+  fail "the Python client's edit failed"
+cmp "$out/served.png" "$out/python.png" || fail "the Python client got another image"
 cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
 kill -TERM $server
 wait $server || fail "dray serve did not stop cleanly"
