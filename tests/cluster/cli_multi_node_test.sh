@@ -4,7 +4,9 @@
 # `dray node` agent on each host, the controller here with --nodes 2
 # --listen and a cluster token. Trained with mutual TLS on every port, the
 # adapters and metrics equal a one-machine run's byte for byte (and an agent
-# without TLS cannot attach); an image edited through the multi-node service
+# without TLS cannot attach). A node killed mid-run is replaced and the run,
+# restarted from its last checkpoint (trainer.max_restarts), ends with a
+# straight run's adapters. An image edited through the multi-node service
 # (on TLS, asking clients for a bearer token; from dray edit and the Python
 # client) equals one edited locally.
 set -euo pipefail
@@ -64,6 +66,13 @@ start_agents() {
     agents+=($!)
   done
 }
+# kill_agent I: SIGKILL the `dray node` of host I (its workers die with it).
+kill_agent() {
+  local pid
+  for pid in $(ip netns pids "$name$1"); do
+    if tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q " node "; then kill -KILL "$pid"; fi
+  done
+}
 cluster=(--nodes 2 --workers 1 --listen "$subnet.1:0" --token-file "$out/token")
 
 job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
@@ -89,6 +98,25 @@ for a, b in zip(local, nodes):
     assert {k: v for k, v in a.items() if not k.endswith("_s")} == \
            {k: v for k, v in b.items() if not k.endswith("_s")}, (a, b)
 PY
+
+job=(trainer.total_steps=40 trainer.save_every=1 trainer.max_restarts=1 data.prompts_per_step=2
+  algorithm.group_size=2 worker.rollout.num_inference_steps=8)
+"$dray" train trainer.save_dir="$out/straight" "${job[@]}" --workers 2 >"$out/straight.log" 2>&1 ||
+  fail "the straight run failed"
+"$dray" train trainer.save_dir="$out/restarted" "${job[@]}" "${cluster[@]}" >"$out/restarted.log" 2>&1 &
+controller=$!
+start_agents "$out/restarted.log"
+wait_for_line "$out/restarted.log" "dray train: step 2/40" || fail "step 2 was not reported"
+kill_agent 2
+agent 2 --controller="$(pool_address "$out/restarted.log")" >"$out/replacement.log" 2>&1 &
+agents+=($!)
+wait $controller || fail "the run with a lost node failed"
+for agent in "${agents[@]}"; do wait "$agent" || true; done
+grep -q "node node2 ($subnet.12) was lost" "$out/restarted.log" || fail "the node's loss was not reported"
+grep -q "dray train: restart 1 of 1" "$out/restarted.log" || fail "the group was not restarted"
+grep -q "dray train: resumed from .*/checkpoints/step_0000" "$out/restarted.log" || fail "no resume"
+cmp "$out/straight/final/pytorch_lora_weights.safetensors" \
+  "$out/restarted/final/pytorch_lora_weights.safetensors" || fail "the restarted run's adapters differ"
 
 edit=(--instruction "make it purple" --seed 3)
 "$dray" edit --image "$root/docs/scene.png" "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 ||
