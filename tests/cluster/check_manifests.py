@@ -19,6 +19,7 @@ MODELS = {
     ("v1", "PersistentVolumeClaim"): "V1PersistentVolumeClaim",
     ("v1", "Secret"): "V1Secret",
     ("v1", "Service"): "V1Service",
+    ("apps/v1", "Deployment"): "V1Deployment",
     ("apps/v1", "StatefulSet"): "V1StatefulSet",
     ("batch/v1", "Job"): "V1Job",
 }

@@ -9,10 +9,11 @@ root="$TEST_SRCDIR/$TEST_WORKSPACE"
 dray="$root/cli/dray"
 check=(/usr/bin/python3 "$root/tests/cluster/check_manifests.py" "$dray")
 manifest="$root/deploy/kubernetes/dray-train.yaml"
+serve_manifest="$root/deploy/kubernetes/dray-serve.yaml"
 out="$TEST_TMPDIR"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-"${check[@]}" "$manifest" || fail "the manifests do not check out"
+"${check[@]}" "$manifest" "$serve_manifest" || fail "the manifests do not check out"
 
 # refused MUTATION EXPECTED: the checker fails on the mutated manifest, naming EXPECTED.
 refused() {
