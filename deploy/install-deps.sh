@@ -2,10 +2,11 @@
 # Installs every Debian 12 package that building, testing and running dray need.
 # Idempotent: packages already present are left alone; safe to run again.
 #
-#   deploy/install-deps.sh          # as root, or with sudo available
+#   deploy/install-deps.sh              # everything, as root or with sudo available
+#   deploy/install-deps.sh --build-only # what `bazel build //cli:dray` needs (the image's build stage)
 set -euo pipefail
 
-packages=(
+build_packages=(
   # Build system and toolchain.
   bazel-bootstrap bazel-rules-java g++ git ca-certificates
   # RPC and wire format.
@@ -22,13 +23,28 @@ packages=(
   libicu-dev
   # Command line and JSON (configs, safetensors headers).
   libcli11-dev nlohmann-json3-dev
+)
+test_packages=(
   # The Python client and reward-server examples and their tests (TLS: openssl).
   python3 python3-grpcio python3-protobuf python3-numpy openssl
   # Multi-node tests: network namespaces stand in for hosts, a real Slurm runs jobs on them.
   iproute2 slurm-wlm slurmctld slurmd slurm-client munge
   # Kubernetes manifests, checked offline against the API's typed models.
   python3-kubernetes python3-yaml
+  # Container tests: an image built from a debootstrap base, run by podman.
+  debootstrap podman podman-compose buildah runc containernetworking-plugins
+  golang-github-containernetworking-plugin-dnsname iptables
 )
+
+packages=("${build_packages[@]}")
+case ${1:-} in
+--build-only) ;;
+"") packages+=("${test_packages[@]}") ;;
+*)
+  echo "install-deps: unknown argument '$1' (the only option is --build-only)" >&2
+  exit 2
+  ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

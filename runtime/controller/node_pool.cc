@@ -20,6 +20,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/node.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
 
 namespace dray {
@@ -188,17 +189,20 @@ absl::Status NodePool::Impl::Start() {
         absl::StrCat("the node pool's listen address '", options_.listen,
                      "' is not HOST:PORT (an address the nodes can reach)"));
   }
-  host_ = options_.listen.substr(0, colon);
-  if (host_ == "0.0.0.0" || host_ == "[::]") {
+  const std::string host = options_.listen.substr(0, colon);
+  if (host == "0.0.0.0" || host == "[::]") {
     return absl::InvalidArgumentError(
         absl::StrCat("the node pool's listen address '", options_.listen,
                      "' must name this machine's own address: nodes dial it, and workers "
                      "register there"));
   }
+  // A name (`controller:29400`) is this machine's address as the nodes see it.
+  DRAY_ASSIGN_OR_RETURN(host_, ResolveIPv4(host));
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int port = 0;
-  builder.AddListeningPort(options_.listen, DrayServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(host_, options_.listen.substr(colon)),
+                           DrayServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0) {
@@ -386,8 +390,9 @@ absl::StatusOr<std::vector<std::shared_ptr<Node>>> NodePool::Impl::WaitForNodes(
   if (closing_) return absl::CancelledError("the node pool is shutting down");
   std::vector<std::shared_ptr<Node>> nodes;
   for (const auto& [id, node] : nodes_) nodes.push_back(node);
-  std::stable_sort(nodes.begin(), nodes.end(),
-                   [](const auto& a, const auto& b) { return a->info.address < b->info.address; });
+  std::stable_sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) {
+    return AddressBefore(a->info.address, b->info.address);
+  });
   if (static_cast<int>(nodes.size()) < count) {
     std::vector<std::string> attached;
     for (const auto& node : nodes) attached.push_back(node->info.Describe());

@@ -1,10 +1,6 @@
 #include "runtime/node/node_agent.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +22,7 @@
 #include "dray/v1/node.grpc.pb.h"
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
 
 namespace dray {
@@ -309,38 +306,6 @@ void Agent::ReapEnded() {
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("'", host_port, "' is not HOST:PORT"));
-  }
-  const std::string host = host_port.substr(0, colon);
-  const std::string port = host_port.substr(colon + 1);
-  addrinfo hints = {};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (const int error = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); error != 0) {
-    return absl::NotFoundError(absl::StrCat("cannot resolve '", host, "': ", gai_strerror(error)));
-  }
-  // Connecting a UDP socket sends nothing; it only picks the route.
-  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_in local = {};
-  socklen_t length = sizeof(local);
-  const bool ok = fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0;
-  const int error = errno;
-  if (fd >= 0) close(fd);
-  freeaddrinfo(found);
-  if (!ok) {
-    return absl::UnavailableError(
-        absl::StrCat("no route to '", host, "' from this machine: ", strerror(error)));
-  }
-  char text[INET_ADDRSTRLEN] = {};
-  inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
-  return std::string(text);
-}
 
 absl::Status RunNodeAgent(const NodeAgentOptions& options) {
   if (options.controller.empty())

@@ -52,10 +52,6 @@ struct NodeAgentOptions {
 // (UNAVAILABLE saying how); the workers are dead and reaped either way.
 absl::Status RunNodeAgent(const NodeAgentOptions& options);
 
-// LocalAddressToward returns this machine's IPv4 address on the route to
-// `host_port`'s host (nothing is sent).
-absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port);
-
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_NODE_NODE_AGENT_H_

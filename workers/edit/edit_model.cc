@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/replicate.h"
+#include "workers/models/qwen_image/embedded_model.h"
 #include "workers/models/qwen_image/model.h"
 
 namespace dray {
@@ -100,12 +101,13 @@ absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, cons
 absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& config,
                                                          Worker& worker,
                                                          const BeforeSharding& before_sharding) {
-  if (config.model_path.empty()) {
-    return absl::InvalidArgumentError(
-        "init_model needs worker.image_edit.model_path (the controller writes the "
-        "embedded model and passes its path)");
-  }
   auto state = std::make_unique<EditModel>();
+  state->config = config;
+  if (config.model_path.empty()) {  // the embedded model: each node needs its own copy
+    DRAY_ASSIGN_OR_RETURN(state->embedded, ScratchDir::Create("dray-tiny"));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(state->embedded->path()));
+    state->config.model_path = state->embedded->path();
+  }
   DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
   const at::ScalarType dtype = ParseDtype(config.torch_dtype);
   auto log = [&](const char* phase, int64_t parameter_bytes) {
@@ -125,7 +127,7 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
       at::TensorOptions().device(state->device).dtype(config.enable_fsdp ? at::kFloat : dtype);
   DRAY_ASSIGN_OR_RETURN(
       qwen_image::QwenImageModel model,
-      qwen_image::LoadQwenImageModel(config.model_path, options,
+      qwen_image::LoadQwenImageModel(state->config.model_path, options,
                                      receives ? Weights::kShapeOnly : Weights::kRead));
   log(receives ? "built shape-only" : "weights read", ModelsBytes(WholeModels(model)));
   if (before_sharding) DRAY_RETURN_IF_ERROR(before_sharding(model));
@@ -153,7 +155,6 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     for (const auto& module : WholeModels(model))
       DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
   }
-  state->config = config;
   state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));
   log(state->sharded() ? "sharded" : sends ? "received" : "ready", state->ParameterBytes());
   if (config.enable_cpu_offload) {

@@ -1,5 +1,6 @@
 // EditModel: the Qwen-Image-Edit model a worker process holds, as every
-// worker class that runs it loads it: read from config.model_path (by rank
+// worker class that runs it loads it: read from config.model_path (the
+// embedded model, unpacked by this process, when it is empty; by rank
 // 0 alone with fsdp_sync_module_states, the others building shape-only and
 // receiving), the transformer's and text encoder's blocks sharded with
 // FSDP's design when enable_fsdp is set (the VAE is replicated; hybrid
@@ -19,10 +20,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "base/files.h"
 #include "dispatch/data_proto.h"
 #include "runtime/sharding/fully_sharded.h"
 #include "runtime/worker/worker.h"
@@ -32,7 +35,8 @@
 namespace dray {
 
 struct EditModel {
-  ImageEditConfig config;
+  ImageEditConfig config;              // model_path: where the weights were read
+  std::optional<ScratchDir> embedded;  // the unpacked embedded model, if it is the one
   at::Device device{at::kCPU};
   // Declared before the pipeline, whose models call them: destroyed after it.
   std::unique_ptr<FullyShardedModule> transformer_shards, text_encoder_shards;

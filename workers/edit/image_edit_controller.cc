@@ -31,15 +31,15 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     const ImageEditConfig& config, Options options) {
   std::unique_ptr<ImageEditController> controller(
       new ImageEditController(config, std::move(options)));
-  ImageEditConfig worker_config = config;
-  if (config.model_path.empty()) {
+  std::string model_path = config.model_path;
+  if (model_path.empty()) {  // the embedded model: for its tokenizer (workers unpack their own)
     DRAY_ASSIGN_OR_RETURN(controller->embedded_, ScratchDir::Create("dray-tiny"));
     DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(controller->embedded_->path()));
-    worker_config.model_path = controller->embedded_->path();
+    model_path = controller->embedded_->path();
   }
-  controller->worker_config_yaml_ = worker_config.ToYaml();
+  controller->worker_config_yaml_ = config.ToYaml();
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
-                        BpeTokenizer::FromDirectory(worker_config.model_path + "/tokenizer"));
+                        BpeTokenizer::FromDirectory(model_path + "/tokenizer"));
   controller->count_tokens_ =
       CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
   DRAY_RETURN_IF_ERROR(controller->StartGroup());

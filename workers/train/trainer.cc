@@ -178,10 +178,7 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
         reward_group_,
         WorkerGroup::Create({1, static_cast<int>(config_.reward_workers)}, group_options));
   }
-  TrainConfig worker_config = config_;
-  worker_config.model.model_path = model_path_;
-  DRAY_ASSIGN_OR_RETURN(DataProto init,
-                        DataProto::Make({}, {}, {{"config", worker_config.ToYaml()}}));
+  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", config_.ToYaml()}}));
   CallOptions call;
   call.timeout = options_.init_timeout;
   absl::Status initialized = group_->Call("init_model", {init}, call).status();
