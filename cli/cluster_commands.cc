@@ -52,6 +52,7 @@ absl::Status TlsFlags::Apply() const {
 }
 
 void ClusterFlags::Add(CLI::App* command) {
+  this->command = command;
   command
       ->add_option("--nodes", nodes,
                    "nodes whose agents (dray node) run the workers, --workers on each; "
@@ -67,7 +68,26 @@ void ClusterFlags::Add(CLI::App* command) {
   tls.Add(command);
 }
 
+ClusterFlags ClusterFlags::WithConfig(const ClusterConfig& config) const {
+  ClusterFlags merged = *this;
+  auto unless_given = [&](const char* flag, auto& member, const auto& value) {
+    if (command == nullptr || command->count(flag) == 0) member = value;
+  };
+  unless_given("--nodes", merged.nodes, config.nodes);
+  unless_given("--listen", merged.listen, config.listen);
+  unless_given("--token-file", merged.token_file, config.token_file);
+  unless_given("--tls-cert", merged.tls.cert, config.tls_cert);
+  unless_given("--tls-key", merged.tls.key, config.tls_key);
+  unless_given("--tls-ca", merged.tls.ca, config.tls_ca);
+  unless_given("--tls-mutual", merged.tls.mutual, config.tls_mutual);
+  return merged;
+}
+
 absl::StatusOr<std::unique_ptr<NodePool>> ClusterFlags::StartPool() const {
+  if (nodes < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes (cluster.nodes) must be at least 1, got ", nodes));
+  }
   DRAY_RETURN_IF_ERROR(tls.Apply());
   if (listen.empty()) {
     if (nodes > 1) {

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/controller/node_pool.h"
+#include "workers/config/cluster_config.h"
 
 namespace CLI {
 class App;
@@ -43,9 +44,13 @@ struct ClusterFlags {
   std::string listen;
   std::string token_file;
   TlsFlags tls;
+  CLI::App* command = nullptr;  // where the flags were added
 
   // Add adds the flags to `command`.
   void Add(CLI::App* command);
+  // WithConfig: these flags, where the command line left one out, taken
+  // from the configuration file's cluster section.
+  ClusterFlags WithConfig(const ClusterConfig& config) const;
 
   // StartPool applies the TLS flags and starts the node pool the flags ask
   // for: none (nullptr) without --listen, when every worker runs here.

@@ -93,11 +93,11 @@ absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) 
   return ImageEditConfig::Load(f.config_file, overrides);
 }
 
-ImageEditController::Options ControllerOptions(const EditCommands::Flags& f,
+ImageEditController::Options ControllerOptions(const EditCommands::Flags& f, int nodes = 1,
                                                NodePool* pool = nullptr) {
   ImageEditController::Options options;
   options.workers = f.workers;
-  options.nodes = f.cluster.nodes;
+  options.nodes = nodes;
   options.node_pool = pool;
   options.worker_command = {f.self, "worker"};
   options.max_restarts = f.max_restarts;
@@ -225,14 +225,17 @@ int ServeUntilStopped(const EditCommands::Flags& f, ImageEditController& control
 int Serve(const EditCommands::Flags& f) {
   // Signals wait for WaitForStopSignal below; every thread started from here on inherits the mask.
   BlockStopSignals();
-  absl::StatusOr<ImageEditConfig> config = ImageEditConfig::Load(f.config_file, f.overrides);
+  ClusterConfig cluster_config;
+  absl::StatusOr<ImageEditConfig> config =
+      ImageEditConfig::Load(f.config_file, f.overrides, ClusterConfigKeys(cluster_config));
   if (!config.ok()) return Fail("serve", config.status());
+  const ClusterFlags cluster = f.cluster.WithConfig(cluster_config);
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
-  absl::StatusOr<std::unique_ptr<NodePool>> pool = f.cluster.StartPool();  // outlives the workers
+  absl::StatusOr<std::unique_ptr<NodePool>> pool = cluster.StartPool();  // outlives the workers
   if (!pool.ok()) return Fail("serve", pool.status());
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
-      ImageEditController::Start(*config, ControllerOptions(f, pool->get()));
+      ImageEditController::Start(*config, ControllerOptions(f, cluster.nodes, pool->get()));
   if (!controller.ok()) return Fail("serve", controller.status());
   ServeOptions options;
   options.address = absl::StrCat(f.host, ":", f.port);
@@ -249,8 +252,8 @@ int Serve(const EditCommands::Flags& f) {
   std::printf(
       "dray serve: ImageEditService on %s:%d with %s, up to %lld images per call; "
       "SIGINT or SIGTERM stops\n",
-      f.host.c_str(), (*server)->port(), WorkerLayout(f.cluster, f.workers).c_str(),
-      static_cast<long long>(config->batch_size * f.workers * f.cluster.nodes));
+      f.host.c_str(), (*server)->port(), WorkerLayout(cluster, f.workers).c_str(),
+      static_cast<long long>(config->batch_size * f.workers * cluster.nodes));
   if (f.client_token_file.empty() && f.host != "127.0.0.1" && f.host != "localhost" &&
       f.host != "::1") {
     std::fprintf(stderr,

@@ -92,6 +92,7 @@ std::optional<int> TrainCommand::Run() {
   if (!*f.train) return std::nullopt;
   absl::StatusOr<TrainConfig> config = TrainConfig::Load(f.config_file, f.overrides);
   if (!config.ok()) return Fail(config.status());
+  const ClusterFlags cluster = f.cluster.WithConfig(config->cluster);
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
   const std::string batch = config->paired() ? absl::StrCat(config->prompts_per_step, " pairs")
@@ -101,8 +102,8 @@ std::optional<int> TrainCommand::Run() {
   std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %s\n", job,
                config->embedded_task() ? "the embedded task" : config->train_files.c_str(),
                static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
-               batch.c_str(), WorkerLayout(f.cluster, f.workers).c_str());
-  absl::StatusOr<std::unique_ptr<NodePool>> pool = f.cluster.StartPool();  // outlives the trainer
+               batch.c_str(), WorkerLayout(cluster, f.workers).c_str());
+  absl::StatusOr<std::unique_ptr<NodePool>> pool = cluster.StartPool();  // outlives the trainer
   if (!pool.ok()) return Fail(pool.status());
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask
   std::atomic<FlowGrpoTrainer*> running{nullptr};
@@ -110,7 +111,7 @@ std::optional<int> TrainCommand::Run() {
   std::thread stopper([&] { StopOnSignals(running, done); });
   FlowGrpoTrainer::Options options;
   options.workers = f.workers;
-  options.nodes = f.cluster.nodes;
+  options.nodes = cluster.nodes;
   options.node_pool = pool->get();
   options.worker_command = {f.self, "worker"};
   options.progress_bar = isatty(fileno(stderr));

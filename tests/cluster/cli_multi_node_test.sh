@@ -79,7 +79,18 @@ job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=4)
 "$dray" train trainer.save_dir="$out/local" "${job[@]}" --workers 2 >"$out/local.log" 2>&1 ||
   fail "the one-machine run failed"
-"$dray" train trainer.save_dir="$out/nodes" "${job[@]}" "${cluster[@]}" "${mutual_tls[@]}" \
+# The cluster and its TLS from the configuration file's keys, not flags.
+cat >"$out/cluster.yaml" <<YAML
+cluster:
+  nodes: 2
+  listen: $subnet.1:0
+  token_file: $out/token
+  tls_cert: $out/cert.pem
+  tls_key: $out/key.pem
+  tls_ca: $out/ca.pem
+  tls_mutual: true
+YAML
+"$dray" train --config "$out/cluster.yaml" trainer.save_dir="$out/nodes" "${job[@]}" --workers 1 \
   >"$out/nodes.log" 2>&1 &
 controller=$!
 agent 1 --controller="$(pool_address "$out/nodes.log")" --attach-timeout-s 2 >"$out/plain.log" 2>&1 &&

@@ -9,6 +9,7 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "workers/config/cluster_config.h"
 
 namespace dray {
 namespace {
@@ -54,6 +55,27 @@ worker:
   EXPECT_EQ(reread.ToYaml(), config.ToYaml());
   DRAY_ASSERT_OK_AND_ASSIGN(ImageEditConfig from_text, ImageEditConfig::FromYaml(config.ToYaml()));
   EXPECT_EQ(from_text.ToYaml(), config.ToYaml());
+}
+
+TEST(ImageEditConfigTest, ReadsOtherSectionsThroughMoreKeys) {
+  const std::string path = WriteYaml("serve.yaml", R"(
+worker:
+  image_edit:
+    batch_size: 2
+cluster:
+  nodes: 2
+  listen: controller:29400
+)");
+  ClusterConfig cluster;
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      ImageEditConfig config,
+      ImageEditConfig::Load(path, {"cluster.tls_mutual=true"}, ClusterConfigKeys(cluster)));
+  EXPECT_EQ(config.batch_size, 2);
+  EXPECT_EQ(cluster.nodes, 2);
+  EXPECT_EQ(cluster.listen, "controller:29400");
+  EXPECT_TRUE(cluster.tls_mutual);
+  EXPECT_THAT(ImageEditConfig::Load(path, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cluster")));
 }
 
 TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSizeWithoutGuidance) {

@@ -53,6 +53,25 @@ TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
 }
 
+TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      TrainConfig config,
+      TrainConfig::Load("", {"cluster.nodes=2", "cluster.listen=controller:29400",
+                             "cluster.token_file=/run/secrets/token", "cluster.tls_mutual=true"}));
+  EXPECT_EQ(config.cluster.nodes, 2);
+  EXPECT_EQ(config.cluster.listen, "controller:29400");
+  EXPECT_EQ(config.cluster.token_file, "/run/secrets/token");
+  EXPECT_TRUE(config.cluster.tls_mutual);
+  EXPECT_EQ(config.cluster.tls_ca, "");
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig again, TrainConfig::FromYaml(config.ToYaml()));
+  EXPECT_EQ(again.cluster.listen, "controller:29400");
+  EXPECT_THAT(
+      TrainConfig::Load("", {"cluster.nodes=two"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cluster.nodes must be an integer")));
+  EXPECT_THAT(TrainConfig::Load("", {"cluster.port=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key cluster.port")));
+}
+
 std::string Scratch(const std::string& name) {
   const fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / name;
   fs::create_directories(dir);

@@ -74,15 +74,17 @@ void ImageEditConfig::UseEmbeddedDefaults() {
 }
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_path,
-                                                      const std::vector<std::string>& overrides) {
+                                                      const std::vector<std::string>& overrides,
+                                                      const std::vector<ConfigKey>& more_keys) {
   YAML::Node document;
   if (!yaml_path.empty()) {
     DRAY_ASSIGN_OR_RETURN(document, ParseYaml(yaml_path, /*is_path=*/true));
   }
   auto resolve = [&](ImageEditConfig config) -> absl::StatusOr<ImageEditConfig> {
-    DRAY_RETURN_IF_ERROR(ApplyYaml(document, yaml_path, ImageEditConfigKeys(config)));
-    for (const std::string& text : overrides)
-      DRAY_RETURN_IF_ERROR(ApplyOverride(text, ImageEditConfigKeys(config)));
+    std::vector<ConfigKey> keys = ImageEditConfigKeys(config);
+    keys.insert(keys.end(), more_keys.begin(), more_keys.end());
+    DRAY_RETURN_IF_ERROR(ApplyYaml(document, yaml_path, keys));
+    for (const std::string& text : overrides) DRAY_RETURN_IF_ERROR(ApplyOverride(text, keys));
     DRAY_RETURN_IF_ERROR(config.Validate());
     return config;
   };

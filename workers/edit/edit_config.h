@@ -63,8 +63,11 @@ struct ImageEditConfig {
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.
+  // `more_keys` are other sections the file and overrides may set (dray
+  // serve's cluster.*).
   static absl::StatusOr<ImageEditConfig> Load(const std::string& yaml_path,
-                                              const std::vector<std::string>& overrides);
+                                              const std::vector<std::string>& overrides,
+                                              const std::vector<ConfigKey>& more_keys = {});
   // FromYaml reads a document in the file layout (what ToYaml writes: how
   // the controller hands its resolved configuration to workers).
   static absl::StatusOr<ImageEditConfig> FromYaml(const std::string& text);

@@ -117,6 +117,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
        }) {
     keys.push_back(std::move(key));
   }
+  for (ConfigKey& key : ClusterConfigKeys(c.cluster)) keys.push_back(std::move(key));
   return keys;
 }
 

@@ -16,6 +16,8 @@
 //                     tls_ca, token_env}])
 //   trainer:   total_steps, save_dir, seed, log_every, sample_every, on_nan,
 //              save_every, keep_last, resume, max_restarts
+//   cluster:   nodes, listen, token_file, tls_cert, tls_key, tls_ca, tls_mutual
+//              (workers/config/cluster_config.h; the flags of the same names win)
 //
 //   DRAY_ASSIGN_OR_RETURN(TrainConfig config,
 //                         TrainConfig::Load("job.yaml", {"worker.actor.lr=3e-4"}));
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "workers/config/cluster_config.h"
 #include "workers/edit/edit_config.h"
 
 namespace dray {
@@ -133,6 +136,9 @@ struct TrainConfig {
   std::string resume =
       "never";               // "auto": from the newest checkpoint in save_dir; or a checkpoint dir
   int64_t max_restarts = 0;  // times a failed worker group is restarted from the last checkpoint
+
+  // cluster.*
+  ClusterConfig cluster;
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("section.key=VALUE"), then validates.
