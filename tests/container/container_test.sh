@@ -8,8 +8,8 @@
 # metrics equal a plain `dray train --workers 2` run's byte for byte. Needs
 # root and podman (deploy/install-deps.sh installs it), and skips without them.
 #
-# The base image and the last build's layers are kept between runs as a cache
-# (like Bazel's); containers, the network and its bridge are removed.
+# The base image is kept between runs as a cache (like Bazel's); containers,
+# the network and its bridge are removed.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]] || ! command -v podman-compose >/dev/null; then
@@ -66,11 +66,12 @@ fi
 image=localhost/dray-test:latest
 cache="$(getent passwd "$(id -un)" | cut -d: -f6)/.cache/dray"
 mkdir -p "$cache"
-# Earlier runs' build stages (3 GB each) go first, so the disk use stays bounded.
-podman image prune -f >/dev/null
-# On the host's network: the build makes no bridge or firewall rules to clean up.
+# On the host's network: the build makes no bridge or firewall rules to clean
+# up. No intermediate layers are kept (its build stage alone is 3 GB a run),
+# and the last run's image goes.
+podman rmi -f "$image" >/dev/null 2>&1 || true
 podman build -f "$checkout/deploy/container/Dockerfile" -t "$image" --build-arg "BASE=$base" \
-  --network host -v "$cache:/root/.cache/dray" "$checkout" >"$out/build.log" 2>&1 ||
+  --layers=false --network host -v "$cache:/root/.cache/dray" "$checkout" >"$out/build.log" 2>&1 ||
   fail "the image did not build"
 grep "INFO: [0-9]* processes" "$out/build.log" || true  # how much the Bazel cache spared
 podman run --rm --network none "$image" --help >"$out/help.log" 2>&1 || fail "dray does not run in the image"
