@@ -26,6 +26,7 @@
 #include "cli/train_command.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/process/allocator.h"
+#include "runtime/rpc/grpc_util.h"
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/sharding_bench.h"
@@ -190,6 +191,8 @@ int Main(int argc, char** argv) {
   echo->group("");  // internal: hidden from --help
 
   CLI11_PARSE(app, argc, argv);
+  // Only a command's own flags put it on TLS; its workers inherit that.
+  if (!*worker) ForgetInheritedTls();
   // Batch movers keep freed memory for the next batch (workers do so in
   // WorkerMain); a serving controller gives it back after a burst.
   if (*bench || *echo) KeepFreedMemoryForReuse();

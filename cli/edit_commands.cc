@@ -52,7 +52,8 @@ struct EditCommands::Flags {
   int max_wait_ms = 20;
   double shutdown_grace_s = 10;
   int max_restarts = 3;
-  std::string client_token_file;  // the bearer token clients must present
+  std::string client_token_file;                // the bearer token clients must present
+  std::string public_tls_cert, public_tls_key;  // ImageEditService's own certificate
   ClusterFlags cluster;
 };
 
@@ -246,6 +247,12 @@ int Serve(const EditCommands::Flags& f) {
     if (!token.ok()) return Fail("serve", token.status());
     options.bearer_token = *std::move(token);
   }
+  if (!f.public_tls_cert.empty() || !f.public_tls_key.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        PublicServerCredentials(f.public_tls_cert, f.public_tls_key);
+    if (!credentials.ok()) return Fail("serve", credentials.status());
+    options.credentials = *std::move(credentials);
+  }
   absl::StatusOr<std::unique_ptr<ImageEditServer>> server =
       ImageEditServer::Start(controller->get(), options);
   if (!server.ok()) return Fail("serve", server.status());
@@ -341,6 +348,11 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.serve->add_option("--client-token-file", f.client_token_file,
                       "a file with the token every client must present (authorization: Bearer); "
                       "default: none asked");
+  f.serve->add_option("--public-tls-cert", f.public_tls_cert,
+                      "ImageEditService's own certificate (PEM), naming the address clients "
+                      "dial; clients show no certificate (default: the cluster's --tls-cert)");
+  f.serve->add_option("--public-tls-key", f.public_tls_key,
+                      "the private key of --public-tls-cert (PEM)");
 }
 
 EditCommands::~EditCommands() = default;

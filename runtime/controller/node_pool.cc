@@ -196,12 +196,14 @@ absl::Status NodePool::Impl::Start() {
                      "' must name this machine's own address: nodes dial it, and workers "
                      "register there"));
   }
-  // A name (`controller:29400`) is this machine's address as the nodes see it.
-  DRAY_ASSIGN_OR_RETURN(host_, ResolveIPv4(host));
+  // A name (`controller:29400`) is this machine's address as the nodes see
+  // it; they dial the name, which TLS certificates then name too.
+  DRAY_ASSIGN_OR_RETURN(const std::string bind_address, ResolveIPv4(host));
+  host_ = host;
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host_, options_.listen.substr(colon)),
+  builder.AddListeningPort(absl::StrCat(bind_address, options_.listen.substr(colon)),
                            DrayServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
@@ -417,6 +419,7 @@ absl::StatusOr<int64_t> NodePool::Impl::SendLaunch(Node& node, const std::vector
     v1::WorkerLaunch* worker = workers->add_workers();
     worker->set_rank(rank);
     worker->set_local_rank(rank % launch.workers_per_node);
+    worker->set_gpu(launch.first_gpu + rank % launch.workers_per_node);
     *worker->mutable_args() = {launch.args.begin(), launch.args.end()};
     auto& env = *worker->mutable_env();
     for (const auto& [key, value] : launch.env) env[key] = value;
@@ -480,11 +483,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Process>>> NodePool::Impl::Launch(
   DRAY_ASSIGN_OR_RETURN(std::vector<std::shared_ptr<Node>> nodes,
                         WaitForNodes(launch.nodes, launch.wait_for_nodes));
   for (const auto& node : nodes) {
-    if (!node->info.gpus.empty() &&
-        static_cast<int>(node->info.gpus.size()) < launch.workers_per_node) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("node ", node->info.Describe(), " has ", node->info.gpus.size(),
-                       " GPUs for ", launch.workers_per_node, " workers per node"));
+    const int gpus = static_cast<int>(node->info.gpus.size());
+    if (gpus > 0 && gpus < launch.first_gpu + launch.workers_per_node) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", node->info.Describe(), " has ", gpus, " GPUs for ", launch.workers_per_node,
+          " workers per node",
+          launch.first_gpu > 0
+              ? absl::StrCat(" after the ", launch.first_gpu, " that another group uses")
+              : ""));
     }
   }
   std::vector<std::unique_ptr<Process>> processes(launch.nodes * launch.workers_per_node);

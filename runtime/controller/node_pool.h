@@ -79,6 +79,8 @@ struct NodeLaunch {
   // set (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
   // MASTER_PORT, DRAY_NODE_ADDR, CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS).
   std::vector<std::pair<std::string, std::string>> env;
+  // Local rank r uses the node's GPU first_gpu + r.
+  int first_gpu = 0;
   // Each worker reads it on its standard input.
   std::string job_secret;
   // How long to wait for enough nodes to attach.
@@ -99,8 +101,9 @@ class NodePool {
 
   // address: host:port where agents attach.
   std::string address() const;
-  // host: the listen address's host, where groups placed on the pool serve
-  // their workers.
+  // host: the listen address's host as given (a name stays a name, which
+  // workers dial and certificates name), where groups placed on the pool
+  // serve their workers.
   std::string host() const;
 
   // WaitForNodes returns the first `count` attached nodes by address once

@@ -22,6 +22,7 @@
 #include "runtime/controller/worker_client.h"
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
 
 namespace dray {
@@ -187,6 +188,7 @@ absl::Status WorkerGroup::Impl::Launch() {
   launch.workers_per_node = resources_.workers_per_node;
   launch.args = WorkerArgs();
   launch.env = options_.env;
+  launch.first_gpu = options_.first_gpu;
   launch.job_secret = job_secret_;
   launch.wait_for_nodes = options_.register_timeout;
   DRAY_ASSIGN_OR_RETURN(
@@ -202,8 +204,9 @@ absl::Status WorkerGroup::Impl::StartServer() {
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
   const std::string host = options_.nodes != nullptr ? options_.nodes->host() : "127.0.0.1";
+  DRAY_ASSIGN_OR_RETURN(const std::string bind_address, ResolveIPv4(host));
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(host, ":0"), DrayServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(bind_address, ":0"), DrayServerCredentials(), &port);
   builder.RegisterService(this);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port == 0)
@@ -223,7 +226,7 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
                {"LOCAL_WORLD_SIZE", absl::StrCat(resources_.workers_per_node)},
                {"MASTER_ADDR", options_.master_addr},
                {"DRAY_STORE_FILE", store_dir_->path() + "/store"},
-               {"CUDA_VISIBLE_DEVICES", absl::StrCat(local_rank)}};
+               {"CUDA_VISIBLE_DEVICES", absl::StrCat(options_.first_gpu + local_rank)}};
   if (std::getenv("OMP_NUM_THREADS") ==
       nullptr) {  // as torchrun: share the cores, do not oversubscribe them
     const int cores = static_cast<int>(std::thread::hardware_concurrency());

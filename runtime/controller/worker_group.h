@@ -98,6 +98,9 @@ struct WorkerGroupOptions {
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
+  // Local rank r uses the node's GPU first_gpu + r (CUDA_VISIBLE_DEVICES):
+  // groups that share nodes take different GPUs.
+  int first_gpu = 0;
   // Set: the ranks run on this pool's nodes (controller/node_pool.h), which
   // must outlive the group; the group's controller service then listens on
   // the pool's host, and command and master_addr are unused (each node's

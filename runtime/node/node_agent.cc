@@ -174,7 +174,10 @@ void Agent::Launch(const v1::LaunchWorkers& launch) {
   v1::WorkersLaunched* launched = reply.mutable_launched();
   launched->set_launch_id(launch.launch_id());
   absl::StatusOr<int> master_port = launch.master_port();
-  if (*master_port == 0) master_port = PickFreePort(address_);
+  if (*master_port == 0) {
+    absl::StatusOr<std::string> bind_address = ResolveIPv4(address_);
+    master_port = bind_address.ok() ? PickFreePort(*bind_address) : bind_address.status();
+  }
   for (int i = 0; master_port.ok() && i < launch.workers_size(); ++i) {
     absl::StatusOr<int> pid = StartWorker(launch, launch.workers(i), *master_port);
     if (!pid.ok()) {  // all or nothing: kill those started
@@ -203,11 +206,12 @@ absl::StatusOr<int> Agent::StartWorker(const v1::LaunchWorkers& launch,
   spawn.env.emplace_back("MASTER_PORT", absl::StrCat(master_port));
   spawn.env.emplace_back("DRAY_NODE_ADDR", address_);
   if (!options_.gpus.empty()) {
-    if (worker.local_rank() >= static_cast<int>(options_.gpus.size())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "local rank ", worker.local_rank(), " has no GPU: this node has ", options_.gpus.size()));
+    if (worker.gpu() < 0 || worker.gpu() >= static_cast<int>(options_.gpus.size())) {
+      return absl::FailedPreconditionError(absl::StrCat("rank ", worker.rank(), " asks for GPU #",
+                                                        worker.gpu(), ": this node has ",
+                                                        options_.gpus.size()));
     }
-    spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options_.gpus[worker.local_rank()]);
+    spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options_.gpus[worker.gpu()]);
   }
   if (std::getenv("OMP_NUM_THREADS") == nullptr && worker.env().count("OMP_NUM_THREADS") == 0) {
     // As torchrun: the node's workers share its cores.

@@ -155,6 +155,12 @@ absl::Status UseTls(const TlsFiles& files) {
   return absl::OkStatus();
 }
 
+void ForgetInheritedTls() {
+  for (const char* variable : {"DRAY_TLS_CERT", "DRAY_TLS_KEY", "DRAY_TLS_CA", "DRAY_TLS_MUTUAL"}) {
+    unsetenv(variable);
+  }
+}
+
 absl::Status UseTlsFromEnvironment() {
   auto env = [](const char* name) {
     const char* value = std::getenv(name);
@@ -173,6 +179,18 @@ std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials() {
                       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   options.pem_root_certs = current->ca;
   options.pem_key_cert_pairs.push_back({current->key, current->cert});
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(
+    const std::string& cert_file, const std::string& key_file) {
+  if (cert_file.empty() || key_file.empty()) {
+    return absl::InvalidArgumentError("a public TLS port needs a certificate and its key");
+  }
+  DRAY_ASSIGN_OR_RETURN(std::string cert, ReadFile(cert_file));
+  DRAY_ASSIGN_OR_RETURN(std::string key, ReadFile(key_file));
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  options.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
   return grpc::SslServerCredentials(options);
 }
 

@@ -21,6 +21,7 @@
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
@@ -55,12 +56,22 @@ struct TlsFiles {
 // only be a client, and not of a mutual-TLS server.
 absl::Status UseTls(const TlsFiles& files);
 
+// ForgetInheritedTls unsets DRAY_TLS_*, so that a process which chose no TLS
+// does not pass a setting from its own environment on to its workers.
+void ForgetInheritedTls();
+
 // UseTlsFromEnvironment calls UseTls with DRAY_TLS_* when DRAY_TLS_CA is
 // set (a worker of a TLS job), and does nothing otherwise.
 absl::Status UseTlsFromEnvironment();
 
 // DrayServerCredentials: TLS after UseTls, plaintext otherwise.
 std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials();
+
+// PublicServerCredentials: TLS with a certificate of its own (PEM files) for
+// a port the public dials (dray serve's ImageEditService, under a name its
+// clients know), whose clients show a token rather than a certificate.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(
+    const std::string& cert_file, const std::string& key_file);
 
 // CreateDrayChannel opens a channel to `address` (host:port), on TLS after
 // UseTls, with dray's limits: messages up to 2 GiB - 1 (large payloads

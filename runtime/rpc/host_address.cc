@@ -9,6 +9,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
+
+#include "absl/strings/ascii.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -36,7 +39,27 @@ bool AddressBefore(const std::string& a, const std::string& b) {
   const bool b_is_ipv4 = inet_pton(AF_INET, b.c_str(), &y) == 1;
   if (a_is_ipv4 && b_is_ipv4) return ntohl(x.s_addr) < ntohl(y.s_addr);
   if (a_is_ipv4 != b_is_ipv4) return a_is_ipv4;
-  return a < b;
+  // Names in natural order: node-2 before node-10.
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (absl::ascii_isdigit(a[i]) && absl::ascii_isdigit(b[j])) {
+      const size_t a_end = a.find_first_not_of("0123456789", i);
+      const size_t b_end = b.find_first_not_of("0123456789", j);
+      std::string_view x_digits = std::string_view(a).substr(i, a_end - i);
+      std::string_view y_digits = std::string_view(b).substr(j, b_end - j);
+      x_digits.remove_prefix(std::min(x_digits.find_first_not_of('0'), x_digits.size()));
+      y_digits.remove_prefix(std::min(y_digits.find_first_not_of('0'), y_digits.size()));
+      if (x_digits.size() != y_digits.size()) return x_digits.size() < y_digits.size();
+      if (x_digits != y_digits) return x_digits < y_digits;
+      i = std::min(a_end, a.size());
+      j = std::min(b_end, b.size());
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i;
+      ++j;
+    }
+  }
+  return a.size() - i < b.size() - j || (a.size() - i == b.size() - j && a < b);
 }
 
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {

@@ -16,7 +16,7 @@ namespace dray {
 absl::StatusOr<std::string> ResolveIPv4(const std::string& host);
 
 // AddressBefore orders node addresses as numbers (10.0.0.9 before
-// 10.0.0.10), anything that is not an IPv4 address after them, as text.
+// 10.0.0.10), and names after them in natural order (node-2 before node-10).
 bool AddressBefore(const std::string& a, const std::string& b);
 
 // LocalAddressToward returns this machine's IPv4 address on the route to

@@ -33,6 +33,14 @@ TEST(AddressBeforeTest, OrdersAddressesAsNumbersAndNamesAfterThem) {
   EXPECT_THAT(nodes, ElementsAre("9.1.1.1", "10.89.0.9", "10.89.0.10", "node-a", "node-b"));
 }
 
+TEST(AddressBeforeTest, OrdersNamesNaturally) {
+  std::vector<std::string> nodes = {"dray-nodes-10.dray-nodes", "dray-nodes-2.dray-nodes",
+                                    "dray-nodes-1.dray-nodes", "dray-nodes", "dray-nodes-02"};
+  std::sort(nodes.begin(), nodes.end(), AddressBefore);
+  EXPECT_THAT(nodes, ElementsAre("dray-nodes", "dray-nodes-1.dray-nodes", "dray-nodes-02",
+                                 "dray-nodes-2.dray-nodes", "dray-nodes-10.dray-nodes"));
+}
+
 TEST(LocalAddressTowardTest, PicksTheLoopbackTowardALoopbackPeer) {
   DRAY_ASSERT_OK_AND_ASSIGN(const std::string local, LocalAddressToward("127.0.0.1:29400"));
   EXPECT_EQ(local, "127.0.0.1");

@@ -22,6 +22,7 @@
 #include "dray/v1/controller.grpc.pb.h"
 #include "runtime/process/allocator.h"
 #include "runtime/rpc/grpc_util.h"
+#include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
@@ -140,8 +141,11 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
+  // The port is bound on the host's address and registered by the host as
+  // given: a name stays what the controller dials, and certificates name.
+  DRAY_ASSIGN_OR_RETURN(const std::string bind_address, ResolveIPv4(options.host));
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(options.host, ":0"), DrayServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(bind_address, ":0"), DrayServerCredentials(), &port);
   builder.RegisterService(service);
   grpc::ServerCompletionQueue* sessions = builder.AddCompletionQueue().release();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -40,6 +40,10 @@ openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" 
 openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
   -out "$out/cert.pem" -days 1 2>/dev/null \
   -extfile <(echo "subjectAltName=IP:$subnet.1,IP:$subnet.11,IP:$subnet.12,IP:127.0.0.1")
+# ImageEditService's own certificate, from another authority, for the name
+# its clients dial.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/public.key" -out "$out/public.pem" -days 1 \
+  -subj /CN=localhost -addext "subjectAltName=DNS:localhost" 2>/dev/null
 tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/ca.pem")
 mutual_tls=("${tls[@]}" --tls-mutual)
 
@@ -133,14 +137,20 @@ edit=(--instruction "make it purple" --seed 3)
 "$dray" edit --image "$root/docs/scene.png" "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 ||
   fail "dray edit failed"
 openssl rand -hex 16 >"$out/client_token"
-"$dray" serve --port 0 "${cluster[@]}" "${tls[@]}" --client-token-file "$out/client_token" \
-  >"$out/serve.log" 2>&1 &
+"$dray" serve --port 0 "${cluster[@]}" "${mutual_tls[@]}" --client-token-file "$out/client_token" \
+  --public-tls-cert "$out/public.pem" --public-tls-key "$out/public.key" >"$out/serve.log" 2>&1 &
 server=$!
-start_agents "$out/serve.log" "${tls[@]}"
+start_agents "$out/serve.log" "${mutual_tls[@]}"
 wait_for_line "$out/serve.log" "ImageEditService on" || fail "dray serve did not start"
 port=$(sed -n 's/.*ImageEditService on [0-9.]*:\([0-9]*\).*/\1/p' "$out/serve.log")
 grep -q "with 2 nodes x 1 worker" "$out/serve.log" || fail "the service does not say where its workers are"
-served=(--server "127.0.0.1:$port" --tls-ca "$out/ca.pem" --image "$root/docs/scene.png" "${edit[@]}")
+# Clients trust the service's own certificate and show none of their own,
+# though the cluster runs mutual TLS.
+to_service=(--server "localhost:$port" --image "$root/docs/scene.png" "${edit[@]}")
+"$dray" edit "${to_service[@]}" --tls-ca "$out/ca.pem" --token-file "$out/client_token" \
+  --out "$out/refused.png" --timeout 5 >"$out/untrusted.log" 2>&1 &&
+  fail "a client that trusts only the cluster's authority accepted the service's certificate"
+served=("${to_service[@]}" --tls-ca "$out/public.pem")
 "$dray" edit "${served[@]}" --out "$out/refused.png" >"$out/refused.log" 2>&1 &&
   fail "an edit without the client token was served"
 grep -q "UNAUTHENTICATED" "$out/refused.log" || fail "no token: $(cat "$out/refused.log")"

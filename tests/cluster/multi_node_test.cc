@@ -93,8 +93,10 @@ class MultiNodeTest : public ::testing::Test {
     if (lock_ >= 0) close(lock_);
   }
 
-  // StartAgent starts a node agent on host `host` (1 or 2), named nodeN.
-  Subprocess* StartAgent(int host, const std::string& controller, const std::string& token_file) {
+  // StartAgent starts a node agent on host `host` (1 or 2), named nodeN,
+  // with `extra` arguments.
+  Subprocess* StartAgent(int host, const std::string& controller, const std::string& token_file,
+                         const std::vector<std::string>& extra = {}) {
     SubprocessOptions agent;
     agent.argv = {"/usr/bin/nsenter",
                   absl::StrCat("--net=/run/netns/", name_, host),
@@ -107,6 +109,7 @@ class MultiNodeTest : public ::testing::Test {
                   absl::StrCat("--controller=", controller),
                   absl::StrCat("--token-file=", token_file),
                   absl::StrCat("--worker=", RunfilePath("tests/runtime/test_workers"))};
+    agent.argv.insert(agent.argv.end(), extra.begin(), extra.end());
     agent.output_prefix = absl::StrCat("[agent ", host, "] ");
     auto started = Subprocess::Spawn(agent);
     DRAY_EXPECT_OK(started.status());
@@ -119,8 +122,10 @@ class MultiNodeTest : public ::testing::Test {
     for (int host : {1, 2}) StartAgent(host, pool_->address(), token_file_);
   }
 
-  absl::StatusOr<std::unique_ptr<WorkerGroup>> StartGroup(ResourceSpec resources) {
+  absl::StatusOr<std::unique_ptr<WorkerGroup>> StartGroup(ResourceSpec resources,
+                                                          int first_gpu = 0) {
     WorkerGroupOptions options;
+    options.first_gpu = first_gpu;
     options.roles = {"test"};
     options.nodes = pool_.get();
     options.register_timeout = absl::Seconds(60);
@@ -181,6 +186,27 @@ TEST_F(MultiNodeTest, RanksRunOnTheirNodesAndMeetAcrossThem) {
   for (const DataProto& sum : sums) {
     EXPECT_EQ(sum.GetTensor("sum").value()[0][0].item<double>(), 10.0);
   }
+}
+
+TEST_F(MultiNodeTest, GroupsSharingNodesTakeDifferentGpus) {
+  for (int host : {1, 2}) StartAgent(host, pool_->address(), token_file_, {"--gpus=4,6,7"});
+  DRAY_ASSERT_OK_AND_ASSIGN(auto model, StartGroup({2, 1}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto rewards, StartGroup({2, 2}, /*first_gpu=*/1));
+
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> on_model, model->Call("identity", {}));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> on_rewards, rewards->Call("identity", {}));
+  for (const DataProto& identity : on_model) {
+    EXPECT_EQ(identity.GetMeta<std::string>("cuda_visible_devices").value(), "4");
+  }
+  for (const DataProto& identity : on_rewards) {
+    const int64_t local_rank = identity.GetMeta<int64_t>("local_rank").value();
+    EXPECT_EQ(identity.GetMeta<std::string>("cuda_visible_devices").value(),
+              local_rank == 0 ? "6" : "7");
+  }
+  EXPECT_THAT(StartGroup({2, 2}, /*first_gpu=*/2).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("has 3 GPUs for 2 workers per node after the 2 that another "
+                                 "group uses")));
 }
 
 TEST_F(MultiNodeTest, AGroupWaitsForItsNodesAndNamesThoseMissing) {

@@ -2,9 +2,11 @@
 # deploy/slurm/dray.sbatch on a real Slurm: slurmctld here and two slurmd
 # "nodes", each in a network namespace of its own with its own hostname
 # (netns_hosts.sh), munge for authentication. `sbatch -N 2 --wait` runs a
-# dray train job there, which must match the same job run with --workers 2
-# on one machine. Needs root and Debian's slurm-wlm (deploy/install-deps.sh);
-# skips without root.
+# dray train job there with the cluster token and mutual TLS, which must
+# match the same job run with --workers 2 on one machine; then a dray serve
+# job answers an edit as a local dray edit does, and scancel ends it with
+# all its processes. Needs root and Debian's slurm-wlm
+# (deploy/install-deps.sh); skips without root.
 set -euo pipefail
 
 if [[ $(id -u) -ne 0 ]]; then
@@ -73,16 +75,47 @@ done
 timeout 120 grep -q -m1 "Running as primary controller" < <(tail -n +1 --pid=$$ -F "$slurm/slurmctld.log") ||
   fail "slurmctld did not start"
 
+# A certificate authority and one certificate naming both nodes' addresses.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/ca.key" -out "$out/ca.pem" -days 1 \
+  -subj /CN=dray-test-ca 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" -subj /CN=dray 2>/dev/null
+openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
+  -out "$out/cert.pem" -days 1 -extfile <(echo "subjectAltName=IP:$subnet.11,IP:$subnet.12") 2>/dev/null
+export DRAY="$dray" DRAY_TOKEN_FILE="$out/token" DRAY_PORT=$((29400 + $$ % 1000)) \
+  DRAY_TLS_CERT="$out/cert.pem" DRAY_TLS_KEY="$out/key.pem" DRAY_TLS_CA="$out/ca.pem" DRAY_TLS_MUTUAL=1
+
 job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=4)
 "$dray" train trainer.save_dir="$out/local" "${job[@]}" --workers 2 >"$out/local.log" 2>&1 ||
   fail "the one-machine run failed"
-DRAY="$dray" DRAY_TOKEN_FILE="$out/token" DRAY_PORT=$((29400 + $$ % 1000)) \
-  timeout 600 sbatch -N 2 --wait --no-requeue --output="$out/job.out" "$sbatch_script" \
+timeout 600 sbatch -N 2 --wait --no-requeue --output="$out/job.out" "$sbatch_script" \
   train trainer.save_dir="$out/slurm" "${job[@]}" >"$out/sbatch.log" 2>&1 ||
   fail "the Slurm job failed"
 grep -q "^\[rank 1 node2\] init_model" "$out/job.out" || fail "rank 1 did not run on node2"
 [[ $(stat -c %a "$out/token") == 600 ]] || fail "the token file is readable by others"
 cmp "$out/local/final/pytorch_lora_weights.safetensors" \
   "$out/slurm/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"
+
+# dray serve on the two nodes, on the first node's address, until scancel.
+edit=(--image "$root/docs/scene.png" --instruction "make it purple" --seed 3)
+"$dray" edit "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 || fail "dray edit failed"
+openssl rand -hex 16 >"$out/client_token"
+port=$((DRAY_PORT + 1))
+sbatch -N 2 --wait --no-requeue --output="$out/serve.out" "$sbatch_script" \
+  serve --port "$port" --client-token-file "$out/client_token" >"$out/sbatch-serve.log" 2>&1 &
+sbatch_wait=$!
+timeout 300 grep -q -m1 "ImageEditService on" < <(tail -n +1 --pid=$$ -F "$out/serve.out") ||
+  fail "dray serve did not start"
+grep -q "with 2 nodes x 1 worker" "$out/serve.out" || fail "the service is not on both nodes"
+"$dray" edit "${edit[@]}" --server "$subnet.11:$port" --tls-ca "$out/ca.pem" --tls-cert "$out/cert.pem" \
+  --tls-key "$out/key.pem" --token-file "$out/client_token" --out "$out/served.png" \
+  >"$out/served.log" 2>&1 || fail "the edit through the service failed"
+cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
+scancel --partition=dray
+wait "$sbatch_wait" || true  # the job was cancelled
+for i in 1 2; do
+  for pid in $(ip netns pids "$name$i"); do
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$dray" && fail "a dray process outlived the job"
+  done
+done
 echo PASS

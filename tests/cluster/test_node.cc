@@ -1,10 +1,11 @@
 // A node agent for tests, running the runtime's test workers:
-//   test_node --controller=HOST:PORT --token-file=FILE --worker=PATH
+//   test_node --controller=HOST:PORT --token-file=FILE --worker=PATH [--gpus=ID,ID]
 // Exits 0 when the controller says stop, 1 otherwise (the reason on stderr).
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "runtime/node/node_agent.h"
 #include "runtime/rpc/job_secret.h"
 
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
     if (absl::StartsWith(arg, "--controller=")) options.controller = arg.substr(13);
     if (absl::StartsWith(arg, "--token-file=")) token_file = arg.substr(13);
     if (absl::StartsWith(arg, "--worker=")) options.worker_command = {arg.substr(9)};
+    if (absl::StartsWith(arg, "--gpus=")) options.gpus = absl::StrSplit(arg.substr(7), ',');
   }
   absl::StatusOr<std::string> token = dray::ReadSecretFile(token_file);
   absl::Status status = token.ok() ? absl::OkStatus() : token.status();

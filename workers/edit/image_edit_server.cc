@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
@@ -432,7 +433,9 @@ absl::Status ImageEditServer::Impl::Start() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.address, DrayServerCredentials(), &port_);
+  builder.AddListeningPort(
+      options_.address,
+      options_.credentials != nullptr ? options_.credentials : DrayServerCredentials(), &port_);
   ConfigureKeepalive(&builder);
   ExplainUnparsableRequests(&builder);
   builder.SetMaxReceiveMessageSize(

@@ -34,6 +34,10 @@
 #include "absl/time/time.h"
 #include "workers/edit/edit_backend.h"
 
+namespace grpc {
+class ServerCredentials;
+}  // namespace grpc
+
 namespace dray {
 
 // kImageEditServiceName: the service's full name, as health checks ask for it.
@@ -51,6 +55,9 @@ struct ServeOptions {
   // Set: every call must carry "authorization: Bearer <token>"
   // (UNAUTHENTICATED otherwise); grpc.health.v1 stays open.
   std::string bearer_token;
+  // The port's security (PublicServerCredentials: a certificate of its
+  // own); unset: the cluster's, DrayServerCredentials().
+  std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
 class ImageEditServer {

@@ -172,8 +172,9 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   group_options.nodes = options_.node_pool;
   DRAY_ASSIGN_OR_RETURN(group_,
                         WorkerGroup::Create({options_.nodes, options_.workers}, group_options));
-  if (placement == "separate") {  // on one node (the first, on a pool)
+  if (placement == "separate") {  // on the first node, on the GPUs after the model's
     group_options.roles = {kRewardRole};
+    group_options.first_gpu = static_cast<int>(options_.workers);
     DRAY_ASSIGN_OR_RETURN(
         reward_group_,
         WorkerGroup::Create({1, static_cast<int>(config_.reward_workers)}, group_options));
