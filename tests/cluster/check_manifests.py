@@ -1,9 +1,10 @@
 """Checks Kubernetes manifests offline, since no cluster runs here.
 
 Each document must fit the typed models of Debian's python3-kubernetes
-(a wrong type, a missing required field or an unknown key fails), and every
+(a wrong type, a missing required field or an unknown key fails), every
 `dray` command line in a container must use flags that `dray <command>
---help` lists.
+--help` lists, and every $(VARIABLE) it uses must be one of the container's
+env entries (Kubernetes leaves any other as it is).
 
     check_manifests.py DRAY FILE...
 """
@@ -48,6 +49,15 @@ def check_fields(data, type_name, where):
         check_fields(value, model.openapi_types[fields[key]], f"{where}.{key}")
 
 
+def check_variables(container, command, where):
+    """Fails on a $(VARIABLE) in `command` that the container does not define."""
+    defined = {entry["name"] for entry in container.get("env", [])}
+    for arg in command:
+        for name in re.findall(r"\$\((\w+)\)", arg):
+            if name not in defined:
+                raise ValueError(f"{where}: $({name}) in {arg} is not in the container's env")
+
+
 def check_command(dray, command, where):
     """Fails on a dray subcommand or flag that the binary does not have."""
     shown = subprocess.run([dray, command[1], "--help"], capture_output=True, text=True)
@@ -74,6 +84,7 @@ def main(dray, files):
                 command = container.get("command", []) + container.get("args", [])
                 if command[:1] == ["dray"]:
                     check_command(dray, command, f"{where}, container {container['name']}")
+                check_variables(container, command, f"{where}, container {container['name']}")
         print(f"{path}: {len(documents)} documents ok")
 
 

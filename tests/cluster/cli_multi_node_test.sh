@@ -33,18 +33,11 @@ cleanup() {
 trap cleanup EXIT
 "$hosts" up "$name" 2 "$subnet"
 openssl rand -hex 32 >"$out/token"
-# A certificate authority and one certificate for every host's address.
-openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/ca.key" -out "$out/ca.pem" -days 1 \
-  -subj /CN=dray-test-ca 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" -subj /CN=dray 2>/dev/null
-openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
-  -out "$out/cert.pem" -days 1 2>/dev/null \
-  -extfile <(echo "subjectAltName=IP:$subnet.1,IP:$subnet.11,IP:$subnet.12,IP:127.0.0.1")
-# ImageEditService's own certificate, from another authority, for the name
-# its clients dial.
-openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/public.key" -out "$out/public.pem" -days 1 \
-  -subj /CN=localhost -addext "subjectAltName=DNS:localhost" 2>/dev/null
-tls=(--tls-cert "$out/cert.pem" --tls-key "$out/key.pem" --tls-ca "$out/ca.pem")
+# A certificate authority and one certificate for every host's address; and
+# ImageEditService's own, from another authority, for the name its clients dial.
+"$root/deploy/make-certs.sh" "$out/tls" "$subnet.1" "$subnet.11" "$subnet.12" 127.0.0.1
+"$root/deploy/make-certs.sh" "$out/public" localhost
+tls=(--tls-cert "$out/tls/tls.crt" --tls-key "$out/tls/tls.key" --tls-ca "$out/tls/ca.crt")
 mutual_tls=("${tls[@]}" --tls-mutual)
 
 # pool_address LOG: where the controller whose LOG this is waits for nodes.
@@ -89,9 +82,9 @@ cluster:
   nodes: 2
   listen: $subnet.1:0
   token_file: $out/token
-  tls_cert: $out/cert.pem
-  tls_key: $out/key.pem
-  tls_ca: $out/ca.pem
+  tls_cert: $out/tls/tls.crt
+  tls_key: $out/tls/tls.key
+  tls_ca: $out/tls/ca.crt
   tls_mutual: true
 YAML
 "$dray" train --config "$out/cluster.yaml" trainer.save_dir="$out/nodes" "${job[@]}" --workers 1 \
@@ -138,7 +131,7 @@ edit=(--instruction "make it purple" --seed 3)
   fail "dray edit failed"
 openssl rand -hex 16 >"$out/client_token"
 "$dray" serve --port 0 "${cluster[@]}" "${mutual_tls[@]}" --client-token-file "$out/client_token" \
-  --public-tls-cert "$out/public.pem" --public-tls-key "$out/public.key" >"$out/serve.log" 2>&1 &
+  --public-tls-cert "$out/public/tls.crt" --public-tls-key "$out/public/tls.key" >"$out/serve.log" 2>&1 &
 server=$!
 start_agents "$out/serve.log" "${mutual_tls[@]}"
 wait_for_line "$out/serve.log" "ImageEditService on" || fail "dray serve did not start"
@@ -147,10 +140,10 @@ grep -q "with 2 nodes x 1 worker" "$out/serve.log" || fail "the service does not
 # Clients trust the service's own certificate and show none of their own,
 # though the cluster runs mutual TLS.
 to_service=(--server "localhost:$port" --image "$root/docs/scene.png" "${edit[@]}")
-"$dray" edit "${to_service[@]}" --tls-ca "$out/ca.pem" --token-file "$out/client_token" \
+"$dray" edit "${to_service[@]}" --tls-ca "$out/tls/ca.crt" --token-file "$out/client_token" \
   --out "$out/refused.png" --timeout 5 >"$out/untrusted.log" 2>&1 &&
   fail "a client that trusts only the cluster's authority accepted the service's certificate"
-served=("${to_service[@]}" --tls-ca "$out/public.pem")
+served=("${to_service[@]}" --tls-ca "$out/public/ca.crt")
 "$dray" edit "${served[@]}" --out "$out/refused.png" >"$out/refused.log" 2>&1 &&
   fail "an edit without the client token was served"
 grep -q "UNAUTHENTICATED" "$out/refused.log" || fail "no token: $(cat "$out/refused.log")"

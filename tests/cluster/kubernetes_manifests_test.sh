@@ -2,7 +2,7 @@
 # The Kubernetes manifests, checked offline (no cluster runs here): every
 # document fits python3-kubernetes' typed models and every dray flag in them
 # exists (check_manifests.py), and the checker does catch an unknown field,
-# a wrong type and a flag dray lacks.
+# a wrong type, a flag dray lacks and a variable the container lacks.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -25,4 +25,5 @@ refused() {
 refused 's/clusterIP: None/clusterIP: None\n  bogusField: 1/' "has no field 'bogusField'"
 refused 's/completions: 2/completions: two/' "invalid literal"
 refused 's/--gpus=1/--gpu=1/' "has no flag --gpu"
+refused 's/- name: NODE_INDEX/- name: NODE_NUMBER/' 'NODE_INDEX) in --address=.* is not in the container'"'"'s env'
 echo PASS

@@ -76,13 +76,10 @@ timeout 120 grep -q -m1 "Running as primary controller" < <(tail -n +1 --pid=$$ 
   fail "slurmctld did not start"
 
 # A certificate authority and one certificate naming both nodes' addresses.
-openssl req -x509 -newkey rsa:2048 -nodes -keyout "$out/ca.key" -out "$out/ca.pem" -days 1 \
-  -subj /CN=dray-test-ca 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -keyout "$out/key.pem" -out "$out/cert.csr" -subj /CN=dray 2>/dev/null
-openssl x509 -req -in "$out/cert.csr" -CA "$out/ca.pem" -CAkey "$out/ca.key" -CAcreateserial \
-  -out "$out/cert.pem" -days 1 -extfile <(echo "subjectAltName=IP:$subnet.11,IP:$subnet.12") 2>/dev/null
+"$root/deploy/make-certs.sh" "$out/tls" "$subnet.11" "$subnet.12"
 export DRAY="$dray" DRAY_TOKEN_FILE="$out/token" DRAY_PORT=$((29400 + $$ % 1000)) \
-  DRAY_TLS_CERT="$out/cert.pem" DRAY_TLS_KEY="$out/key.pem" DRAY_TLS_CA="$out/ca.pem" DRAY_TLS_MUTUAL=1
+  DRAY_TLS_CERT="$out/tls/tls.crt" DRAY_TLS_KEY="$out/tls/tls.key" DRAY_TLS_CA="$out/tls/ca.crt" \
+  DRAY_TLS_MUTUAL=1
 
 job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=4)
@@ -107,8 +104,8 @@ sbatch_wait=$!
 timeout 300 grep -q -m1 "ImageEditService on" < <(tail -n +1 --pid=$$ -F "$out/serve.out") ||
   fail "dray serve did not start"
 grep -q "with 2 nodes x 1 worker" "$out/serve.out" || fail "the service is not on both nodes"
-"$dray" edit "${edit[@]}" --server "$subnet.11:$port" --tls-ca "$out/ca.pem" --tls-cert "$out/cert.pem" \
-  --tls-key "$out/key.pem" --token-file "$out/client_token" --out "$out/served.png" \
+"$dray" edit "${edit[@]}" --server "$subnet.11:$port" --tls-ca "$out/tls/ca.crt" \
+  --tls-cert "$out/tls/tls.crt" --tls-key "$out/tls/tls.key" --token-file "$out/client_token" --out "$out/served.png" \
   >"$out/served.log" 2>&1 || fail "the edit through the service failed"
 cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
 scancel --partition=dray

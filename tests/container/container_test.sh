@@ -4,7 +4,8 @@
 # debootstrap, as no image can be pulled here; the build stage reuses this
 # machine's Bazel cache), then runs deploy/container/compose.yaml with
 # podman-compose: the controller in one container and a `dray node` agent in
-# each of two others on the project's network. The trained adapters and
+# each of two others on the project's network, all on TLS with a certificate
+# for their names (deploy/make-certs.sh). The trained adapters and
 # metrics equal a plain `dray train --workers 2` run's byte for byte. Needs
 # root and podman (deploy/install-deps.sh installs it), and skips without them.
 #
@@ -81,6 +82,7 @@ podman run --rm --network none --entrypoint sh "$image" -c 'command -v g++ || co
 data="$out/data"
 mkdir -p "$data"
 (umask 077 && openssl rand -hex 32 >"$data/token")
+"$root/deploy/make-certs.sh" "$data/tls" controller node1 node2
 cat >"$data/job.yaml" <<JOB
 trainer: {total_steps: 2}
 data: {prompts_per_step: 2}
@@ -93,11 +95,12 @@ JOB
 DRAY_DATA="$data" DRAY_IMAGE="$image" podman-compose -p "$project" -f "$compose" up -d \
   >"$out/compose.log" 2>&1 || fail "podman-compose up failed"
 for service in controller node1 node2; do
-  status=$(podman wait "${project}_${service}_1")
+  status=$(podman wait "${project}_${service}_1") || fail "podman-compose did not create $service"
   podman logs "${project}_${service}_1" >"$out/$service.log" 2>&1
   [[ $status == 0 ]] || fail "the $service container exited with $status"
 done
 grep -q "^\[rank 1 node2\] init_model" "$out/controller.log" || fail "rank 1 did not run on node2"
+grep -q "node node2 (node2) attached" "$out/controller.log" || fail "node2 did not attach by its name"
 cmp "$out/plain/final/pytorch_lora_weights.safetensors" \
   "$data/train/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"
 /usr/bin/python3 - "$out/plain/metrics.jsonl" "$data/train/metrics.jsonl" <<'PY' || fail "the metrics differ"
