@@ -6,8 +6,9 @@
 # writes DIR/ca.crt (--tls-ca), DIR/tls.crt (--tls-cert) and DIR/tls.key
 # (--tls-key, readable by its owner only) for the NAMEs peers dial: host
 # names, wildcards (*.dray-nodes.default.svc.cluster.local) or IP addresses.
-# The authority's key, DIR/ca.key, signs nothing else: delete it, or keep it
-# to sign more. Any other authority (cert-manager, a company CA) does as well.
+# The authority's key, DIR/ca.key, is reused when it exists, so certificates
+# made earlier with it stay valid; keep it away from the job (move it, or
+# delete it). Any other authority (cert-manager, a company CA) does as well.
 set -euo pipefail
 
 dir=${1:?usage: make-certs.sh DIR NAME... (the names or addresses peers dial)}
@@ -20,13 +21,22 @@ alt_names=()
 for name in "$@"; do
   if [[ $name =~ ^[0-9.]+$ || $name == *:* ]]; then alt_names+=("IP:$name"); else alt_names+=("DNS:$name"); fi
 done
+# quietly COMMAND...: runs openssl, showing its chatter only if it fails.
+quietly() {
+  local said
+  said=$("$@" 2>&1) || {
+    echo "make-certs.sh: $* failed: $said" >&2
+    exit 1
+  }
+}
 mkdir -p "$dir"
 umask 077
-openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj /CN=dray-ca \
-  -keyout "$dir/ca.key" -out "$dir/ca.crt" 2>/dev/null
-openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout "$dir/tls.key" -out "$dir/tls.csr" 2>/dev/null
-openssl x509 -req -days 365 -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
-  -CAcreateserial -out "$dir/tls.crt" \
-  -extfile <(IFS=, && echo "subjectAltName=${alt_names[*]}") 2>/dev/null
+if [[ ! -s $dir/ca.key ]]; then
+  quietly openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=dray-ca \
+    -keyout "$dir/ca.key" -out "$dir/ca.crt"
+fi
+quietly openssl req -newkey rsa:2048 -nodes -subj /CN=dray -keyout "$dir/tls.key" -out "$dir/tls.csr"
+quietly openssl x509 -req -days 365 -in "$dir/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
+  -CAcreateserial -out "$dir/tls.crt" -extfile <(IFS=, && echo "subjectAltName=${alt_names[*]}")
 rm -f "$dir/tls.csr" "$dir/ca.srl"
 chmod 644 "$dir/ca.crt" "$dir/tls.crt"

@@ -166,8 +166,12 @@ class Bench {
     if (options_.report) options_.report(metric);
     metrics_.push_back(std::move(metric));
   }
-  absl::StatusOr<std::unique_ptr<WorkerGroup>> Group(int workers) {
+  // Group starts `workers` bench workers on this node, called through their
+  // unix sockets, or over TCP as on other nodes.
+  absl::StatusOr<std::unique_ptr<WorkerGroup>> Group(
+      int workers, WorkerGroupOptions::Transport transport = WorkerGroupOptions::Transport::kAuto) {
     WorkerGroupOptions group;
+    group.transport = transport;
     group.command = options_.worker_command;
     group.roles = {"bench"};
     group.call_timeout = kCallTimeout;
@@ -175,8 +179,9 @@ class Bench {
   }
   absl::Status SingleWorker(const DataProto& tiny);
   absl::Status CallSyncAgainstEcho(WorkerGroup* group, const DataProto& tiny);
+  absl::Status CallSyncOverTcp(const DataProto& tiny);
   absl::Status OneToAll(WorkerGroup* group, const DataProto& tiny);
-  absl::Status DpComputeProtoAgainstLoopback(WorkerGroup* group);
+  absl::Status DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGroup* tcp_group);
 
   const ActorBenchOptions& options_;
   const Repetitions reps_;
@@ -214,9 +219,23 @@ absl::Status Bench::CallSyncAgainstEcho(WorkerGroup* group, const DataProto& tin
   return absl::OkStatus();
 }
 
+// CallSyncOverTcp times blocking actor calls over TCP, as to another node.
+absl::Status Bench::CallSyncOverTcp(const DataProto& tiny) {
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group,
+                        Group(1, WorkerGroupOptions::Transport::kTcp));
+  auto call = [&] { return group->Call("echo", {tiny}).status(); };
+  std::vector<double> micros;
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(WarmUpRounds(reps_.latency), call, &micros));
+  micros.clear();
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(reps_.latency, call, &micros));
+  Report("call_sync_tcp_p50_us", Percentile(micros, 0.5), "us");
+  return absl::OkStatus();
+}
+
 absl::Status Bench::SingleWorker(const DataProto& tiny) {
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(1));
   DRAY_RETURN_IF_ERROR(CallSyncAgainstEcho(group.get(), tiny));
+  DRAY_RETURN_IF_ERROR(CallSyncOverTcp(tiny));
   std::vector<GroupFuture> futures;
   futures.reserve(reps_.async_calls);
   const absl::Time start = absl::Now();
@@ -239,27 +258,31 @@ absl::Status Bench::OneToAll(WorkerGroup* group, const DataProto& tiny) {
 }
 
 // DpComputeProtoAgainstLoopback alternates DP_COMPUTE_PROTO echoes of 64 RGB
-// 512x512 images with loopback TCP transfers of as many bytes.
-absl::Status Bench::DpComputeProtoAgainstLoopback(WorkerGroup* group) {
+// 512x512 images, through unix sockets and over TCP, with loopback TCP
+// transfers of as many bytes.
+absl::Status Bench::DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGroup* tcp_group) {
   constexpr int kImages = 64, kSide = 512;
   DRAY_ASSIGN_OR_RETURN(DataProto batch, RandomImages(kImages, kSide));
   const size_t bytes = size_t{2} * kImages * kSide * kSide * 3;  // sent plus returned
   auto loopback = [&] { return LoopbackTransfer(bytes); };
   auto dp_call = [&] { return group->Call("echo_batch", {batch}).status(); };
-  DRAY_RETURN_IF_ERROR(loopback());  // warm-up
-  DRAY_RETURN_IF_ERROR(dp_call());
-  double loopback_us = 0, dp_us = 0;
-  for (int i = 0; i < reps_.batches; ++i) {
-    DRAY_ASSIGN_OR_RETURN(double us, Microseconds(loopback));
-    loopback_us += us;
-    DRAY_ASSIGN_OR_RETURN(us, Microseconds(dp_call));
-    dp_us += us;
+  auto tcp_call = [&] { return tcp_group->Call("echo_batch", {batch}).status(); };
+  double loopback_us = 0, dp_us = 0, tcp_us = 0;
+  for (int i = -1; i < reps_.batches; ++i) {  // -1: warm-up
+    DRAY_ASSIGN_OR_RETURN(double loopback_round, Microseconds(loopback));
+    DRAY_ASSIGN_OR_RETURN(double dp_round, Microseconds(dp_call));
+    DRAY_ASSIGN_OR_RETURN(double tcp_round, Microseconds(tcp_call));
+    if (i < 0) continue;
+    loopback_us += loopback_round;
+    dp_us += dp_round;
+    tcp_us += tcp_round;
   }
-  const double loopback_gbps = bytes * reps_.batches / loopback_us / 1e3;
-  const double dp_gbps = bytes * reps_.batches / dp_us / 1e3;
-  Report("loopback_tcp_gbps", loopback_gbps, "GB/s");
-  Report("dp_compute_proto_gbps", dp_gbps, "GB/s");
-  Report("dp_compute_proto_vs_loopback", dp_gbps / loopback_gbps, "x");
+  auto gbps = [&](double us) { return bytes * reps_.batches / us / 1e3; };
+  Report("loopback_tcp_gbps", gbps(loopback_us), "GB/s");
+  Report("dp_compute_proto_gbps", gbps(dp_us), "GB/s");
+  Report("dp_compute_proto_vs_loopback", loopback_us / dp_us, "x");
+  Report("dp_compute_proto_tcp_gbps", gbps(tcp_us), "GB/s");
+  Report("dp_compute_proto_tcp_vs_loopback", loopback_us / tcp_us, "x");
   return absl::OkStatus();
 }
 
@@ -267,19 +290,14 @@ absl::StatusOr<std::vector<BenchMetric>> Bench::Run() {
   if (options_.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   DRAY_ASSIGN_OR_RETURN(DataProto tiny, DataProto::Make({{"x", at::zeros({1}, at::kLong)}}));
   DRAY_RETURN_IF_ERROR(SingleWorker(tiny));
-  bool dp_measured = false;
   for (int workers : {2, 4, 8}) {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(workers));
     DRAY_RETURN_IF_ERROR(OneToAll(group.get(), tiny));
-    if (workers == options_.workers) {
-      DRAY_RETURN_IF_ERROR(DpComputeProtoAgainstLoopback(group.get()));
-      dp_measured = true;
-    }
   }
-  if (!dp_measured) {
-    DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(options_.workers));
-    DRAY_RETURN_IF_ERROR(DpComputeProtoAgainstLoopback(group.get()));
-  }
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(options_.workers));
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> tcp_group,
+                        Group(options_.workers, WorkerGroupOptions::Transport::kTcp));
+  DRAY_RETURN_IF_ERROR(DpComputeProtoAgainstLoopback(group.get(), tcp_group.get()));
   return metrics_;
 }
 

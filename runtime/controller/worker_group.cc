@@ -101,6 +101,11 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     for (const auto& registration : registrations_) addresses.push_back(registration->address());
     return addresses;
   }
+  std::vector<std::string> call_addresses() const {
+    std::vector<std::string> addresses;
+    for (const auto& client : clients_) addresses.push_back(client->address());
+    return addresses;
+  }
   const std::string& controller_address() const { return controller_address_; }
   const std::string& job_secret() const { return job_secret_; }
   absl::Status Health() {
@@ -229,7 +234,7 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
                {"CUDA_VISIBLE_DEVICES", absl::StrCat(options_.first_gpu + local_rank)}};
   if (std::getenv("OMP_NUM_THREADS") ==
       nullptr) {  // as torchrun: share the cores, do not oversubscribe them
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int cores = UsableCores();
     spawn.env.emplace_back("OMP_NUM_THREADS",
                            absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
   }
@@ -281,10 +286,19 @@ absl::Status WorkerGroup::Impl::WaitForRegistration() {
 }
 
 absl::Status WorkerGroup::Impl::Connect() {
+  const char* forced = std::getenv("DRAY_TRANSPORT");
+  const bool same_node_sockets = options_.transport == WorkerGroupOptions::Transport::kAuto &&
+                                 (forced == nullptr || std::string(forced) != "tcp");
+  const std::string node_id = LocalNodeId();
   std::vector<std::string> addresses;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& registration : registrations_) addresses.push_back(registration->address());
+    for (const auto& registration : registrations_) {
+      const bool same_node = same_node_sockets && !node_id.empty() &&
+                             registration->node_id() == node_id &&
+                             !registration->local_address().empty();
+      addresses.push_back(same_node ? registration->local_address() : registration->address());
+    }
   }
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
     // A broken session usually means a dead process: report its exit status,
@@ -481,6 +495,8 @@ std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
 absl::Status WorkerGroup::Health() const { return impl_->Health(); }
 
 std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
+
+std::vector<std::string> WorkerGroup::call_addresses() const { return impl_->call_addresses(); }
 
 std::string WorkerGroup::controller_address() const { return impl_->controller_address(); }
 

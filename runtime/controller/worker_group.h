@@ -98,6 +98,11 @@ struct WorkerGroupOptions {
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
+  // How calls reach workers on the controller's own node (same machine and
+  // network namespace): kAuto through their unix socket, kTcp over TCP as
+  // on other nodes (also when the environment has DRAY_TRANSPORT=tcp).
+  enum class Transport { kAuto, kTcp };
+  Transport transport = Transport::kAuto;
   // Local rank r uses the node's GPU first_gpu + r (CUDA_VISIBLE_DEVICES):
   // groups that share nodes take different GPUs.
   int first_gpu = 0;
@@ -158,6 +163,10 @@ class WorkerGroup {
   // worker_addresses returns where each rank's WorkerService (and
   // grpc.health.v1) listens, as host:port.
   std::vector<std::string> worker_addresses() const;
+
+  // call_addresses returns where the group's calls reach each rank: its
+  // unix socket (unix-abstract:...) on the controller's node, else host:port.
+  std::vector<std::string> call_addresses() const;
 
   // controller_address returns where the ControllerService (and
   // grpc.health.v1) listens, as host:port.

@@ -100,7 +100,7 @@ absl::Status Agent::Run() {
   hello.mutable_hello()->set_hostname(hostname_);
   *hello.mutable_hello()->mutable_gpus() = {options_.gpus.begin(), options_.gpus.end()};
   hello.mutable_hello()->set_pid(getpid());
-  hello.mutable_hello()->set_cores(static_cast<int>(std::thread::hardware_concurrency()));
+  hello.mutable_hello()->set_cores(UsableCores());
   Send(hello);
   {
     absl::MutexLock lock(&mu_);
@@ -218,7 +218,7 @@ absl::StatusOr<int> Agent::StartWorker(const v1::LaunchWorkers& launch,
     int local_world_size = 1;
     if (auto found = worker.env().find("LOCAL_WORLD_SIZE"); found != worker.env().end())
       local_world_size = std::max(1, std::atoi(found->second.c_str()));
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int cores = UsableCores();
     spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / local_world_size)));
   }
   spawn.output_prefix = absl::StrCat("[rank ", worker.rank(), " ", hostname_, "] ");

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -12,7 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -272,6 +275,15 @@ Subprocess::~Subprocess() {
   // been reused while any of them lives, so this reaches only them.
   if (pid_ > 0) kill(-pid_, SIGKILL);
   if (forwarder_.joinable()) forwarder_.join();
+}
+
+int UsableCores() {
+  cpu_set_t cores;
+  CPU_ZERO(&cores);
+  if (sched_getaffinity(0, sizeof(cores), &cores) != 0) {
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }
+  return std::max(1, CPU_COUNT(&cores));
 }
 
 absl::StatusOr<int> PickFreePort(const std::string& host) {

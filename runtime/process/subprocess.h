@@ -99,6 +99,10 @@ class Subprocess final : public Process {
 // a moment ago.
 absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 
+// UsableCores: the cores this process may run on (its CPU affinity, which
+// Slurm, a cgroup cpuset or taskset may have narrowed), at least 1.
+int UsableCores();
+
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_PROCESS_SUBPROCESS_H_

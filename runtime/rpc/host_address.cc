@@ -14,6 +14,8 @@
 #include "absl/strings/ascii.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "base/files.h"
 #include "base/status_macros.h"
 
 namespace dray {
@@ -60,6 +62,21 @@ bool AddressBefore(const std::string& a, const std::string& b) {
     }
   }
   return a.size() - i < b.size() - j || (a.size() - i == b.size() - j && a < b);
+}
+
+std::string LocalNodeId() {
+  std::string boot_id;
+  if (absl::StatusOr<std::string> read = ReadFile("/proc/sys/kernel/random/boot_id"); read.ok()) {
+    boot_id = std::string(absl::StripAsciiWhitespace(*read));
+  }
+  std::string id = boot_id;
+  for (const char* name : {"/proc/self/ns/net", "/proc/self/ns/mnt"}) {
+    char target[64] = {};
+    const ssize_t length = readlink(name, target, sizeof(target) - 1);
+    if (length <= 0 || boot_id.empty()) return "";
+    absl::StrAppend(&id, " ", absl::string_view(target, length));
+  }
+  return id;
 }
 
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port) {

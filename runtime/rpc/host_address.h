@@ -19,6 +19,12 @@ absl::StatusOr<std::string> ResolveIPv4(const std::string& host);
 // 10.0.0.10), and names after them in natural order (node-2 before node-10).
 bool AddressBefore(const std::string& a, const std::string& b);
 
+// LocalNodeId tells this machine and its network and mount namespaces
+// apart from any other: processes with equal ids reach each other's unix
+// sockets (abstract ones live in a network namespace) and share /dev/shm.
+// Empty if /proc cannot say.
+std::string LocalNodeId();
+
 // LocalAddressToward returns this machine's IPv4 address on the route to
 // `host_port`'s host (nothing is sent).
 absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port);

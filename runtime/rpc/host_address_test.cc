@@ -12,6 +12,7 @@ namespace dray {
 namespace {
 
 using ::dray::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -39,6 +40,12 @@ TEST(AddressBeforeTest, OrdersNamesNaturally) {
   std::sort(nodes.begin(), nodes.end(), AddressBefore);
   EXPECT_THAT(nodes, ElementsAre("dray-nodes", "dray-nodes-1.dray-nodes", "dray-nodes-02",
                                  "dray-nodes-2.dray-nodes", "dray-nodes-10.dray-nodes"));
+}
+
+TEST(LocalNodeIdTest, NamesTheBootAndTheNamespaces) {
+  const std::string id = LocalNodeId();
+  EXPECT_THAT(id, AllOf(HasSubstr("net:["), HasSubstr("mnt:[")));
+  EXPECT_EQ(LocalNodeId(), id);
 }
 
 TEST(LocalAddressTowardTest, PicksTheLoopbackTowardALoopbackPeer) {

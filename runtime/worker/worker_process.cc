@@ -12,6 +12,7 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -53,11 +54,14 @@ void StopOnSignals(absl::Notification* stop) {
 absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub* controller,
                                                     const WorkerContext& context,
                                                     const std::string& address,
+                                                    const std::string& local_address,
                                                     const WorkerHost& host,
                                                     const std::string& job_secret) {
   v1::RegisterWorkerRequest request;
   request.set_rank(context.rank);
   request.set_address(address);
+  request.set_local_address(local_address);
+  request.set_node_id(LocalNodeId());
   request.set_pid(getpid());
   *request.mutable_methods() = host.Describe();
   grpc::ClientContext rpc;
@@ -146,6 +150,12 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   DRAY_ASSIGN_OR_RETURN(const std::string bind_address, ResolveIPv4(options.host));
   int port = 0;
   builder.AddListeningPort(absl::StrCat(bind_address, ":0"), DrayServerCredentials(), &port);
+  // The controller's calls from this node come through a unix socket: no
+  // TCP stack, no TLS. Abstract: nothing to remove, gone with the process.
+  absl::BitGen random;
+  const std::string local_address = absl::StrCat("unix-abstract:dray-worker-", getpid(), "-",
+                                                 absl::Hex(absl::Uniform<uint64_t>(random)));
+  builder.AddListeningPort(local_address, SameNodeServerCredentials());
   builder.RegisterService(service);
   grpc::ServerCompletionQueue* sessions = builder.AddCompletionQueue().release();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -159,7 +169,7 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
       v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
   DRAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse registered,
                         Register(controller.get(), context, absl::StrCat(options.host, ":", port),
-                                 *host, job_secret));
+                                 local_address, *host, job_secret));
   Heartbeat(controller.get(), context.rank, job_secret,
             absl::Milliseconds(std::max<int64_t>(registered.heartbeat_interval_ms(), 10)), &stop);
 

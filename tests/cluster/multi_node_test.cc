@@ -170,6 +170,7 @@ TEST_F(MultiNodeTest, RanksRunOnTheirNodesAndMeetAcrossThem) {
   for (const std::string& address : group->worker_addresses()) {
     EXPECT_THAT(address, HasSubstr(absl::StrCat(kSubnet, ".1"))) << "listens on its node only";
   }
+  EXPECT_EQ(group->call_addresses(), group->worker_addresses()) << "other nodes: TCP";
 
   // DP_COMPUTE_PROTO: 8 rows split over the 4 ranks, in order.
   DRAY_ASSERT_OK_AND_ASSIGN(

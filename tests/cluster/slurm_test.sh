@@ -4,8 +4,8 @@
 # (netns_hosts.sh), munge for authentication. `sbatch -N 2 --wait` runs a
 # dray train job there with the cluster token and mutual TLS, which must
 # match the same job run with --workers 2 on one machine; then a dray serve
-# job answers an edit as a local dray edit does, and scancel ends it with
-# all its processes. Needs root and Debian's slurm-wlm
+# job answers an edit as a local dray edit does, and `scancel --batch
+# --signal=TERM` stops it cleanly, with all its processes. Needs root and Debian's slurm-wlm
 # (deploy/install-deps.sh); skips without root.
 set -euo pipefail
 
@@ -108,8 +108,10 @@ grep -q "with 2 nodes x 1 worker" "$out/serve.out" || fail "the service is not o
   --tls-cert "$out/tls/tls.crt" --tls-key "$out/tls/tls.key" --token-file "$out/client_token" --out "$out/served.png" \
   >"$out/served.log" 2>&1 || fail "the edit through the service failed"
 cmp "$out/local.png" "$out/served.png" || fail "the served image differs from the local one"
-scancel --partition=dray
-wait "$sbatch_wait" || true  # the job was cancelled
+# The clean stop the script documents: TERM to the controller alone.
+scancel --batch --signal=TERM --partition=dray
+wait "$sbatch_wait" || fail "the serve job did not end cleanly"
+grep -q "^dray serve: stopped" "$out/serve.out" || fail "dray serve did not drain and stop"
 for i in 1 2; do
   for pid in $(ip netns pids "$name$i"); do
     tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "$dray" && fail "a dray process outlived the job"

@@ -45,6 +45,7 @@ using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::StartsWith;
 
 // Batch returns rows 0..n-1 in a tensor column "x" and a string column "s".
 DataProto Batch(int64_t n) {
@@ -97,6 +98,30 @@ TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
   struct stat dir;
   ASSERT_EQ(stat(std::filesystem::path(*store_files.begin()).parent_path().c_str(), &dir), 0);
   EXPECT_EQ(dir.st_mode & 0777, 0700);
+}
+
+// Every test of this file runs twice: as is, where calls reach the workers
+// through their unix sockets, and with DRAY_TRANSPORT=tcp.
+TEST_F(WorkerGroupTest, CallsTakeTheUnixSocketsOnThisNodeUnlessTcpIsAsked) {
+  const char* forced = std::getenv("DRAY_TRANSPORT");
+  const bool tcp = forced != nullptr && std::string(forced) == "tcp";
+  const std::vector<std::string> listening = group_->worker_addresses();
+  const std::vector<std::string> called = group_->call_addresses();
+  ASSERT_EQ(called.size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(listening[rank], StartsWith("127.0.0.1:"));
+    if (tcp) {
+      EXPECT_EQ(called[rank], listening[rank]);
+    } else {
+      EXPECT_THAT(called[rank], StartsWith("unix-abstract:dray-worker-"));
+    }
+  }
+  WorkerGroupOptions options;
+  options.transport = WorkerGroupOptions::Transport::kTcp;
+  DRAY_ASSERT_OK_AND_ASSIGN(auto over_tcp, StartGroup({1, 2}, {"test"}, options));
+  EXPECT_EQ(over_tcp->call_addresses(), over_tcp->worker_addresses());
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, over_tcp->Call("identity", {}));
+  EXPECT_EQ(out.size(), 2u);
 }
 
 TEST_F(WorkerGroupTest, DpComputeProtoPadsAndRestoresOrder) {
