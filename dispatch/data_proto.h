@@ -68,6 +68,10 @@ class Bytes {
     return out;
   }
 
+  // Part views `part`, which must lie within this view, kept valid by the
+  // same owner.
+  Bytes Part(absl::string_view part) const { return Alias(owner_, part); }
+
   absl::string_view view() const { return view_; }
   const char* data() const { return view_.data(); }
   size_t size() const { return view_.size(); }

@@ -123,7 +123,7 @@ class PayloadBuilder {
 };
 
 // View returns the bytes `ref` names, or an error when they fall outside the payload.
-absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, const std::string& payload,
+absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, absl::string_view payload,
                                        absl::string_view where) {
   if (ref.offset() > payload.size() || ref.size() > payload.size() - ref.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(where, " needs payload bytes [", ref.offset(),
@@ -173,8 +173,7 @@ v1::Image::Format WireImageFormat(Image::Format format) {
   return v1::Image::FORMAT_UNSPECIFIED;
 }
 
-absl::StatusOr<Image> DecodeImage(const v1::Image& message,
-                                  const std::shared_ptr<std::string>& payload,
+absl::StatusOr<Image> DecodeImage(const v1::Image& message, const Bytes& payload,
                                   absl::string_view where) {
   Image image;
   switch (message.format()) {
@@ -197,7 +196,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message,
   if (image.width < 0 || image.height < 0 || image.channels < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has a negative image dimension"));
   }
-  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), *payload, where));
+  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload.view(), where));
   if (image.format == Image::Format::kRaw) {
     if (image.width == 0 || image.height == 0 || image.channels < 1 || image.channels > 4) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
@@ -213,7 +212,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message,
                                                      expected, " bytes, got ", bytes.size()));
     }
   }
-  image.bytes = Bytes::Alias(payload, bytes);
+  image.bytes = payload.Part(bytes);
   return image;
 }
 
@@ -275,7 +274,7 @@ void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message
 }
 
 absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& message,
-                                                const std::shared_ptr<std::string>& payload) {
+                                                const Bytes& payload) {
   const std::string where = absl::StrCat("non-tensor column '", message.name(), "'");
   switch (message.rows_case()) {
     case v1::NonTensorColumn::kStrings:
@@ -284,9 +283,10 @@ absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& messa
     case v1::NonTensorColumn::kBytes: {
       std::vector<Bytes> rows;
       for (int i = 0; i < message.bytes().values_size(); ++i) {
-        DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.bytes().values(i), *payload,
-                                                            absl::StrCat(where, " row ", i)));
-        rows.push_back(Bytes::Alias(payload, bytes));
+        DRAY_ASSIGN_OR_RETURN(
+            absl::string_view bytes,
+            View(message.bytes().values(i), payload.view(), absl::StrCat(where, " row ", i)));
+        rows.push_back(payload.Part(bytes));
       }
       return rows;
     }
@@ -389,13 +389,12 @@ absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* p
   return EncodeTensorInto(tensor, &builder);
 }
 
-absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
-                                        const std::shared_ptr<std::string>& payload,
+absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message, const Bytes& payload,
                                         absl::string_view where) {
   DRAY_ASSIGN_OR_RETURN(at::ScalarType scalar, ScalarTypeOf(message.dtype(), where));
   const size_t element_size = c10::elementSize(scalar);
   DRAY_ASSIGN_OR_RETURN(uint64_t expected, NumBytes(message.shape(), element_size, where));
-  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), *payload, where));
+  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload.view(), where));
   if (bytes.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": shape [", absl::StrJoin(message.shape(), ", "), "] of ",
@@ -409,7 +408,7 @@ absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
     std::memcpy(copy.data_ptr(), bytes.data(), bytes.size());
     return copy;
   }
-  std::shared_ptr<std::string> owner = payload;
+  auto owner = std::make_shared<Bytes>(payload.Part(bytes));
   return at::from_blob(
       const_cast<char*>(bytes.data()), shape, [owner](void*) mutable { owner.reset(); }, options);
 }
@@ -447,7 +446,16 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
         "DataProto payload has ", message.payload().size(), " bytes but payload_size is ",
         message.payload_size(), " (a streamed payload must be attached before decoding)"));
   }
-  auto payload = std::make_shared<std::string>(std::move(*message.mutable_payload()));
+  Bytes payload(std::move(*message.mutable_payload()));
+  return FromWire(message, payload);
+}
+
+absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload) {
+  if (payload.size() != message.payload_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("DataProto payload has ", payload.size(),
+                                                   " bytes but payload_size is ",
+                                                   message.payload_size()));
+  }
   DataProto data;
   for (const v1::TensorColumn& column : message.tensors()) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,

@@ -70,14 +70,17 @@ absl::StatusOr<DetachedWire> ToDetachedWire(const DataProto& data);
 // payload first, see payload_stream.h).
 absl::StatusOr<DataProto> FromWire(v1::DataProto message);
 
+// FromWire decodes `message` (its own payload field unused) with `payload`
+// from elsewhere, such as a shared-memory segment, which the result aliases.
+absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload);
+
 // EncodeTensor appends `tensor`'s bytes to `payload` at a 64-byte aligned
 // offset and returns its descriptor. Any rank works, 0-d included.
 absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload);
 
 // DecodeTensor reads a tensor from `payload`; `where` names it in errors. The
 // result aliases (and keeps alive) `payload`.
-absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message,
-                                        const std::shared_ptr<std::string>& payload,
+absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message, const Bytes& payload,
                                         absl::string_view where);
 
 }  // namespace dray

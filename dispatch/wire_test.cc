@@ -85,7 +85,7 @@ TEST(WireTest, ZeroDimAndZeroSizeTensors) {
                             EncodeTensor(at::full({}, 2.5, at::kDouble), &payload));
   DRAY_ASSERT_OK_AND_ASSIGN(v1::Tensor empty,
                             EncodeTensor(at::zeros({2, 0, 3}, at::kHalf), &payload));
-  auto shared = std::make_shared<std::string>(payload);
+  const Bytes shared(payload);
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor scalar_back, DecodeTensor(scalar, shared, "scalar"));
   EXPECT_EQ(scalar_back.dim(), 0);
   EXPECT_EQ(scalar_back.item<double>(), 2.5);

@@ -7,6 +7,7 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <thread>
@@ -258,8 +259,8 @@ absl::Status Bench::OneToAll(WorkerGroup* group, const DataProto& tiny) {
 }
 
 // DpComputeProtoAgainstLoopback alternates DP_COMPUTE_PROTO echoes of 64 RGB
-// 512x512 images, through unix sockets and over TCP, with loopback TCP
-// transfers of as many bytes.
+// 512x512 images, in shared memory and over TCP, with loopback TCP transfers
+// and memcpy of as many bytes.
 absl::Status Bench::DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGroup* tcp_group) {
   constexpr int kImages = 64, kSide = 512;
   DRAY_ASSIGN_OR_RETURN(DataProto batch, RandomImages(kImages, kSide));
@@ -267,20 +268,29 @@ absl::Status Bench::DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGrou
   auto loopback = [&] { return LoopbackTransfer(bytes); };
   auto dp_call = [&] { return group->Call("echo_batch", {batch}).status(); };
   auto tcp_call = [&] { return tcp_group->Call("echo_batch", {batch}).status(); };
-  double loopback_us = 0, dp_us = 0, tcp_us = 0;
+  std::string from(bytes, 'x'), to(bytes, '\0');
+  auto copy = [&] {
+    std::memcpy(to.data(), from.data(), bytes);
+    return absl::OkStatus();
+  };
+  double loopback_us = 0, dp_us = 0, tcp_us = 0, memcpy_us = 0;
   for (int i = -1; i < reps_.batches; ++i) {  // -1: warm-up
     DRAY_ASSIGN_OR_RETURN(double loopback_round, Microseconds(loopback));
     DRAY_ASSIGN_OR_RETURN(double dp_round, Microseconds(dp_call));
     DRAY_ASSIGN_OR_RETURN(double tcp_round, Microseconds(tcp_call));
+    DRAY_ASSIGN_OR_RETURN(double memcpy_round, Microseconds(copy));
     if (i < 0) continue;
     loopback_us += loopback_round;
     dp_us += dp_round;
     tcp_us += tcp_round;
+    memcpy_us += memcpy_round;
   }
   auto gbps = [&](double us) { return bytes * reps_.batches / us / 1e3; };
+  Report("memcpy_gbps", gbps(memcpy_us), "GB/s");
   Report("loopback_tcp_gbps", gbps(loopback_us), "GB/s");
   Report("dp_compute_proto_gbps", gbps(dp_us), "GB/s");
   Report("dp_compute_proto_vs_loopback", loopback_us / dp_us, "x");
+  Report("dp_compute_proto_vs_memcpy", memcpy_us / dp_us, "x");
   Report("dp_compute_proto_tcp_gbps", gbps(tcp_us), "GB/s");
   Report("dp_compute_proto_tcp_vs_loopback", loopback_us / tcp_us, "x");
   return absl::OkStatus();

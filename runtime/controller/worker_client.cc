@@ -47,11 +47,13 @@ void SendCancel(const std::shared_ptr<grpc::Channel>& channel, const std::string
 }  // namespace
 
 WorkerClient::WorkerClient(int rank, std::string address, std::string job_secret,
-                           std::function<void(absl::Status)> on_session_lost)
+                           std::function<void(absl::Status)> on_session_lost,
+                           std::unique_ptr<SegmentPassage> segments)
     : rank_(rank),
       address_(std::move(address)),
       job_secret_(std::move(job_secret)),
-      on_session_lost_(std::move(on_session_lost)) {}
+      on_session_lost_(std::move(on_session_lost)),
+      segments_(std::move(segments)) {}
 
 WorkerClient::~WorkerClient() { Close(); }
 
@@ -61,8 +63,10 @@ absl::Status WorkerClient::Open() {
     return absl::UnavailableError(
         absl::StrCat("cannot connect to worker rank ", rank_, " at ", address_));
   }
-  absl::StatusOr<std::unique_ptr<RawBidiCall>> call = RawBidiCall::Start(
-      channel_, SessionMethodName(), absl::InfiniteFuture(), {{kJobSecretMetadata, job_secret_}});
+  RawBidiCall::Metadata metadata = {{kJobSecretMetadata, job_secret_}};
+  if (segments_ != nullptr) metadata.emplace_back(kSharedMemoryMetadata, "1");
+  absl::StatusOr<std::unique_ptr<RawBidiCall>> call =
+      RawBidiCall::Start(channel_, SessionMethodName(), absl::InfiniteFuture(), metadata);
   if (!call.ok()) {
     return absl::UnavailableError(
         absl::StrCat("worker rank ", rank_, " at ", address_, ": ", call.status().message()));
@@ -101,8 +105,8 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
   request.set_method(std::move(method));
   request.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
   *request.mutable_input() = input->header;
-  WriteCallRequest(call_.get(), std::move(request),
-                   input->payload);  // if broken, the reader says why
+  WriteCallRequest(call_.get(), std::move(request), input->payload,
+                   segments_.get());  // if broken, the reader says why
   return future;
 }
 
@@ -159,18 +163,19 @@ void WorkerClient::ReadLoop() {
   }
   absl::Status ended = absl::OkStatus();
   while (true) {
-    absl::StatusOr<std::optional<v1::CallResponse>> next = ReadCallResponse(
-        call_for_reading, [this](const v1::CallProgress& progress) { Progress(progress); });
+    absl::StatusOr<std::optional<Received<v1::CallResponse>>> next = ReadCallResponse(
+        call_for_reading, [this](const v1::CallProgress& progress) { Progress(progress); },
+        segments_.get());
     if (!next.ok()) ended = next.status();
     if (!next.ok() || !next->has_value()) break;
-    v1::CallResponse& response = **next;
+    v1::CallResponse& response = (*next)->header;
     if (response.has_error()) {
       Resolve(response.call_id(),
               absl::Status(static_cast<absl::StatusCode>(response.error().code()),
                            response.error().message()));
       continue;
     }
-    absl::StatusOr<DataProto> result = FromWire(std::move(*response.mutable_result()));
+    absl::StatusOr<DataProto> result = FromWire(response.result(), (*next)->payload);
     if (!result.ok()) {
       result = absl::InternalError(absl::StrCat(
           "worker rank ", rank_, " sent an undecodable result: ", result.status().message()));

@@ -39,6 +39,7 @@
 #include "dispatch/wire.h"
 #include "runtime/controller/worker_connection.h"
 #include "runtime/rpc/raw_bidi_call.h"
+#include "runtime/rpc/segment_passage.h"
 
 namespace dray {
 
@@ -46,9 +47,11 @@ class WorkerClient final : public WorkerConnection {
  public:
   // `on_session_lost` runs (on the reader thread) when the session ends
   // without Close(); it should Fail() the client with the best reason known.
-  // Every call carries `job_secret` (rpc/job_secret.h).
+  // Every call carries `job_secret` (rpc/job_secret.h). `segments`, for a
+  // worker of this node, carries large payloads both ways in shared memory.
   WorkerClient(int rank, std::string address, std::string job_secret,
-               std::function<void(absl::Status)> on_session_lost);
+               std::function<void(absl::Status)> on_session_lost,
+               std::unique_ptr<SegmentPassage> segments = nullptr);
   ~WorkerClient();
   WorkerClient(const WorkerClient&) = delete;
   WorkerClient& operator=(const WorkerClient&) = delete;
@@ -91,6 +94,7 @@ class WorkerClient final : public WorkerConnection {
   const std::string address_;
   const std::string job_secret_;
   const std::function<void(absl::Status)> on_session_lost_;
+  const std::unique_ptr<SegmentPassage> segments_;
   std::shared_ptr<grpc::Channel> channel_;
   std::thread reader_, watchdog_;
 

@@ -24,6 +24,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
+#include "runtime/rpc/segment_passage.h"
 
 namespace dray {
 namespace {
@@ -291,26 +292,34 @@ absl::Status WorkerGroup::Impl::Connect() {
                                  (forced == nullptr || std::string(forced) != "tcp");
   const std::string node_id = LocalNodeId();
   std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<SegmentPassage>> passages(resources_.world_size());
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& registration : registrations_) {
+    for (int rank = 0; rank < resources_.world_size(); ++rank) {
+      const v1::RegisterWorkerRequest& registration = *registrations_[rank];
       const bool same_node = same_node_sockets && !node_id.empty() &&
-                             registration->node_id() == node_id &&
-                             !registration->local_address().empty();
-      addresses.push_back(same_node ? registration->local_address() : registration->address());
+                             registration.node_id() == node_id &&
+                             !registration.local_address().empty();
+      addresses.push_back(same_node ? registration.local_address() : registration.address());
+      if (same_node && !registration.segment_address().empty()) {
+        DRAY_ASSIGN_OR_RETURN(passages[rank],
+                              SegmentPassage::Connect(registration.segment_address(), job_secret_));
+      }
     }
   }
   for (int rank = 0; rank < resources_.world_size(); ++rank) {
     // A broken session usually means a dead process: report its exit status,
     // a better reason than the broken stream, if it arrives in time.
     clients_.push_back(std::make_unique<WorkerClient>(
-        rank, addresses[rank], job_secret_, [this, rank](const absl::Status& lost) {
+        rank, addresses[rank], job_secret_,
+        [this, rank](const absl::Status& lost) {
           if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) {
             OnWorkerExit(rank, *status);
           } else {
             FailRank(rank, lost);
           }
-        }));
+        },
+        std::move(passages[rank])));
   }
   {
     absl::MutexLock lock(&mu_);

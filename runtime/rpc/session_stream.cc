@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 #include "dispatch/payload_stream.h"
 #include "dray/v1/worker.grpc.pb.h"
 
@@ -56,20 +57,30 @@ std::vector<grpc::ByteBuffer> ChunkFrames(const ScatteredPayload& payload) {
 }
 
 // WriteMessage writes `frame`, whose DataProto `message` had its payload
-// detached into `payload`: inline when small, else as chunk frames after it.
+// detached into `payload`: inline when small, through `segments` when large
+// and there is a passage, else as chunk frames after it.
 template <typename Frame>
 bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* message,
-                  const ScatteredPayload& payload) {
-  const bool inline_payload = payload.size <= kInlinePayloadBytes;
+                  const ScatteredPayload& payload, SegmentPassage* segments) {
+  bool follows = false;  // as chunk frames
   if (message != nullptr) {
     message->set_payload_size(payload.size);
-    if (inline_payload) message->set_payload(payload.Flatten());
+    if (payload.size <= kInlinePayloadBytes) {
+      message->set_payload(payload.Flatten());
+    } else if (segments != nullptr && payload.size >= kSharedPayloadBytes &&
+               segments->connected()) {
+      absl::StatusOr<uint64_t> number = segments->Send(payload);
+      if (!number.ok()) return false;  // the peer went away
+      message->set_shared_segment(*number);
+    } else {
+      follows = true;
+    }
   }
   grpc::ByteBuffer header;
   bool own_buffer = false;
   if (!grpc::SerializationTraits<Frame>::Serialize(frame, &header, &own_buffer).ok()) return false;
   if (!writer->Write(header)) return false;
-  if (message == nullptr || inline_payload) return true;
+  if (!follows) return true;
   for (const grpc::ByteBuffer& chunk : ChunkFrames(payload)) {
     if (!writer->Write(chunk)) return false;
   }
@@ -177,6 +188,21 @@ absl::Status ReadChunks(SessionReader* reader, v1::DataProto* message) {
   return assembler.Finish();
 }
 
+// ReadPayload returns `message`'s payload: inline, from the segment it names,
+// or from the chunk frames that follow its header.
+absl::StatusOr<Bytes> ReadPayload(SessionReader* reader, v1::DataProto* message,
+                                  SegmentPassage* segments) {
+  if (message->shared_segment() != 0) {
+    if (segments == nullptr) {
+      return absl::InvalidArgumentError(
+          "session: a header names a shared-memory segment, but this session has no passage");
+    }
+    return segments->Receive(message->shared_segment(), message->payload_size());
+  }
+  DRAY_RETURN_IF_ERROR(ReadChunks(reader, message));
+  return Bytes(std::move(*message->mutable_payload()));
+}
+
 // IsProgress hands a progress frame to `on_progress` (a response frame on a
 // reader that takes progress); false for any other frame.
 bool IsProgress(const v1::CallRequestFrame&, const ProgressHandler&) { return false; }
@@ -189,12 +215,14 @@ bool IsProgress(const v1::CallResponseFrame& frame, const ProgressHandler& on_pr
 // ReadMessage reads one header frame and the payload of its DataProto
 // (`payload_of` picks it; null when the message has none).
 template <typename Frame, typename Header, typename PayloadOf>
-absl::StatusOr<std::optional<Header>> ReadMessage(SessionReader* reader, PayloadOf payload_of,
-                                                  const ProgressHandler& on_progress = nullptr) {
+absl::StatusOr<std::optional<Received<Header>>> ReadMessage(SessionReader* reader,
+                                                            PayloadOf payload_of,
+                                                            const ProgressHandler& on_progress,
+                                                            SegmentPassage* segments) {
   Frame frame;
   do {
     grpc::ByteBuffer bytes;
-    if (!reader->Read(&bytes)) return std::optional<Header>();
+    if (!reader->Read(&bytes)) return std::optional<Received<Header>>();
     if (!grpc::SerializationTraits<Frame>::Deserialize(&bytes, &frame).ok()) {
       return absl::InvalidArgumentError("session: a frame is not a valid protobuf message");
     }
@@ -202,12 +230,11 @@ absl::StatusOr<std::optional<Header>> ReadMessage(SessionReader* reader, Payload
   if (frame.frame_case() != Frame::kHeader) {
     return absl::InvalidArgumentError("session: expected a header frame, got another");
   }
-  Header header = std::move(*frame.mutable_header());
-  if (v1::DataProto* message = payload_of(header); message != nullptr) {
-    absl::Status read = ReadChunks(reader, message);
-    if (!read.ok()) return read;
+  Received<Header> received{std::move(*frame.mutable_header()), Bytes()};
+  if (v1::DataProto* message = payload_of(received.header); message != nullptr) {
+    DRAY_ASSIGN_OR_RETURN(received.payload, ReadPayload(reader, message, segments));
   }
-  return std::optional<Header>(std::move(header));
+  return std::optional<Received<Header>>(std::move(received));
 }
 
 }  // namespace
@@ -219,24 +246,25 @@ const char* SessionMethodName() {
 }
 
 bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
-                      const ScatteredPayload& payload) {
+                      const ScatteredPayload& payload, SegmentPassage* segments) {
   v1::CallRequestFrame frame;
   *frame.mutable_header() = std::move(request);
-  return WriteMessage(writer, frame, frame.mutable_header()->mutable_input(), payload);
+  return WriteMessage(writer, frame, frame.mutable_header()->mutable_input(), payload, segments);
 }
 
 bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
-                       const ScatteredPayload& payload) {
+                       const ScatteredPayload& payload, SegmentPassage* segments) {
   v1::CallResponseFrame frame;
   *frame.mutable_header() = std::move(response);
   v1::CallResponse* header = frame.mutable_header();
   return WriteMessage(writer, frame, header->has_result() ? header->mutable_result() : nullptr,
-                      payload);
+                      payload, segments);
 }
 
-absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader) {
+absl::StatusOr<std::optional<Received<v1::CallRequest>>> ReadCallRequest(SessionReader* reader,
+                                                                         SegmentPassage* segments) {
   return ReadMessage<v1::CallRequestFrame, v1::CallRequest>(
-      reader, [](v1::CallRequest& request) { return request.mutable_input(); });
+      reader, [](v1::CallRequest& request) { return request.mutable_input(); }, nullptr, segments);
 }
 
 bool WriteCallProgress(SessionWriter* writer, v1::CallProgress progress) {
@@ -249,14 +277,14 @@ bool WriteCallProgress(SessionWriter* writer, v1::CallProgress progress) {
          writer->Write(bytes);
 }
 
-absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(
-    SessionReader* reader, const ProgressHandler& on_progress) {
+absl::StatusOr<std::optional<Received<v1::CallResponse>>> ReadCallResponse(
+    SessionReader* reader, const ProgressHandler& on_progress, SegmentPassage* segments) {
   return ReadMessage<v1::CallResponseFrame, v1::CallResponse>(
       reader,
       [](v1::CallResponse& response) {
         return response.has_result() ? response.mutable_result() : nullptr;
       },
-      on_progress);
+      on_progress, segments);
 }
 
 }  // namespace dray

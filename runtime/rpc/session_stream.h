@@ -7,15 +7,18 @@
 // most kInlinePayloadBytes travels inside it, so a small call is one frame
 // each way; a larger one is detached (payload_size announces it) and follows
 // as `payload_chunk` frames of at most kDefaultChunkBytes, which dray builds
-// around the payload's pieces where they lie (wire.h: ToDetachedWire). The
-// frames are ordinary protobuf messages of worker.proto, so any gRPC client
-// can speak the protocol.
+// around the payload's pieces where they lie (wire.h: ToDetachedWire) -
+// unless both ends share a node and a SegmentPassage, which carries payloads
+// of kSharedPayloadBytes or more in shared memory (the header names the
+// segment). The frames are ordinary protobuf messages of worker.proto, so
+// any gRPC client can speak the protocol.
 //
 //   DRAY_ASSIGN_OR_RETURN(DetachedWire input, ToDetachedWire(batch));
 //   v1::CallRequest request = ...;
 //   *request.mutable_input() = input.header;
 //   if (!WriteCallRequest(stream, std::move(request), input.payload)) ...;  // broken
-//   absl::StatusOr<std::optional<v1::CallResponse>> response = ReadCallResponse(stream);
+//   absl::StatusOr<std::optional<Received<v1::CallResponse>>> response = ReadCallResponse(stream);
+//   FromWire(response->header.result(), response->payload) ...
 //
 // Thread-safety: a stream may be read by one thread while another writes it;
 // two threads must not both read, or both write.
@@ -31,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "dispatch/wire.h"
 #include "dray/v1/worker.pb.h"
+#include "runtime/rpc/segment_passage.h"
 
 namespace dray {
 
@@ -39,6 +43,10 @@ inline constexpr size_t kInlinePayloadBytes = size_t{64} << 10;
 
 // The full gRPC method name of WorkerService.Session.
 const char* SessionMethodName();
+
+// Metadata of a Session whose client holds the worker's SegmentPassage: only
+// such a session gets large results in shared memory.
+inline constexpr char kSharedMemoryMetadata[] = "dray-shared-memory";
 
 // SessionReader: where a Session's frames come from, one at a time.
 class SessionReader {
@@ -57,21 +65,32 @@ class SessionWriter {
   virtual bool Write(const grpc::ByteBuffer& frame) = 0;
 };
 
+// Received: a message read from a session, and the payload of its DataProto
+// (empty when it has none), which FromWire(message, payload) decodes.
+template <typename Header>
+struct Received {
+  Header header;
+  Bytes payload;
+};
+
 // WriteCallRequest writes `request`, whose input's payload was detached into
-// `payload`; false when the stream broke. The transport may reference the
-// payload's pieces (sharing them) until they are sent.
+// `payload`, a large one through `segments` when given; false when the
+// stream broke. The transport may reference the payload's pieces (sharing
+// them) until they are sent.
 bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
-                      const ScatteredPayload& payload);
+                      const ScatteredPayload& payload, SegmentPassage* segments = nullptr);
 
 // WriteCallResponse writes `response`, whose result's payload (if it has a
 // result) was detached into `payload`; false when the stream broke.
 bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
-                       const ScatteredPayload& payload);
+                       const ScatteredPayload& payload, SegmentPassage* segments = nullptr);
 
-// ReadCallRequest reads the next call with its input's payload attached;
-// nullopt when the stream ended between messages, INVALID_ARGUMENT for a
-// malformed message, UNAVAILABLE for one cut short.
-absl::StatusOr<std::optional<v1::CallRequest>> ReadCallRequest(SessionReader* reader);
+// ReadCallRequest reads the next call and its input's payload (from
+// `segments` when the header names a segment); nullopt when the stream
+// ended between messages, INVALID_ARGUMENT for a malformed message,
+// UNAVAILABLE for one cut short.
+absl::StatusOr<std::optional<Received<v1::CallRequest>>> ReadCallRequest(
+    SessionReader* reader, SegmentPassage* segments = nullptr);
 
 // WriteCallProgress writes a progress frame of the running call; false when
 // the stream broke.
@@ -83,8 +102,9 @@ using ProgressHandler = std::function<void(const v1::CallProgress& progress)>;
 // ReadCallResponse is ReadCallRequest for responses (payload of the result),
 // handing the progress frames before it to `on_progress` (without one, a
 // progress frame is INVALID_ARGUMENT).
-absl::StatusOr<std::optional<v1::CallResponse>> ReadCallResponse(
-    SessionReader* reader, const ProgressHandler& on_progress = nullptr);
+absl::StatusOr<std::optional<Received<v1::CallResponse>>> ReadCallResponse(
+    SessionReader* reader, const ProgressHandler& on_progress = nullptr,
+    SegmentPassage* segments = nullptr);
 
 }  // namespace dray
 

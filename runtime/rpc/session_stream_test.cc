@@ -105,13 +105,14 @@ DataProto ImageBatch(size_t image_bytes) {
       .value();
 }
 
-// Received decodes the next call's input from `queue`.
-DataProto Received(FrameQueue* queue) {
-  absl::StatusOr<std::optional<v1::CallRequest>> request = ReadCallRequest(queue);
+// ReadInput decodes the next call's input from `queue`.
+DataProto ReadInput(FrameQueue* queue, SegmentPassage* segments = nullptr) {
+  absl::StatusOr<std::optional<Received<v1::CallRequest>>> request =
+      ReadCallRequest(queue, segments);
   EXPECT_TRUE(request.ok()) << request.status();
   EXPECT_TRUE(request->has_value());
-  EXPECT_EQ((*request)->call_id(), 7u);
-  return FromWire(std::move(*(*request)->mutable_input())).value();
+  EXPECT_EQ((*request)->header.call_id(), 7u);
+  return FromWire((*request)->header.input(), (*request)->payload).value();
 }
 
 TEST(SessionStreamTest, SmallCallsTravelInOneFrame) {
@@ -124,9 +125,9 @@ TEST(SessionStreamTest, SmallCallsTravelInOneFrame) {
   EXPECT_EQ(input.payload().size(), input.payload_size());
   EXPECT_EQ(input.payload(), ToWire(batch).value().payload());
 
-  const DataProto received = Received(&queue);
+  const DataProto received = ReadInput(&queue);
   EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
-  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<v1::CallRequest> end, ReadCallRequest(&queue));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<Received<v1::CallRequest>> end, ReadCallRequest(&queue));
   EXPECT_FALSE(end.has_value());  // the stream ended between messages
 }
 
@@ -159,7 +160,7 @@ TEST(SessionStreamTest, LargePayloadsFollowAsChunksBuiltAroundTheirRows) {
     aliased |= reinterpret_cast<const char*>(slice.begin()) == image;
   EXPECT_TRUE(aliased);
 
-  const DataProto received = Received(&queue);
+  const DataProto received = ReadInput(&queue);
   EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
 }
 
@@ -177,7 +178,7 @@ TEST(SessionStreamTest, ReadsChunksFromAnyProtobufWriterWhateverTheirSlicing) {
     // Cut inside the tag/length prefix and inside the data.
     queue.frames.push_back(Frame(ChunkFrameBytes(payload.substr(offset, 30001)), {1, 2, 100}));
   }
-  const DataProto received = Received(&queue);
+  const DataProto received = ReadInput(&queue);
   EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
 }
 
@@ -189,9 +190,33 @@ TEST(SessionStreamTest, ErrorResponsesCarryNoPayload) {
   FrameQueue queue;
   ASSERT_TRUE(WriteCallResponse(&queue, response, ScatteredPayload()));
   ASSERT_EQ(queue.frames.size(), 1u);
-  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<v1::CallResponse> read, ReadCallResponse(&queue));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<Received<v1::CallResponse>> read,
+                            ReadCallResponse(&queue));
   ASSERT_TRUE(read.has_value());
-  EXPECT_EQ(read->error().message(), "no such method");
+  EXPECT_EQ(read->header.error().message(), "no such method");
+}
+
+TEST(SessionStreamTest, LargePayloadsOfOneNodeTravelInSharedMemory) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto worker, SegmentPassage::Listen("secret"));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto controller, SegmentPassage::Connect(worker->address(), "secret"));
+  ScatteredPayload payload;
+  const DataProto batch = ImageBatch(kSharedPayloadBytes);
+  FrameQueue queue;
+  ASSERT_TRUE(WriteCallRequest(&queue, Request(batch, &payload), payload, controller.get()));
+  ASSERT_EQ(queue.frames.size(), 1u) << "no chunk frames follow";
+  const v1::DataProto input = Parsed(queue.frames.front()).header().input();
+  EXPECT_NE(input.shared_segment(), 0u);
+  EXPECT_EQ(input.payload_size(), payload.size);
+  EXPECT_TRUE(input.payload().empty());
+
+  const DataProto received = ReadInput(&queue, worker.get());
+  EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
+  EXPECT_TRUE(received.GetTensor("x").value().equal(at::arange(2, at::kLong)));
+
+  // Without a passage, a header naming a segment is refused.
+  ASSERT_TRUE(WriteCallRequest(&queue, Request(batch, &payload), payload, controller.get()));
+  EXPECT_THAT(ReadCallRequest(&queue).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no passage")));
 }
 
 TEST(SessionStreamTest, ProgressFramesPrecedeTheirResponse) {
@@ -210,12 +235,12 @@ TEST(SessionStreamTest, ProgressFramesPrecedeTheirResponse) {
   ASSERT_TRUE(WriteCallResponse(&queue, response, ScatteredPayload()));
   const FrameQueue copy = queue;
   std::vector<int64_t> seen;
-  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<v1::CallResponse> read,
+  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<Received<v1::CallResponse>> read,
                             ReadCallResponse(&queue, [&](const v1::CallProgress& progress) {
                               EXPECT_EQ(progress.call_id(), 4u);
                               seen.push_back(progress.done());
                             }));
-  EXPECT_EQ(read->call_id(), 4u);
+  EXPECT_EQ(read->header.call_id(), 4u);
   EXPECT_EQ(seen, (std::vector<int64_t>{1, 2}));
   // A reader that takes no progress refuses it.
   FrameQueue unexpected = copy;

@@ -25,6 +25,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
+#include "runtime/rpc/segment_passage.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 
@@ -51,16 +52,15 @@ void StopOnSignals(absl::Notification* stop) {
   }).detach();
 }
 
-absl::StatusOr<v1::RegisterWorkerResponse> Register(v1::ControllerService::Stub* controller,
-                                                    const WorkerContext& context,
-                                                    const std::string& address,
-                                                    const std::string& local_address,
-                                                    const WorkerHost& host,
-                                                    const std::string& job_secret) {
+absl::StatusOr<v1::RegisterWorkerResponse> Register(
+    v1::ControllerService::Stub* controller, const WorkerContext& context,
+    const std::string& address, const std::string& local_address,
+    const std::string& segment_address, const WorkerHost& host, const std::string& job_secret) {
   v1::RegisterWorkerRequest request;
   request.set_rank(context.rank);
   request.set_address(address);
   request.set_local_address(local_address);
+  request.set_segment_address(segment_address);
   request.set_node_id(LocalNodeId());
   request.set_pid(getpid());
   *request.mutable_methods() = host.Describe();
@@ -139,9 +139,17 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   // An asked-for shutdown is the normal end: the worker exits quietly. The
   // service and the sessions' queue live until the process exits (WorkerMain
   // ends it with _Exit), since session threads may still use them.
-  auto* service = new WorkerServiceImpl(host.get(), context.rank, job_secret, [&stop](std::string) {
-    if (!stop.HasBeenNotified()) stop.Notify();
-  });
+  // Large payloads from a controller of this node come in shared memory.
+  // Like the service, the passage lives until the process exits.
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<SegmentPassage> passage,
+                        SegmentPassage::Listen(job_secret));
+  SegmentPassage* segments = passage.release();
+  auto* service = new WorkerServiceImpl(
+      host.get(), context.rank, job_secret,
+      [&stop](std::string) {
+        if (!stop.HasBeenNotified()) stop.Notify();
+      },
+      segments);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureDrayServer(&builder);
@@ -169,7 +177,7 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
       v1::ControllerService::NewStub(CreateDrayChannel(options.controller_address));
   DRAY_ASSIGN_OR_RETURN(v1::RegisterWorkerResponse registered,
                         Register(controller.get(), context, absl::StrCat(options.host, ":", port),
-                                 local_address, *host, job_secret));
+                                 local_address, segments->address(), *host, job_secret));
   Heartbeat(controller.get(), context.rank, job_secret,
             absl::Milliseconds(std::max<int64_t>(registered.heartbeat_interval_ms(), 10)), &stop);
 

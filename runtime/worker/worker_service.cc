@@ -66,11 +66,13 @@ class SessionCall final : public SessionReader, public SessionWriter {
 }  // namespace
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerHost* host, int rank, std::string job_secret,
-                                     std::function<void(std::string reason)> on_shutdown)
+                                     std::function<void(std::string reason)> on_shutdown,
+                                     SegmentPassage* segments)
     : host_(host),
       rank_(rank),
       job_secret_(std::move(job_secret)),
-      on_shutdown_(std::move(on_shutdown)) {}
+      on_shutdown_(std::move(on_shutdown)),
+      segments_(segments) {}
 
 void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
   void* tag;
@@ -89,7 +91,9 @@ void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
     }
     std::thread([this, call = std::move(call)]() mutable {
       const absl::Status allowed = CheckJobSecret(call->context, job_secret_);
-      call->Finish(allowed.ok() ? RunSession(call.get(), call.get()) : ToGrpcStatus(allowed));
+      const bool shared_memory = call->context.client_metadata().count(kSharedMemoryMetadata) > 0;
+      call->Finish(allowed.ok() ? RunSession(call.get(), call.get(), shared_memory)
+                                : ToGrpcStatus(allowed));
       call.reset();
       absl::MutexLock lock(&mu_);
       --running_sessions_;
@@ -132,8 +136,9 @@ void WorkerServiceImpl::Finished(uint64_t call_id) {
   cancelled_.erase(cancelled_.begin(), cancelled_.upper_bound(finished_));
 }
 
-v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPayload* payload,
-                                        bool cancellable, const ProgressSink& progress) {
+v1::CallResponse WorkerServiceImpl::Run(const v1::CallRequest& request, const Bytes& input_payload,
+                                        ScatteredPayload* payload, bool cancellable,
+                                        const ProgressSink& progress) {
   v1::CallResponse response;
   response.set_call_id(request.call_id());
   const std::string what = absl::StrCat("rank ", rank_, ", ", request.method());
@@ -148,7 +153,7 @@ v1::CallResponse WorkerServiceImpl::Run(v1::CallRequest& request, ScatteredPaylo
              &response);
     return response;
   }
-  absl::StatusOr<DataProto> input = FromWire(std::move(*request.mutable_input()));
+  absl::StatusOr<DataProto> input = FromWire(request.input(), input_payload);
   if (!input.ok()) {
     SetError(
         absl::InvalidArgumentError(absl::StrCat(what, ": bad input: ", input.status().message())),
@@ -173,22 +178,23 @@ grpc::Status WorkerServiceImpl::Call(grpc::ServerContext* context, const v1::Cal
   if (absl::Status allowed = CheckJobSecret(*context, job_secret_); !allowed.ok()) {
     return ToGrpcStatus(allowed);
   }
-  v1::CallRequest call = *request;
   ScatteredPayload payload;
-  *response = Run(call, &payload, /*cancellable=*/false);
+  *response = Run(*request, Bytes(request->input().payload()), &payload, /*cancellable=*/false);
   if (response->has_result()) response->mutable_result()->set_payload(payload.Flatten());
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter* writer) {
+grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter* writer,
+                                           bool shared_memory) {
   while (true) {
-    absl::StatusOr<std::optional<v1::CallRequest>> request = ReadCallRequest(reader);
+    absl::StatusOr<std::optional<Received<v1::CallRequest>>> request =
+        ReadCallRequest(reader, segments_);
     if (!request.ok()) return ToGrpcStatus(request.status());
     if (!request->has_value()) return grpc::Status::OK;  // the controller closed the session
     ScatteredPayload payload;
-    const uint64_t call_id = (*request)->call_id();
+    const uint64_t call_id = (*request)->header.call_id();
     v1::CallResponse response =
-        Run(**request, &payload, /*cancellable=*/true,
+        Run((*request)->header, (*request)->payload, &payload, /*cancellable=*/true,
             [writer, call_id](const std::string& what, int64_t done, int64_t total) {
               v1::CallProgress progress;
               progress.set_call_id(call_id);
@@ -198,7 +204,9 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
               WriteCallProgress(writer, std::move(progress));  // if broken, the next write says so
             });
     Finished(call_id);
-    if (!WriteCallResponse(writer, std::move(response), payload)) {
+    request->reset();  // the input's payload (a segment, say) is no longer needed
+    if (!WriteCallResponse(writer, std::move(response), payload,
+                           shared_memory ? segments_ : nullptr)) {
       return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
     }
   }

@@ -43,10 +43,13 @@ namespace dray {
 class WorkerServiceImpl final
     : public v1::WorkerService::WithRawMethod_Session<v1::WorkerService::Service> {
  public:
-  // `on_shutdown` runs when a Shutdown RPC arrives; `host` must outlive
-  // this. Every call must carry `job_secret` (UNAUTHENTICATED otherwise).
+  // `on_shutdown` runs when a Shutdown RPC arrives; `host` and `segments`
+  // (through which a controller of this node passes large payloads; may be
+  // null) must outlive this. Every call must carry `job_secret`
+  // (UNAUTHENTICATED otherwise).
   WorkerServiceImpl(WorkerHost* host, int rank, std::string job_secret,
-                    std::function<void(std::string reason)> on_shutdown);
+                    std::function<void(std::string reason)> on_shutdown,
+                    SegmentPassage* segments = nullptr);
 
   grpc::Status Call(grpc::ServerContext* context, const v1::CallRequest* request,
                     v1::CallResponse* response) override;
@@ -73,14 +76,17 @@ class WorkerServiceImpl final
   void WaitForSessions();
 
  private:
-  // RunSession runs the calls of one Session stream in arrival order.
-  grpc::Status RunSession(SessionReader* reader, SessionWriter* writer);
+  // RunSession runs the calls of one Session stream in arrival order;
+  // `shared_memory`: its client holds segments_, which then carries large
+  // results.
+  grpc::Status RunSession(SessionReader* reader, SessionWriter* writer, bool shared_memory);
 
-  // Run executes `request` (whose input payload is attached) and returns the
+  // Run executes `request` on its input's payload `input` and returns the
   // response with the result's payload detached into `*payload`; the
   // method's progress goes to `progress`. `cancellable`: a session's call,
   // which Cancel may stop; every call stops at its deadline.
-  v1::CallResponse Run(v1::CallRequest& request, ScatteredPayload* payload, bool cancellable,
+  v1::CallResponse Run(const v1::CallRequest& request, const Bytes& input,
+                       ScatteredPayload* payload, bool cancellable,
                        const ProgressSink& progress = nullptr);
   // StopRequested is a call's CallHooks::stop: why it must end now, if it must.
   absl::Status StopRequested(uint64_t call_id, bool cancellable, int64_t deadline_unix_ms);
@@ -91,6 +97,7 @@ class WorkerServiceImpl final
   const int rank_;
   const std::string job_secret_;
   const std::function<void(std::string)> on_shutdown_;
+  SegmentPassage* const segments_;
   absl::Mutex mu_;
   int running_sessions_ ABSL_GUARDED_BY(mu_) = 0;
   // Session calls asked to stop that have not finished, and the latest

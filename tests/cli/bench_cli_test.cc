@@ -39,7 +39,7 @@ TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
         "calls_async_per_s", "one_to_all_p50_us_w1", "one_to_all_p50_us_w2", "one_to_all_p50_us_w4",
         "one_to_all_p50_us_w8", "loopback_tcp_gbps", "dp_compute_proto_gbps",
         "dp_compute_proto_vs_loopback", "call_sync_tcp_p50_us", "dp_compute_proto_tcp_gbps",
-        "dp_compute_proto_tcp_vs_loopback"}) {
+        "dp_compute_proto_tcp_vs_loopback", "memcpy_gbps", "dp_compute_proto_vs_memcpy"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0)
         << name << " = " << figures[name];

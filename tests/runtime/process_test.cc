@@ -1,5 +1,6 @@
 // Tests that watch a controller process from outside: its workers' output
-// reaches it prefixed by rank, and killing it leaves no orphan workers.
+// reaches it prefixed by rank, and killing it leaves no orphan workers and
+// no shared memory.
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -7,6 +8,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,7 +41,19 @@ TEST(ControllerProcessTest, WorkerOutputIsPrefixedWithItsRank) {
   }
 }
 
+// SharedMemoryFiles lists dray's files in /dev/shm (other programs' come and
+// go as they please).
+std::set<std::string> SharedMemoryFiles() {
+  std::set<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename();
+    if (name.find("dray") != std::string::npos) files.insert(name);
+  }
+  return files;
+}
+
 TEST(ControllerProcessTest, KillingTheControllerLeavesNoOrphans) {
+  const std::set<std::string> shared_before = SharedMemoryFiles();
   FILE* controller = popen(ControllerCommand("hold").c_str(), "r");
   ASSERT_NE(controller, nullptr);
   pid_t controller_pid = -1;
@@ -68,6 +83,8 @@ TEST(ControllerProcessTest, KillingTheControllerLeavesNoOrphans) {
     close(exits[i]);
   }
   pclose(controller);
+  // The payload segments held on both sides (memfds) were never files.
+  EXPECT_EQ(SharedMemoryFiles(), shared_before);
 }
 
 }  // namespace

@@ -11,6 +11,9 @@
 #include <memory>
 #include <string>
 
+#include <ATen/ops/zeros.h>
+
+#include "dispatch/data_proto.h"
 #include "runtime/controller/node_pool.h"
 #include "runtime/controller/worker_group.h"
 #include "runtime/rpc/job_secret.h"
@@ -56,6 +59,11 @@ int main(int argc, char** argv) {
     auto printed = (*group)->Call("print", {});
     return printed.ok() ? 0 : 1;
   }
+  // Held while the process is killed: shared-memory segments both ways (on
+  // one node), mapped here and in the workers.
+  const at::Tensor big = at::zeros({2, 1 << 20}, at::kFloat);
+  auto held = (*group)->Call("echo", {dray::DataProto::Make({{"big", big}}).value()});
+  if (!held.ok()) return Fail(held.status());
   std::printf("controller %d\n", getpid());
   for (pid_t pid : (*group)->pids()) std::printf("worker %d\n", pid);
   std::printf("ready\n");

@@ -271,12 +271,33 @@ TEST_F(WorkerGroupTest, GlooAllReduceAcrossWorkerProcesses) {
   EXPECT_EQ(again[3].GetTensor("sum").value()[0][2].item<double>(), 10.0);
 }
 
-TEST_F(WorkerGroupTest, LargeBatchesStreamThroughTheSession) {
-  // 64 MiB of float32 crosses the session in 2 MiB chunks each way.
+// MappedSegments counts this process's mappings of shared-memory payloads.
+int MappedSegments() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    count += line.find("memfd:dray-payload") != std::string::npos;
+  }
+  return count;
+}
+
+TEST_F(WorkerGroupTest, LargeBatchesCrossTheSession) {
+  // 64 MiB of float32 crosses each way: on this node in shared memory,
+  // which the result maps while it lives; over TCP in 2 MiB chunks.
+  const char* forced = std::getenv("DRAY_TRANSPORT");
+  const bool tcp = forced != nullptr && std::string(forced) == "tcp";
   const at::Tensor big = at::arange(16 << 20, at::kFloat).reshape({16, 1 << 20});
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, DataProto::Make({{"big", big}}));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("test.echo", {batch}));
   EXPECT_TRUE(SameTensor(out[0].GetTensor("big").value(), big));
+  {
+    // DP_COMPUTE_METRIC keeps each rank's output, as it came.
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> per_rank, group_->Call("metric", {batch}));
+    ASSERT_EQ(per_rank.size(), 4u);
+    EXPECT_TRUE(SameTensor(per_rank[3].GetTensor("big").value(), big.slice(0, 12, 16)));
+    EXPECT_EQ(MappedSegments(), tcp ? 0 : 4);
+  }
+  EXPECT_EQ(MappedSegments(), 0) << "a segment is unmapped with the last tensor on it";
 }
 
 // HealthOf asks the standard grpc.health.v1 service at `address`.
@@ -553,6 +574,7 @@ TEST(WorkerGroupFailureTest, KilledWorkerFailsPendingCallsFast) {
   const pid_t victim = group->pids()[2];
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   caller.join();
+  EXPECT_EQ(MappedSegments(), 0) << "nothing of the dead worker's stays mapped here";
   EXPECT_THAT(
       result,
       StatusIs(absl::StatusCode::kUnavailable,

@@ -1,0 +1,81 @@
+// SegmentPassage: large payloads between a controller and a worker of one
+// node through shared memory instead of the Session stream.
+//
+// The sender copies a payload once into a fresh memfd (an anonymous
+// shared-memory file), seals it against any change, and passes its
+// descriptor over a unix socket (SCM_RIGHTS) under a number; the Session
+// frame names only the number (DataProto.shared_segment) and the size. The
+// receiver maps the file read-only and decodes in place: its tensors alias
+// the mapping. The kernel frees a segment when its last descriptor and
+// mapping are gone, so nothing outlives the processes, whichever dies and
+// however (SIGKILL included), and no file in /dev/shm ever names a segment.
+//
+// The socket is abstract (no file, gone with the process); any process of
+// the node can connect to it, so the connecting side must show the job
+// secret first, and only one peer is ever accepted.
+//
+//   // worker:
+//   DRAY_ASSIGN_OR_RETURN(auto passage, SegmentPassage::Listen(job_secret));
+//   register(passage->address());
+//   // controller, on the same node:
+//   DRAY_ASSIGN_OR_RETURN(auto passage, SegmentPassage::Connect(address, job_secret));
+//   DRAY_ASSIGN_OR_RETURN(uint64_t number, passage->Send(payload));  // name it in the frame
+//   // worker, on reading the frame:
+//   DRAY_ASSIGN_OR_RETURN(Bytes payload, passage->Receive(number, size));
+//
+// Thread-safety: thread-safe.
+#ifndef DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_
+#define DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dispatch/data_proto.h"
+#include "dispatch/wire.h"
+
+namespace dray {
+
+// Payloads of at least this size take the passage where there is one.
+inline constexpr uint64_t kSharedPayloadBytes = uint64_t{256} << 10;
+
+class SegmentPassage {
+ public:
+  // Listen opens an abstract socket for the one peer that will show
+  // `job_secret`; until it has connected, Send fails FAILED_PRECONDITION.
+  static absl::StatusOr<std::unique_ptr<SegmentPassage>> Listen(std::string job_secret);
+  // Connect reaches a Listen()ing process's `address` and shows `job_secret`.
+  static absl::StatusOr<std::unique_ptr<SegmentPassage>> Connect(const std::string& address,
+                                                                 const std::string& job_secret);
+  ~SegmentPassage();
+  SegmentPassage(const SegmentPassage&) = delete;
+  SegmentPassage& operator=(const SegmentPassage&) = delete;
+
+  // address: where Connect reaches this end (its abstract name, for Listen).
+  const std::string& address() const;
+
+  // connected: whether a peer is there to Send to.
+  bool connected() const;
+
+  // Send writes `payload` into a new segment, passes it to the peer and
+  // returns its number.
+  absl::StatusOr<uint64_t> Send(const ScatteredPayload& payload);
+
+  // Receive waits up to `timeout` for the peer's segment `number` and maps
+  // its first `size` bytes; the result keeps the mapping alive. UNAVAILABLE
+  // when the peer went away, INVALID_ARGUMENT for a segment that is smaller
+  // than `size` or not sealed.
+  absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size,
+                                absl::Duration timeout = absl::Seconds(30));
+
+ private:
+  class Impl;
+  explicit SegmentPassage(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dray
+
+#endif  // DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_

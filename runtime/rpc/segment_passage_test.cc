@@ -1,0 +1,108 @@
+#include "runtime/rpc/segment_passage.h"
+
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "base/testing/status_matchers.h"
+
+namespace dray {
+namespace {
+
+using ::dray::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Payload returns `size` bytes as pieces of one repeated 1 MiB buffer, so
+// that a payload of gigabytes costs a megabyte here.
+ScatteredPayload Payload(uint64_t size) {
+  static const Bytes block([] {
+    std::string bytes(size_t{1} << 20, '\0');
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + i / 4096);
+    return bytes;
+  }());
+  ScatteredPayload payload;
+  for (uint64_t left = size; left > 0;) {
+    const size_t n = std::min<uint64_t>(left, block.size());
+    payload.pieces.push_back(block.Part(block.view().substr(0, n)));
+    left -= n;
+  }
+  payload.size = size;
+  return payload;
+}
+
+// MappedSegments counts this process's mappings of segments.
+int MappedSegments() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);)
+    count += line.find("dray-payload") != std::string::npos;
+  return count;
+}
+
+class SegmentPassageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    DRAY_ASSERT_OK_AND_ASSIGN(worker_, SegmentPassage::Listen("job secret"));
+    DRAY_ASSERT_OK_AND_ASSIGN(controller_,
+                              SegmentPassage::Connect(worker_->address(), "job secret"));
+  }
+
+  std::unique_ptr<SegmentPassage> worker_, controller_;
+};
+
+TEST_F(SegmentPassageTest, PayloadsOfEverySizeArriveWhole) {
+  for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{4096}, uint64_t{5} << 20}) {
+    const ScatteredPayload sent = Payload(size);
+    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(sent));
+    DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker_->Receive(number, size));
+    EXPECT_TRUE(received.view() == sent.Flatten()) << size << " bytes";
+  }
+}
+
+TEST_F(SegmentPassageTest, BothWaysAndOverTwoGibibytes) {
+  const uint64_t size = (uint64_t{2} << 30) + 4096 + 1;
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, worker_->Send(Payload(size)));
+  {
+    DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, controller_->Receive(number, size));
+    ASSERT_EQ(received.size(), size);
+    const Bytes block = Payload(1 << 20).pieces[0];
+    for (uint64_t at : {uint64_t{0}, (uint64_t{2} << 30) - 1, size - 4097}) {
+      const uint64_t offset = at % block.size();
+      const size_t n = std::min<uint64_t>(4097, block.size() - offset);
+      EXPECT_EQ(received.view().substr(at, n), block.view().substr(offset, n)) << "at " << at;
+    }
+    EXPECT_EQ(MappedSegments(), 1);
+  }
+  EXPECT_EQ(MappedSegments(), 0) << "the mapping ends with the last alias";
+}
+
+TEST_F(SegmentPassageTest, ASegmentSmallerThanAnnouncedIsRefused) {
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(Payload(10)));
+  EXPECT_THAT(worker_->Receive(number, 11),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("10 sealed bytes, not 11")));
+}
+
+TEST_F(SegmentPassageTest, APeerThatGoesAwayFailsWhatWaitsForIt) {
+  controller_.reset();
+  EXPECT_THAT(worker_->Receive(1, 1),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the peer went away")));
+}
+
+TEST(SegmentPassageHandshakeTest, OnlyThePeerWithTheSecretIsAccepted) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto worker, SegmentPassage::Listen("job secret"));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto stranger, SegmentPassage::Connect(worker->address(), "guess"));
+  EXPECT_THAT(stranger->Receive(1, 1),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the peer went away")));
+  EXPECT_FALSE(worker->connected());
+  EXPECT_THAT(worker->Send(Payload(1)), StatusIs(absl::StatusCode::kFailedPrecondition));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto controller,
+                            SegmentPassage::Connect(worker->address(), "job secret"));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller->Send(Payload(3)));
+  DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker->Receive(number, 3));
+  EXPECT_EQ(received.size(), 3u);
+}
+
+}  // namespace
+}  // namespace dray
