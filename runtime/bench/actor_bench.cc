@@ -35,8 +35,10 @@ class BenchWorker : public Worker {
     Def("echo", &BenchWorker::Echo, {kOneToAll});
     Def("echo_async", &BenchWorker::Echo, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("echo_batch", &BenchWorker::Echo, {kDpComputeProto});
+    Def("receive", &BenchWorker::Receive, {kOneToAll});
   }
   absl::StatusOr<DataProto> Echo(const DataProto& input) { return input; }
+  absl::StatusOr<DataProto> Receive(const DataProto&) { return DataProto(); }
 };
 
 class EchoServiceImpl final : public v1::EchoService::Service {
@@ -182,6 +184,7 @@ class Bench {
   absl::Status CallSyncAgainstEcho(WorkerGroup* group, const DataProto& tiny);
   absl::Status CallSyncOverTcp(const DataProto& tiny);
   absl::Status OneToAll(WorkerGroup* group, const DataProto& tiny);
+  absl::StatusOr<double> Broadcast64MiB(WorkerGroup* group);
   absl::Status DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGroup* tcp_group);
 
   const ActorBenchOptions& options_;
@@ -258,6 +261,21 @@ absl::Status Bench::OneToAll(WorkerGroup* group, const DataProto& tiny) {
   return absl::OkStatus();
 }
 
+// Broadcast64MiB times ONE_TO_ALL calls whose argument is 64 MiB (the
+// workers answer nothing), reports the median in ms and returns it.
+absl::StatusOr<double> Bench::Broadcast64MiB(WorkerGroup* group) {
+  DRAY_ASSIGN_OR_RETURN(DataProto big,
+                        DataProto::Make({{"big", at::zeros({16 << 20}, at::kFloat)}}));
+  auto call = [&] { return group->Call("receive", {big}).status(); };
+  std::vector<double> micros;
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(1, call, &micros));  // warm-up
+  micros.clear();
+  DRAY_RETURN_IF_ERROR(TimeRoundTrips(reps_.batches, call, &micros));
+  const double ms = Percentile(micros, 0.5) / 1e3;
+  Report(absl::StrCat("one_to_all_64mib_ms_w", group->world_size()), ms, "ms");
+  return ms;
+}
+
 // DpComputeProtoAgainstLoopback alternates DP_COMPUTE_PROTO echoes of 64 RGB
 // 512x512 images, in shared memory and over TCP, with loopback TCP transfers
 // and memcpy of as many bytes.
@@ -300,9 +318,18 @@ absl::StatusOr<std::vector<BenchMetric>> Bench::Run() {
   if (options_.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
   DRAY_ASSIGN_OR_RETURN(DataProto tiny, DataProto::Make({{"x", at::zeros({1}, at::kLong)}}));
   DRAY_RETURN_IF_ERROR(SingleWorker(tiny));
+  double broadcast_w1_ms = 0;
+  {
+    DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(1));
+    DRAY_ASSIGN_OR_RETURN(broadcast_w1_ms, Broadcast64MiB(group.get()));
+  }
   for (int workers : {2, 4, 8}) {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(workers));
     DRAY_RETURN_IF_ERROR(OneToAll(group.get(), tiny));
+    if (workers == 8) {
+      DRAY_ASSIGN_OR_RETURN(double broadcast_w8_ms, Broadcast64MiB(group.get()));
+      Report("one_to_all_64mib_w8_vs_w1", broadcast_w8_ms / broadcast_w1_ms, "x");
+    }
   }
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(options_.workers));
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> tcp_group,

@@ -105,8 +105,8 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
   request.set_method(std::move(method));
   request.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
   *request.mutable_input() = input->header;
-  WriteCallRequest(call_.get(), std::move(request), input->payload,
-                   segments_.get());  // if broken, the reader says why
+  WriteCallRequest(call_.get(), std::move(request), input->payload, segments_.get(),
+                   &input->segment);  // if broken, the reader says why
   return future;
 }
 

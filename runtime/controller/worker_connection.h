@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
+#include "runtime/rpc/segment_passage.h"
 
 namespace dray {
 
@@ -63,8 +64,12 @@ class CallResult {
 using CallFuture = std::shared_ptr<CallResult>;
 
 // EncodedInput: a call's input in wire form, payload detached, shareable by
-// the calls of every rank that receives the same input.
-using EncodedInput = DetachedWire;
+// the calls of every rank that receives the same input; on one node they
+// share its shared-memory segment too.
+struct EncodedInput : DetachedWire {
+  explicit EncodedInput(DetachedWire wire) : DetachedWire(std::move(wire)) {}
+  mutable SharedSegment segment;
+};
 
 absl::StatusOr<std::shared_ptr<const EncodedInput>> EncodeInput(const DataProto& input);
 

@@ -44,6 +44,7 @@ class Fd {
 
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
+  int Release() { return std::exchange(fd_, -1); }
   void Reset() {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
@@ -94,8 +95,9 @@ struct Mapping {
   }
 };
 
-// WriteSegment copies `payload` into a new sealed memfd.
-absl::StatusOr<Fd> WriteSegment(const ScatteredPayload& payload) {
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Segment>> Segment::Write(const ScatteredPayload& payload) {
   Fd segment(memfd_create("dray-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!segment.valid()) return Errno("memfd_create");
   if (ftruncate(segment.get(), static_cast<off_t>(payload.size)) != 0) return Errno("ftruncate");
@@ -111,10 +113,18 @@ absl::StatusOr<Fd> WriteSegment(const ScatteredPayload& payload) {
     offset += static_cast<off_t>(piece.size());
   }
   if (fcntl(segment.get(), F_ADD_SEALS, kSeals) != 0) return Errno("sealing a segment");
-  return segment;
+  return std::shared_ptr<const Segment>(new Segment(segment.Release(), payload.size));
 }
 
-}  // namespace
+Segment::~Segment() { close(fd_); }
+
+absl::StatusOr<std::shared_ptr<const Segment>> SharedSegment::Get(const ScatteredPayload& payload) {
+  absl::MutexLock lock(&mu_);
+  if (segment_ == nullptr) {
+    DRAY_ASSIGN_OR_RETURN(segment_, Segment::Write(payload));
+  }
+  return segment_;
+}
 
 class SegmentPassage::Impl {
  public:
@@ -173,8 +183,7 @@ class SegmentPassage::Impl {
     return peer_.valid() && !closed_;
   }
 
-  absl::StatusOr<uint64_t> Send(const ScatteredPayload& payload) {
-    DRAY_ASSIGN_OR_RETURN(Fd segment, WriteSegment(payload));
+  absl::StatusOr<uint64_t> Send(const Segment& segment) {
     absl::MutexLock lock(&send_mu_);
     const uint64_t number = next_number_++;
     int peer;
@@ -189,12 +198,12 @@ class SegmentPassage::Impl {
     rights->cmsg_level = SOL_SOCKET;
     rights->cmsg_type = SCM_RIGHTS;
     rights->cmsg_len = CMSG_LEN(sizeof(int));
-    const int fd = segment.get();
+    const int fd = segment.fd();
     std::memcpy(CMSG_DATA(rights), &fd, sizeof(fd));
     if (sendmsg(peer, &message.header, MSG_NOSIGNAL) != sizeof(number)) {
       return Errno("passing a segment");
     }
-    return number;  // the peer holds it now; ours closes here
+    return number;  // the peer holds its own descriptor now
   }
 
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size, absl::Duration timeout) {
@@ -328,8 +337,8 @@ SegmentPassage::~SegmentPassage() = default;
 
 const std::string& SegmentPassage::address() const { return impl_->address(); }
 bool SegmentPassage::connected() const { return impl_->connected(); }
-absl::StatusOr<uint64_t> SegmentPassage::Send(const ScatteredPayload& payload) {
-  return impl_->Send(payload);
+absl::StatusOr<uint64_t> SegmentPassage::Send(const Segment& segment) {
+  return impl_->Send(segment);
 }
 absl::StatusOr<Bytes> SegmentPassage::Receive(uint64_t number, uint64_t size,
                                               absl::Duration timeout) {

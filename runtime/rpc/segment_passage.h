@@ -19,7 +19,8 @@
 //   register(passage->address());
 //   // controller, on the same node:
 //   DRAY_ASSIGN_OR_RETURN(auto passage, SegmentPassage::Connect(address, job_secret));
-//   DRAY_ASSIGN_OR_RETURN(uint64_t number, passage->Send(payload));  // name it in the frame
+//   DRAY_ASSIGN_OR_RETURN(auto segment, Segment::Write(payload));
+//   DRAY_ASSIGN_OR_RETURN(uint64_t number, passage->Send(*segment));  // name it in the frame
 //   // worker, on reading the frame:
 //   DRAY_ASSIGN_OR_RETURN(Bytes payload, passage->Receive(number, size));
 //
@@ -31,7 +32,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
@@ -40,6 +43,36 @@ namespace dray {
 
 // Payloads of at least this size take the passage where there is one.
 inline constexpr uint64_t kSharedPayloadBytes = uint64_t{256} << 10;
+
+// Segment: a payload written once into sealed shared memory (a memfd), which
+// any number of passages may pass on: every receiver maps the same pages.
+class Segment {
+ public:
+  static absl::StatusOr<std::shared_ptr<const Segment>> Write(const ScatteredPayload& payload);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  int fd() const { return fd_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  Segment(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  const int fd_;
+  const uint64_t size_;
+};
+
+// SharedSegment: one payload's segment, written by the first sender that
+// needs it and reused by every later one, so that a payload bound for
+// several workers of the node (a broadcast's input) is copied once.
+class SharedSegment {
+ public:
+  absl::StatusOr<std::shared_ptr<const Segment>> Get(const ScatteredPayload& payload);
+
+ private:
+  absl::Mutex mu_;
+  std::shared_ptr<const Segment> segment_ ABSL_GUARDED_BY(mu_);
+};
 
 class SegmentPassage {
  public:
@@ -59,9 +92,8 @@ class SegmentPassage {
   // connected: whether a peer is there to Send to.
   bool connected() const;
 
-  // Send writes `payload` into a new segment, passes it to the peer and
-  // returns its number.
-  absl::StatusOr<uint64_t> Send(const ScatteredPayload& payload);
+  // Send passes `segment` to the peer and returns the number it goes by.
+  absl::StatusOr<uint64_t> Send(const Segment& segment);
 
   // Receive waits up to `timeout` for the peer's segment `number` and maps
   // its first `size` bytes; the result keeps the mapping alive. UNAVAILABLE

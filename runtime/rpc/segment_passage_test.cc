@@ -55,7 +55,7 @@ class SegmentPassageTest : public ::testing::Test {
 TEST_F(SegmentPassageTest, PayloadsOfEverySizeArriveWhole) {
   for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{4096}, uint64_t{5} << 20}) {
     const ScatteredPayload sent = Payload(size);
-    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(sent));
+    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(*Segment::Write(sent).value()));
     DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker_->Receive(number, size));
     EXPECT_TRUE(received.view() == sent.Flatten()) << size << " bytes";
   }
@@ -63,7 +63,7 @@ TEST_F(SegmentPassageTest, PayloadsOfEverySizeArriveWhole) {
 
 TEST_F(SegmentPassageTest, BothWaysAndOverTwoGibibytes) {
   const uint64_t size = (uint64_t{2} << 30) + 4096 + 1;
-  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, worker_->Send(Payload(size)));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, worker_->Send(*Segment::Write(Payload(size)).value()));
   {
     DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, controller_->Receive(number, size));
     ASSERT_EQ(received.size(), size);
@@ -78,8 +78,28 @@ TEST_F(SegmentPassageTest, BothWaysAndOverTwoGibibytes) {
   EXPECT_EQ(MappedSegments(), 0) << "the mapping ends with the last alias";
 }
 
+TEST(SharedSegmentTest, OneSegmentReachesEveryReader) {
+  SharedSegment shared;
+  const ScatteredPayload sent = Payload(3 << 20);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::shared_ptr<const Segment> first, shared.Get(sent));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::shared_ptr<const Segment> again, shared.Get(sent));
+  EXPECT_EQ(first, again) << "written once";
+  std::vector<Bytes> received;
+  for (int reader = 0; reader < 2; ++reader) {
+    DRAY_ASSERT_OK_AND_ASSIGN(auto listening, SegmentPassage::Listen("job secret"));
+    DRAY_ASSERT_OK_AND_ASSIGN(auto sending,
+                              SegmentPassage::Connect(listening->address(), "job secret"));
+    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, sending->Send(*first));
+    DRAY_ASSERT_OK_AND_ASSIGN(Bytes bytes, listening->Receive(number, sent.size));
+    received.push_back(std::move(bytes));
+  }
+  EXPECT_TRUE(received[0].view() == sent.Flatten());
+  EXPECT_TRUE(received[1].view() == received[0].view());
+}
+
 TEST_F(SegmentPassageTest, ASegmentSmallerThanAnnouncedIsRefused) {
-  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(Payload(10)));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number,
+                            controller_->Send(*Segment::Write(Payload(10)).value()));
   EXPECT_THAT(worker_->Receive(number, 11),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("10 sealed bytes, not 11")));
 }
@@ -96,10 +116,11 @@ TEST(SegmentPassageHandshakeTest, OnlyThePeerWithTheSecretIsAccepted) {
   EXPECT_THAT(stranger->Receive(1, 1),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the peer went away")));
   EXPECT_FALSE(worker->connected());
-  EXPECT_THAT(worker->Send(Payload(1)), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(worker->Send(*Segment::Write(Payload(1)).value()),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
   DRAY_ASSERT_OK_AND_ASSIGN(auto controller,
                             SegmentPassage::Connect(worker->address(), "job secret"));
-  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller->Send(Payload(3)));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller->Send(*Segment::Write(Payload(3)).value()));
   DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker->Receive(number, 3));
   EXPECT_EQ(received.size(), 3u);
 }

@@ -61,7 +61,8 @@ std::vector<grpc::ByteBuffer> ChunkFrames(const ScatteredPayload& payload) {
 // and there is a passage, else as chunk frames after it.
 template <typename Frame>
 bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* message,
-                  const ScatteredPayload& payload, SegmentPassage* segments) {
+                  const ScatteredPayload& payload, SegmentPassage* segments,
+                  SharedSegment* shared = nullptr) {
   bool follows = false;  // as chunk frames
   if (message != nullptr) {
     message->set_payload_size(payload.size);
@@ -69,8 +70,10 @@ bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* mess
       message->set_payload(payload.Flatten());
     } else if (segments != nullptr && payload.size >= kSharedPayloadBytes &&
                segments->connected()) {
-      absl::StatusOr<uint64_t> number = segments->Send(payload);
-      if (!number.ok()) return false;  // the peer went away
+      absl::StatusOr<std::shared_ptr<const Segment>> segment =
+          shared != nullptr ? shared->Get(payload) : Segment::Write(payload);
+      absl::StatusOr<uint64_t> number = segment.ok() ? segments->Send(**segment) : segment.status();
+      if (!number.ok()) return false;  // out of memory, or the peer went away
       message->set_shared_segment(*number);
     } else {
       follows = true;
@@ -246,10 +249,12 @@ const char* SessionMethodName() {
 }
 
 bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
-                      const ScatteredPayload& payload, SegmentPassage* segments) {
+                      const ScatteredPayload& payload, SegmentPassage* segments,
+                      SharedSegment* shared) {
   v1::CallRequestFrame frame;
   *frame.mutable_header() = std::move(request);
-  return WriteMessage(writer, frame, frame.mutable_header()->mutable_input(), payload, segments);
+  return WriteMessage(writer, frame, frame.mutable_header()->mutable_input(), payload, segments,
+                      shared);
 }
 
 bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,

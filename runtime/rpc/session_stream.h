@@ -74,11 +74,13 @@ struct Received {
 };
 
 // WriteCallRequest writes `request`, whose input's payload was detached into
-// `payload`, a large one through `segments` when given; false when the
+// `payload`, a large one through `segments` when given (in `shared`'s
+// segment, when the same payload goes to several workers); false when the
 // stream broke. The transport may reference the payload's pieces (sharing
 // them) until they are sent.
 bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
-                      const ScatteredPayload& payload, SegmentPassage* segments = nullptr);
+                      const ScatteredPayload& payload, SegmentPassage* segments = nullptr,
+                      SharedSegment* shared = nullptr);
 
 // WriteCallResponse writes `response`, whose result's payload (if it has a
 // result) was detached into `payload`; false when the stream broke.

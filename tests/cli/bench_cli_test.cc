@@ -34,12 +34,26 @@ std::map<std::string, double> RunBench(const std::string& args) {
 
 TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
   std::map<std::string, double> figures = RunBench("--workers 2 --quick --json");
-  for (const char* name :
-       {"grpc_echo_p50_us", "call_sync_p50_us", "call_sync_p99_us", "call_sync_p50_vs_grpc_echo",
-        "calls_async_per_s", "one_to_all_p50_us_w1", "one_to_all_p50_us_w2", "one_to_all_p50_us_w4",
-        "one_to_all_p50_us_w8", "loopback_tcp_gbps", "dp_compute_proto_gbps",
-        "dp_compute_proto_vs_loopback", "call_sync_tcp_p50_us", "dp_compute_proto_tcp_gbps",
-        "dp_compute_proto_tcp_vs_loopback", "memcpy_gbps", "dp_compute_proto_vs_memcpy"}) {
+  for (const char* name : {"grpc_echo_p50_us",
+                           "call_sync_p50_us",
+                           "call_sync_p99_us",
+                           "call_sync_p50_vs_grpc_echo",
+                           "calls_async_per_s",
+                           "one_to_all_p50_us_w1",
+                           "one_to_all_p50_us_w2",
+                           "one_to_all_p50_us_w4",
+                           "one_to_all_p50_us_w8",
+                           "loopback_tcp_gbps",
+                           "dp_compute_proto_gbps",
+                           "dp_compute_proto_vs_loopback",
+                           "call_sync_tcp_p50_us",
+                           "dp_compute_proto_tcp_gbps",
+                           "dp_compute_proto_tcp_vs_loopback",
+                           "memcpy_gbps",
+                           "dp_compute_proto_vs_memcpy",
+                           "one_to_all_64mib_ms_w1",
+                           "one_to_all_64mib_ms_w8",
+                           "one_to_all_64mib_w8_vs_w1"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0)
         << name << " = " << figures[name];
