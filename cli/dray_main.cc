@@ -2,7 +2,7 @@
 // library: worker processes (runtime/worker/worker_process.h), benchmarks
 // (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
-//   dray bench [--suite runtime|sharding|edit] [--workers N] [--quick] [--json]
+//   dray bench [--suite runtime|sharding|edit|train|serve] [--workers N] [--quick] [--json]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
@@ -29,6 +29,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
+#include "workers/bench/serve_bench.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/bench/train_bench.h"
 #include "workers/edit/image_edit_worker.h"
@@ -67,8 +68,10 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 }
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
-  if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train") {
-    std::fprintf(stderr, "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train\n",
+  if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train" &&
+      suite != "serve") {
+    std::fprintf(stderr,
+                 "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train, serve\n",
                  suite.c_str());
     return 2;
   }
@@ -81,6 +84,8 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
     metrics = RunEditBench({{SelfPath(), "worker"}, quick, report});
   } else if (suite == "train") {
     metrics = RunTrainBench({{SelfPath(), "worker"}, quick, report});
+  } else if (suite == "serve") {
+    metrics = RunServeBench({SelfPath(), quick, report});
   } else {
     ActorBenchOptions options;
     options.worker_command = {SelfPath(), "worker"};
@@ -149,7 +154,8 @@ int Main(int argc, char** argv) {
   bench
       ->add_option("--suite", suite,
                    "what to measure: runtime (actor calls), sharding (memory, step time), edit "
-                   "(images/s, serving) or train (RL step time and its phases)")
+                   "(images/s, serving), train (RL step time and its phases) or serve (dray "
+                   "serve under load)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()

@@ -109,8 +109,13 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   }
   const std::string& controller_address() const { return controller_address_; }
   const std::string& job_secret() const { return job_secret_; }
-  absl::Status Health() {
+  absl::Status Health(absl::Duration wait_for_failure = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
+    auto unhealthy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HealthLocked().ok(); };
+    mu_.AwaitWithTimeout(absl::Condition(&unhealthy), wait_for_failure);
+    return HealthLocked();
+  }
+  absl::Status HealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (shutting_down_) return absl::UnavailableError("the worker group has shut down");
     if (failure_.has_value()) return *failure_;
     for (int rank = 0; rank < static_cast<int>(exits_.size()); ++rank) {
@@ -502,6 +507,10 @@ void WorkerGroup::Abort(const absl::Status& why) { impl_->Abort(why); }
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
 
 absl::Status WorkerGroup::Health() const { return impl_->Health(); }
+
+absl::Status WorkerGroup::HealthAfterFailure(absl::Duration timeout) const {
+  return impl_->Health(timeout);
+}
 
 std::vector<std::string> WorkerGroup::worker_addresses() const { return impl_->worker_addresses(); }
 

@@ -157,6 +157,11 @@ class WorkerGroup {
   // session, a stall), or saying that the group has shut down.
   absl::Status Health() const;
 
+  // HealthAfterFailure is Health once the group has failed, or after
+  // `timeout`: for a caller whose call just failed, since a rank's error
+  // (a collective broken by a dead peer) may arrive before the peer's death.
+  absl::Status HealthAfterFailure(absl::Duration timeout) const;
+
   // pids returns the worker processes' ids, by rank.
   std::vector<pid_t> pids() const;
 

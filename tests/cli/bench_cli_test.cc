@@ -60,6 +60,22 @@ TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
   }
 }
 
+TEST(BenchCliTest, TheServiceUnderLoadFailsNothingAndLeavesNoWorker) {
+  const std::map<std::string, double> figures = RunBench("--suite serve --quick --json");
+  for (const char* name :
+       {"serve_capacity_per_s", "serve_2x_p50_ms", "serve_2x_p99_ms", "serve_2x_answered",
+        "serve_half_p50_ms", "serve_half_p99_ms", "serve_half_answered", "serve_peak_rss_start_mib",
+        "serve_peak_rss_end_mib"}) {
+    ASSERT_EQ(figures.count(name), 1u) << name;
+    EXPECT_GT(figures.at(name), 0) << name;
+  }
+  for (const char* name : {"serve_2x_exhausted", "serve_half_exhausted"}) {
+    ASSERT_EQ(figures.count(name), 1u) << name;  // how many depends on timing: not judged
+  }
+  EXPECT_EQ(figures.at("serve_failures"), 0);
+  EXPECT_EQ(figures.at("serve_workers_left"), 0);
+}
+
 TEST(BenchCliTest, PrintsEveryShardingFigure) {
   const std::map<std::string, double> figures = RunBench("--suite sharding --quick --json");
   for (int world : {1, 2, 4}) {

@@ -63,6 +63,9 @@ constexpr int64_t kEmbeddedScenes = 8;
 namespace {
 
 constexpr char kStateFile[] = "trainer_state.json";
+// How long a failed step waits to hear whether a worker died (the others'
+// broken collectives may report first).
+constexpr absl::Duration kFailureNoticeWait = absl::Seconds(2);
 
 // CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
 int64_t CheckpointStep(const fs::path& folder) {
@@ -705,7 +708,7 @@ absl::Status FlowGrpoTrainer::Run() {
       if (!saved.ok()) metrics = saved;
     }
     if (!metrics.ok()) {
-      absl::Status health = group_->Health();
+      absl::Status health = group_->HealthAfterFailure(kFailureNoticeWait);
       if (health.ok() && reward_group_ != nullptr) health = reward_group_->Health();
       if (!health.ok() && restarts_ < config_.max_restarts) {
         DRAY_RETURN_IF_ERROR(RestartWorkers(health));
