@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <thread>
@@ -36,9 +37,14 @@ class BenchWorker : public Worker {
     Def("echo_async", &BenchWorker::Echo, {kOneToAll, ExecuteMode::kAll, /*blocking=*/false});
     Def("echo_batch", &BenchWorker::Echo, {kDpComputeProto});
     Def("receive", &BenchWorker::Receive, {kOneToAll});
+    Def("start_time", &BenchWorker::StartTime, {kOneToAll});
   }
   absl::StatusOr<DataProto> Echo(const DataProto& input) { return input; }
   absl::StatusOr<DataProto> Receive(const DataProto&) { return DataProto(); }
+  // StartTime says when the call began here (this machine's clock).
+  absl::StatusOr<DataProto> StartTime() {
+    return DataProto::Make({}, {}, {{"start_unix_ns", absl::ToUnixNanos(absl::Now())}});
+  }
 };
 
 class EchoServiceImpl final : public v1::EchoService::Service {
@@ -185,6 +191,7 @@ class Bench {
   absl::Status CallSyncOverTcp(const DataProto& tiny);
   absl::Status OneToAll(WorkerGroup* group, const DataProto& tiny);
   absl::StatusOr<double> Broadcast64MiB(WorkerGroup* group);
+  absl::Status DispatchSkew(WorkerGroup* group);
   absl::Status DpComputeProtoAgainstLoopback(WorkerGroup* group, WorkerGroup* tcp_group);
 
   const ActorBenchOptions& options_;
@@ -276,6 +283,26 @@ absl::StatusOr<double> Bench::Broadcast64MiB(WorkerGroup* group) {
   return ms;
 }
 
+// DispatchSkew reports the median spread of a ONE_TO_ALL call's start
+// times across the group's ranks: how far the last rank starts after the
+// first.
+absl::Status Bench::DispatchSkew(WorkerGroup* group) {
+  std::vector<double> spreads_ms;
+  for (int i = 0; i < reps_.batches; ++i) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> starts, group->Call("start_time", {}));
+    int64_t first = std::numeric_limits<int64_t>::max(), last = 0;
+    for (const DataProto& start : starts) {
+      DRAY_ASSIGN_OR_RETURN(int64_t ns, start.GetMeta<int64_t>("start_unix_ns"));
+      first = std::min(first, ns);
+      last = std::max(last, ns);
+    }
+    spreads_ms.push_back((last - first) / 1e6);
+  }
+  Report(absl::StrCat("dispatch_skew_ms_w", group->world_size()), Percentile(spreads_ms, 0.5),
+         "ms");
+  return absl::OkStatus();
+}
+
 // DpComputeProtoAgainstLoopback alternates DP_COMPUTE_PROTO echoes of 64 RGB
 // 512x512 images, in shared memory and over TCP, with loopback TCP transfers
 // and memcpy of as many bytes.
@@ -330,6 +357,11 @@ absl::StatusOr<std::vector<BenchMetric>> Bench::Run() {
       DRAY_ASSIGN_OR_RETURN(double broadcast_w8_ms, Broadcast64MiB(group.get()));
       Report("one_to_all_64mib_w8_vs_w1", broadcast_w8_ms / broadcast_w1_ms, "x");
     }
+  }
+  {  // Wide fan-out: 64 workers of a light role.
+    DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(64));
+    DRAY_RETURN_IF_ERROR(OneToAll(group.get(), tiny));
+    DRAY_RETURN_IF_ERROR(DispatchSkew(group.get()));
   }
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> group, Group(options_.workers));
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<WorkerGroup> tcp_group,

@@ -111,8 +111,12 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   const std::string& job_secret() const { return job_secret_; }
   absl::Status Health(absl::Duration wait_for_failure = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
-    auto unhealthy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HealthLocked().ok(); };
-    mu_.AwaitWithTimeout(absl::Condition(&unhealthy), wait_for_failure);
+    if (wait_for_failure > absl::ZeroDuration()) {  // not on the hot path of every call
+      auto unhealthy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !HealthLocked().ok();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&unhealthy), wait_for_failure);
+    }
     return HealthLocked();
   }
   absl::Status HealthLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

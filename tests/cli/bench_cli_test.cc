@@ -53,7 +53,9 @@ TEST(BenchCliTest, PrintsEveryRuntimeFigureAsJson) {
                            "dp_compute_proto_vs_memcpy",
                            "one_to_all_64mib_ms_w1",
                            "one_to_all_64mib_ms_w8",
-                           "one_to_all_64mib_w8_vs_w1"}) {
+                           "one_to_all_64mib_w8_vs_w1",
+                           "one_to_all_p50_us_w64",
+                           "dispatch_skew_ms_w64"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures[name]) && figures[name] > 0)
         << name << " = " << figures[name];
