@@ -58,7 +58,8 @@ std::vector<grpc::ByteBuffer> ChunkFrames(const ScatteredPayload& payload) {
 
 // WriteMessage writes `frame`, whose DataProto `message` had its payload
 // detached into `payload`: inline when small, through `segments` when large
-// and there is a passage, else as chunk frames after it.
+// and there is a passage, else (or when the passage fails: out of memory,
+// its peer gone) as chunk frames after it.
 template <typename Frame>
 bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* message,
                   const ScatteredPayload& payload, SegmentPassage* segments,
@@ -73,8 +74,11 @@ bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* mess
       absl::StatusOr<std::shared_ptr<const Segment>> segment =
           shared != nullptr ? shared->Get(payload) : Segment::Write(payload);
       absl::StatusOr<uint64_t> number = segment.ok() ? segments->Send(**segment) : segment.status();
-      if (!number.ok()) return false;  // out of memory, or the peer went away
-      message->set_shared_segment(*number);
+      if (number.ok()) {
+        message->set_shared_segment(*number);
+      } else {
+        follows = true;
+      }
     } else {
       follows = true;
     }

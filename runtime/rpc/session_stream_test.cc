@@ -219,6 +219,20 @@ TEST(SessionStreamTest, LargePayloadsOfOneNodeTravelInSharedMemory) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no passage")));
 }
 
+TEST(SessionStreamTest, APassageThatFailsLeavesThePayloadToTheStream) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto worker, SegmentPassage::Listen("secret"));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto controller, SegmentPassage::Connect(worker->address(), "secret"));
+  worker.reset();  // the peer is gone: passing a segment fails
+  ScatteredPayload payload;
+  const DataProto batch = ImageBatch(kSharedPayloadBytes);
+  FrameQueue queue;
+  ASSERT_TRUE(WriteCallRequest(&queue, Request(batch, &payload), payload, controller.get()));
+  EXPECT_GT(queue.frames.size(), 1u) << "chunk frames follow";
+  EXPECT_EQ(Parsed(queue.frames.front()).header().input().shared_segment(), 0u);
+  const DataProto received = ReadInput(&queue);
+  EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
+}
+
 TEST(SessionStreamTest, ProgressFramesPrecedeTheirResponse) {
   FrameQueue queue;
   for (int done = 1; done <= 2; ++done) {
