@@ -32,6 +32,15 @@ TEST(TrainConfigTest, TheEmbeddedTaskFillsWhatIsUnset) {
   EXPECT_THAT(config.ToYaml(), HasSubstr("lora_target_modules:"));
 }
 
+TEST(TrainConfigTest, ErrorsInAFileNameItsLine) {
+  EXPECT_THAT(TrainConfig::FromYaml("trainer:\n  total_steps: 3\n  seed: many\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config: line 3: trainer.seed must be an integer")));
+  EXPECT_THAT(TrainConfig::FromYaml("trainer:\n  total_steps: 3\nalgorithm:\n  bta: 0.1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("config: line 4: unknown key algorithm.bta")));
+}
+
 TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
   EXPECT_THAT(TrainConfig::Load("", {"worker.actor.learning_rate=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument,

@@ -39,22 +39,30 @@ absl::Status Unknown(const std::vector<ConfigKey>& keys, const std::string& sect
                    "; valid keys: ", absl::StrJoin(SectionKeys(keys, section), ", ")));
 }
 
+// AtLine prefixes a failed `status` with the line of `node`, where the
+// document has one (a parsed file or text, not an override).
+absl::Status AtLine(const YAML::Node& node, const absl::Status& status) {
+  if (status.ok() || node.Mark().is_null()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("line ", node.Mark().line + 1, ": ", status.message()));
+}
+
 // ApplySection sets the keys under `section` from `node`, a mapping.
 absl::Status ApplySection(const YAML::Node& node, const std::string& section,
                           const std::vector<ConfigKey>& keys) {
   if (!node.IsMap()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(section.empty() ? "the document" : section, " must be a mapping"));
+    return AtLine(node, absl::InvalidArgumentError(absl::StrCat(
+                            section.empty() ? "the document" : section, " must be a mapping")));
   }
   for (const auto& entry : node) {
     const std::string name = entry.first.as<std::string>();
     const std::string key = section.empty() ? name : absl::StrCat(section, ".", name);
     if (const ConfigKey* leaf = Find(keys, key)) {
-      DRAY_RETURN_IF_ERROR(leaf->set(entry.second));
+      DRAY_RETURN_IF_ERROR(AtLine(entry.first, leaf->set(entry.second)));
       continue;
     }
     const std::vector<std::string> inner = SectionKeys(keys, key);
-    if (inner.empty()) return Unknown(keys, section, name);
+    if (inner.empty()) return AtLine(entry.first, Unknown(keys, section, name));
     if (entry.second.IsNull()) continue;  // an empty section
     DRAY_RETURN_IF_ERROR(ApplySection(entry.second, key, keys));
   }
