@@ -102,9 +102,13 @@ TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
 
 // Every test of this file runs twice: as is, where calls reach the workers
 // through their unix sockets, and with DRAY_TRANSPORT=tcp.
-TEST_F(WorkerGroupTest, CallsTakeTheUnixSocketsOnThisNodeUnlessTcpIsAsked) {
+bool OverTcp() {
   const char* forced = std::getenv("DRAY_TRANSPORT");
-  const bool tcp = forced != nullptr && std::string(forced) == "tcp";
+  return forced != nullptr && std::string(forced) == "tcp";
+}
+
+TEST_F(WorkerGroupTest, CallsTakeTheUnixSocketsOnThisNodeUnlessTcpIsAsked) {
+  const bool tcp = OverTcp();
   const std::vector<std::string> listening = group_->worker_addresses();
   const std::vector<std::string> called = group_->call_addresses();
   ASSERT_EQ(called.size(), 4u);
@@ -284,8 +288,7 @@ int MappedSegments() {
 TEST_F(WorkerGroupTest, LargeBatchesCrossTheSession) {
   // 64 MiB of float32 crosses each way: on this node in shared memory,
   // which the result maps while it lives; over TCP in 2 MiB chunks.
-  const char* forced = std::getenv("DRAY_TRANSPORT");
-  const bool tcp = forced != nullptr && std::string(forced) == "tcp";
+  const bool tcp = OverTcp();
   const at::Tensor big = at::arange(16 << 20, at::kFloat).reshape({16, 1 << 20});
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, DataProto::Make({{"big", big}}));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("test.echo", {batch}));

@@ -19,7 +19,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/process/subprocess.h"
@@ -40,9 +39,17 @@ struct Service {
   int port = 0;
 };
 
+// Announcement: what `dray serve` said before it served: its port, or its
+// last words if it ended first.
+struct Announcement {
+  absl::Mutex mu;
+  int port ABSL_GUARDED_BY(mu) = 0;
+  bool ended ABSL_GUARDED_BY(mu) = false;
+  std::string last_output ABSL_GUARDED_BY(mu);
+};
+
 absl::StatusOr<Service> StartService(const std::string& dray) {
-  auto announced = std::make_shared<absl::Notification>();
-  auto port = std::make_shared<int>(0);
+  auto said = std::make_shared<Announcement>();
   SubprocessOptions spawn;
   spawn.argv = {dray,
                 "serve",
@@ -51,19 +58,32 @@ absl::StatusOr<Service> StartService(const std::string& dray) {
                 absl::StrCat("--max-queue=", kMaxQueue),
                 absl::StrCat("worker.image_edit.batch_size=", kBatchSize),
                 "worker.image_edit.num_inference_steps=4"};
-  spawn.on_output = [announced, port](bool, std::string lines) {
+  spawn.on_output = [said](bool, std::string lines) {
+    absl::MutexLock lock(&said->mu);
+    said->last_output = lines;
     const size_t at = lines.find("ImageEditService on 127.0.0.1:");
-    if (at == std::string::npos || announced->HasBeenNotified()) return;
-    std::sscanf(lines.c_str() + at, "ImageEditService on 127.0.0.1:%d", port.get());
-    announced->Notify();
+    if (at != std::string::npos && said->port == 0) {
+      std::sscanf(lines.c_str() + at, "ImageEditService on 127.0.0.1:%d", &said->port);
+    }
   };
   Service service;
-  DRAY_ASSIGN_OR_RETURN(service.process, Subprocess::Spawn(std::move(spawn)));
-  if (!announced->WaitForNotificationWithTimeout(absl::Minutes(2)) || *port <= 0) {
+  DRAY_ASSIGN_OR_RETURN(service.process,
+                        Subprocess::Spawn(std::move(spawn), [said](const ExitStatus&) {
+                          absl::MutexLock lock(&said->mu);
+                          said->ended = true;
+                        }));
+  absl::MutexLock lock(&said->mu);
+  auto served = [said]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(said->mu) {
+    return said->port > 0 || said->ended;
+  };
+  said->mu.AwaitWithTimeout(absl::Condition(&served), absl::Minutes(2));
+  if (said->port <= 0) {
     service.process->Signal(SIGKILL);
-    return absl::UnavailableError("dray serve did not announce its port within 2 minutes");
+    return absl::UnavailableError(absl::StrCat(
+        "dray serve ", said->ended ? "ended" : "did not announce its port within 2 minutes",
+        "; its last output: ", said->last_output));
   }
-  service.port = *port;
+  service.port = said->port;
   return service;
 }
 
