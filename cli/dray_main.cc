@@ -21,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/synchronization/mutex.h"
 #include "cli/cluster_commands.h"
 #include "cli/edit_commands.h"
 #include "cli/train_command.h"
@@ -144,6 +145,8 @@ int Parity(const std::string& reference) {
 }
 
 int Main(int argc, char** argv) {
+  // As in WorkerMain: no deadlock bookkeeping on every Mutex lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"dray: a C++ runtime for RL and serving of image-edit diffusion models"};
   app.require_subcommand(1);
 

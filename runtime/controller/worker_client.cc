@@ -4,11 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/job_secret.h"
+#include "runtime/rpc/raw_bidi_call.h"
 #include "runtime/rpc/session_stream.h"
+#include "runtime/rpc/socket_session.h"
 
 namespace dray {
 namespace {
@@ -46,30 +49,38 @@ void SendCancel(const std::shared_ptr<grpc::Channel>& channel, const std::string
 
 }  // namespace
 
-WorkerClient::WorkerClient(int rank, std::string address, std::string job_secret,
-                           std::function<void(absl::Status)> on_session_lost,
-                           std::unique_ptr<SegmentPassage> segments)
+WorkerClient::WorkerClient(int rank, WorkerEndpoint endpoint, std::string job_secret,
+                           std::function<void(absl::Status)> on_session_lost)
     : rank_(rank),
-      address_(std::move(address)),
+      address_(std::move(endpoint.address)),
+      local_address_(std::move(endpoint.local_address)),
       job_secret_(std::move(job_secret)),
       on_session_lost_(std::move(on_session_lost)),
-      segments_(std::move(segments)) {}
+      segments_(std::move(endpoint.segments)) {}
 
 WorkerClient::~WorkerClient() { Close(); }
 
-absl::Status WorkerClient::Open() {
-  channel_ = CreateDrayChannel(address_);
+absl::StatusOr<std::unique_ptr<ClientSession>> WorkerClient::StartGrpcSession() {
   if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + kConnectTimeout))) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to worker rank ", rank_, " at ", address_));
+    return absl::UnavailableError("cannot connect");
   }
   RawBidiCall::Metadata metadata = {{kJobSecretMetadata, job_secret_}};
   if (segments_ != nullptr) metadata.emplace_back(kSharedMemoryMetadata, "1");
-  absl::StatusOr<std::unique_ptr<RawBidiCall>> call =
-      RawBidiCall::Start(channel_, SessionMethodName(), absl::InfiniteFuture(), metadata);
+  DRAY_ASSIGN_OR_RETURN(
+      std::unique_ptr<RawBidiCall> call,
+      RawBidiCall::Start(channel_, SessionMethodName(), absl::InfiniteFuture(), metadata));
+  return call;
+}
+
+absl::Status WorkerClient::Open() {
+  channel_ = CreateDrayChannel(address_);
+  absl::StatusOr<std::unique_ptr<ClientSession>> call =
+      local_address_.empty()
+          ? StartGrpcSession()
+          : SocketSession::Connect(local_address_, job_secret_, segments_ != nullptr);
   if (!call.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("worker rank ", rank_, " at ", address_, ": ", call.status().message()));
+    return absl::Status(call.status().code(), absl::StrCat("worker rank ", rank_, " at ", address(),
+                                                           ": ", call.status().message()));
   }
   {
     absl::MutexLock lock(&write_mu_);
@@ -156,7 +167,7 @@ void WorkerClient::Fail(absl::Status status) {
 }
 
 void WorkerClient::ReadLoop() {
-  RawBidiCall* call_for_reading;
+  ClientSession* call_for_reading;
   {
     absl::MutexLock lock(&write_mu_);  // replaced only after this thread ends
     call_for_reading = call_.get();

@@ -112,9 +112,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   absl::Status Health(absl::Duration wait_for_failure = absl::ZeroDuration()) {
     absl::MutexLock lock(&mu_);
     if (wait_for_failure > absl::ZeroDuration()) {  // not on the hot path of every call
-      auto unhealthy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !HealthLocked().ok();
-      };
+      auto unhealthy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !HealthLocked().ok(); };
       mu_.AwaitWithTimeout(absl::Condition(&unhealthy), wait_for_failure);
     }
     return HealthLocked();
@@ -300,18 +298,17 @@ absl::Status WorkerGroup::Impl::Connect() {
   const bool same_node_sockets = options_.transport == WorkerGroupOptions::Transport::kAuto &&
                                  (forced == nullptr || std::string(forced) != "tcp");
   const std::string node_id = LocalNodeId();
-  std::vector<std::string> addresses;
-  std::vector<std::unique_ptr<SegmentPassage>> passages(resources_.world_size());
+  std::vector<WorkerEndpoint> endpoints(resources_.world_size());
   {
     absl::MutexLock lock(&mu_);
     for (int rank = 0; rank < resources_.world_size(); ++rank) {
       const v1::RegisterWorkerRequest& registration = *registrations_[rank];
-      const bool same_node = same_node_sockets && !node_id.empty() &&
-                             registration.node_id() == node_id &&
-                             !registration.local_address().empty();
-      addresses.push_back(same_node ? registration.local_address() : registration.address());
-      if (same_node && !registration.segment_address().empty()) {
-        DRAY_ASSIGN_OR_RETURN(passages[rank],
+      WorkerEndpoint& endpoint = endpoints[rank];
+      endpoint.address = registration.address();
+      if (!same_node_sockets || node_id.empty() || registration.node_id() != node_id) continue;
+      endpoint.local_address = registration.local_address();
+      if (!registration.segment_address().empty()) {
+        DRAY_ASSIGN_OR_RETURN(endpoint.segments,
                               SegmentPassage::Connect(registration.segment_address(), job_secret_));
       }
     }
@@ -320,15 +317,13 @@ absl::Status WorkerGroup::Impl::Connect() {
     // A broken session usually means a dead process: report its exit status,
     // a better reason than the broken stream, if it arrives in time.
     clients_.push_back(std::make_unique<WorkerClient>(
-        rank, addresses[rank], job_secret_,
-        [this, rank](const absl::Status& lost) {
+        rank, std::move(endpoints[rank]), job_secret_, [this, rank](const absl::Status& lost) {
           if (auto status = processes_[rank]->WaitFor(kExitStatusWait)) {
             OnWorkerExit(rank, *status);
           } else {
             FailRank(rank, lost);
           }
-        },
-        std::move(passages[rank])));
+        }));
   }
   {
     absl::MutexLock lock(&mu_);

@@ -21,7 +21,6 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/server_interceptor.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/files.h"
@@ -183,10 +182,6 @@ std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials() {
   return grpc::SslServerCredentials(options);
 }
 
-std::shared_ptr<grpc::ServerCredentials> SameNodeServerCredentials() {
-  return grpc::experimental::LocalServerCredentials(UDS);
-}
-
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(
     const std::string& cert_file, const std::string& key_file) {
   if (cert_file.empty() || key_file.empty()) {
@@ -211,9 +206,7 @@ std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address) {
   // Each channel gets its own connection: workers must not share one socket.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (absl::StartsWith(address, "unix")) {
-    credentials = grpc::experimental::LocalCredentials(UDS);
-  } else if (std::optional<Tls> current = CurrentTls()) {
+  if (std::optional<Tls> current = CurrentTls()) {
     grpc::SslCredentialsOptions options;
     options.pem_root_certs = current->ca;
     options.pem_private_key = current->key;

@@ -73,14 +73,8 @@ std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials();
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(
     const std::string& cert_file, const std::string& key_file);
 
-// SameNodeServerCredentials: for a unix socket (unix:PATH or
-// unix-abstract:NAME) that only processes of this node can reach, where TLS
-// would add nothing; dray's per-job secret still guards every call.
-std::shared_ptr<grpc::ServerCredentials> SameNodeServerCredentials();
-
-// CreateDrayChannel opens a channel to `address` (host:port, or a unix
-// socket of this node: unix:PATH or unix-abstract:NAME), on TLS after UseTls
-// (except to a unix socket), with dray's limits: messages up to 2 GiB - 1
+// CreateDrayChannel opens a channel to `address` (host:port), on TLS after
+// UseTls, with dray's limits: messages up to 2 GiB - 1
 // (large payloads stream in chunks anyway) and keepalive pings so a
 // vanished peer is noticed within seconds.
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);

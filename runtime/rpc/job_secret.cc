@@ -63,13 +63,18 @@ namespace {
 bool Carries(const grpc::ServerContextBase& context, const char* key, absl::string_view value) {
   const auto& metadata = context.client_metadata();
   auto found = metadata.find(key);
-  if (found == metadata.end() || found->second.size() != value.size()) return false;
-  uint8_t difference = 0;
-  for (size_t i = 0; i < value.size(); ++i) difference |= found->second.data()[i] ^ value[i];
-  return difference == 0;
+  return found != metadata.end() &&
+         ShowsSecret(absl::string_view(found->second.data(), found->second.size()), value);
 }
 
 }  // namespace
+
+bool ShowsSecret(absl::string_view shown, absl::string_view secret) {
+  if (shown.size() != secret.size()) return false;
+  uint8_t difference = 0;
+  for (size_t i = 0; i < secret.size(); ++i) difference |= shown[i] ^ secret[i];
+  return difference == 0;
+}
 
 absl::Status CheckJobSecret(const grpc::ServerContextBase& context, absl::string_view secret) {
   if (Carries(context, kJobSecretMetadata, secret)) return absl::OkStatus();

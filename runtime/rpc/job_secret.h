@@ -55,6 +55,10 @@ void AttachJobSecret(grpc::ClientContext* context, absl::string_view secret);
 // The comparison takes the same time wherever the values differ.
 absl::Status CheckJobSecret(const grpc::ServerContextBase& context, absl::string_view secret);
 
+// ShowsSecret: whether `shown` is `secret` (a peer's answer on a socket that
+// is not gRPC), compared in the same time wherever they differ.
+bool ShowsSecret(absl::string_view shown, absl::string_view secret);
+
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_RPC_JOB_SECRET_H_

@@ -45,7 +45,7 @@
 
 namespace dray {
 
-class RawBidiCall final : public SessionReader, public SessionWriter {
+class RawBidiCall final : public ClientSession {
  public:
   // Metadata: (key, value) pairs sent with the call.
   using Metadata = std::vector<std::pair<std::string, std::string>>;
@@ -64,14 +64,9 @@ class RawBidiCall final : public SessionReader, public SessionWriter {
   bool Read(grpc::ByteBuffer* frame) override;
   bool Write(const grpc::ByteBuffer& frame) override;
 
-  // Cancel breaks the stream: a pending read fails, and so do later ones.
-  void Cancel() { context_.TryCancel(); }
-
-  // Finish ends the call once reads are over (a Read failed, or the reading
-  // thread stopped) and returns how the server ended it (OK when it did, or
-  // the cancellation); later calls return the same. Call it from the
-  // reading thread, or after it stopped.
-  absl::Status Finish();
+  void Cancel() override { context_.TryCancel(); }
+  // Finish also ends the call; later calls return the same.
+  absl::Status Finish() override;
 
  private:
   explicit RawBidiCall(const std::shared_ptr<grpc::Channel>& channel);

@@ -5,7 +5,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,10 +15,11 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
+#include "runtime/rpc/abstract_socket.h"
+#include "runtime/rpc/job_secret.h"
 
 namespace dray {
 namespace {
@@ -27,45 +27,8 @@ namespace {
 constexpr int kHandshakeTimeoutMs = 5000;
 constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
 
-// Fd: a descriptor, closed with its owner.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { Reset(); }
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release() { return std::exchange(fd_, -1); }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 absl::Status Errno(absl::string_view what) {
-  return absl::UnavailableError(absl::StrCat("segment passage: ", what, ": ", strerror(errno)));
-}
-
-// AbstractAddress: `name` in Linux's abstract socket namespace.
-sockaddr_un AbstractAddress(const std::string& name, socklen_t* length) {
-  sockaddr_un address = {};
-  address.sun_family = AF_UNIX;
-  const size_t size = std::min(name.size(), sizeof(address.sun_path) - 1);
-  std::memcpy(address.sun_path + 1, name.data(), size);  // sun_path[0] == 0: abstract
-  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + size);
-  return address;
+  return SocketError(absl::StrCat("segment passage: ", what));
 }
 
 // DescriptorMessage: a segment's number with room for its descriptor
@@ -142,14 +105,11 @@ class SegmentPassage::Impl {
   }
 
   absl::Status Listen() {
-    listener_ = Fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!listener_.valid()) return Errno("socket");
-    socklen_t length = 0;
-    const sockaddr_un address = AbstractAddress(address_, &length);
-    if (bind(listener_.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
-      return Errno(absl::StrCat("binding ", address_));
+    absl::StatusOr<Fd> listener = ListenAbstract(address_, SOCK_SEQPACKET);
+    if (!listener.ok()) {
+      return absl::UnavailableError(absl::StrCat("segment passage: ", listener.status().message()));
     }
-    if (listen(listener_.get(), 4) != 0) return Errno("listen");
+    listener_ = std::move(listener).value();
     thread_ = std::thread([this] {
       if (AcceptPeer()) ReadSegments();
     });
@@ -157,20 +117,17 @@ class SegmentPassage::Impl {
   }
 
   absl::Status Connect() {
-    Fd peer(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!peer.valid()) return Errno("socket");
-    socklen_t length = 0;
-    const sockaddr_un address = AbstractAddress(address_, &length);
-    if (connect(peer.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
-      return Errno(absl::StrCat("connecting to ", address_));
+    absl::StatusOr<Fd> peer = ConnectAbstract(address_, SOCK_SEQPACKET);
+    if (!peer.ok()) {
+      return absl::UnavailableError(absl::StrCat("segment passage: ", peer.status().message()));
     }
-    if (send(peer.get(), secret_.data(), secret_.size(), MSG_NOSIGNAL) !=
+    if (send(peer->get(), secret_.data(), secret_.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(secret_.size())) {
       return Errno("showing the job secret");
     }
     {
       absl::MutexLock lock(&mu_);
-      peer_ = std::move(peer);
+      peer_ = std::move(peer).value();
     }
     thread_ = std::thread([this] { ReadSegments(); });
     return absl::OkStatus();
@@ -274,9 +231,7 @@ class SegmentPassage::Impl {
     if (recv(peer, shown.data(), shown.size(), 0) != static_cast<ssize_t>(secret_.size())) {
       return false;
     }
-    unsigned char differ = 0;
-    for (size_t i = 0; i < secret_.size(); ++i) differ |= shown[i] ^ secret_[i];
-    return differ == 0;
+    return dray::ShowsSecret(absl::string_view(shown.data(), secret_.size()), secret_);
   }
 
   // ReadSegments files every segment the peer passes until it goes away.
@@ -317,10 +272,7 @@ class SegmentPassage::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<SegmentPassage>> SegmentPassage::Listen(std::string job_secret) {
-  absl::BitGen random;
-  auto impl = std::make_unique<Impl>(
-      absl::StrCat("dray-segments-", getpid(), "-", absl::Hex(absl::Uniform<uint64_t>(random))),
-      std::move(job_secret));
+  auto impl = std::make_unique<Impl>(NewAbstractName("dray-segments"), std::move(job_secret));
   DRAY_RETURN_IF_ERROR(impl->Listen());
   return std::unique_ptr<SegmentPassage>(new SegmentPassage(std::move(impl)));
 }

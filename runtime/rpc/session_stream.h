@@ -65,6 +65,18 @@ class SessionWriter {
   virtual bool Write(const grpc::ByteBuffer& frame) = 0;
 };
 
+// ClientSession: the controller's end of a session, over gRPC (RawBidiCall)
+// or a socket of the node (SocketSession).
+class ClientSession : public SessionReader, public SessionWriter {
+ public:
+  // Cancel breaks the session: a pending read fails, and so do later ones.
+  virtual void Cancel() = 0;
+  // Finish returns how the worker ended the session (OK when it did, or the
+  // cancellation) once reads are over: call it from the reading thread, or
+  // after it stopped.
+  virtual absl::Status Finish() = 0;
+};
+
 // Received: a message read from a session, and the payload of its DataProto
 // (empty when it has none), which FromWire(message, payload) decodes.
 template <typename Header>

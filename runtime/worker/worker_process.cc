@@ -12,10 +12,10 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
-#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -26,6 +26,7 @@
 #include "runtime/rpc/host_address.h"
 #include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/segment_passage.h"
+#include "runtime/rpc/socket_session.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 
@@ -158,12 +159,6 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
   DRAY_ASSIGN_OR_RETURN(const std::string bind_address, ResolveIPv4(options.host));
   int port = 0;
   builder.AddListeningPort(absl::StrCat(bind_address, ":0"), DrayServerCredentials(), &port);
-  // The controller's calls from this node come through a unix socket: no
-  // TCP stack, no TLS. Abstract: nothing to remove, gone with the process.
-  absl::BitGen random;
-  const std::string local_address = absl::StrCat("unix-abstract:dray-worker-", getpid(), "-",
-                                                 absl::Hex(absl::Uniform<uint64_t>(random)));
-  builder.AddListeningPort(local_address, SameNodeServerCredentials());
   builder.RegisterService(service);
   grpc::ServerCompletionQueue* sessions = builder.AddCompletionQueue().release();
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -171,6 +166,15 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.host));
   }
   std::thread([service, sessions] { service->AcceptSessions(sessions); }).detach();
+  // A controller of this node calls through a unix socket instead, without
+  // gRPC, TCP or TLS (socket_session.h). It too lives until the process exits.
+  DRAY_ASSIGN_OR_RETURN(
+      std::unique_ptr<SessionListener> local_sessions,
+      SessionListener::Listen(
+          job_secret, [service](std::unique_ptr<SocketSession> session, bool shared_memory) {
+            service->ServeSession(std::move(session), shared_memory);
+          }));
+  const std::string local_address = local_sessions.release()->address();
   StopOnSignals(&stop);
 
   std::shared_ptr<v1::ControllerService::Stub> controller =
@@ -194,6 +198,9 @@ absl::Status RunWorkerProcess(const WorkerClassRegistry& classes,
 }
 
 int WorkerMain(const WorkerClassRegistry& classes, int argc, char** argv) {
+  // Debian's Abseil checks every Mutex lock for deadlock cycles, which costs
+  // a global graph lookup per lock (a quarter of a small call's time).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   KeepFreedMemoryForReuse();
   absl::StatusOr<WorkerProcessOptions> options =
       ParseWorkerProcessFlags(std::vector<std::string>(argv + 1, argv + argc));

@@ -92,8 +92,8 @@ void WorkerServiceImpl::AcceptSessions(grpc::ServerCompletionQueue* queue) {
     std::thread([this, call = std::move(call)]() mutable {
       const absl::Status allowed = CheckJobSecret(call->context, job_secret_);
       const bool shared_memory = call->context.client_metadata().count(kSharedMemoryMetadata) > 0;
-      call->Finish(allowed.ok() ? RunSession(call.get(), call.get(), shared_memory)
-                                : ToGrpcStatus(allowed));
+      call->Finish(
+          ToGrpcStatus(allowed.ok() ? RunSession(call.get(), call.get(), shared_memory) : allowed));
       call.reset();
       absl::MutexLock lock(&mu_);
       --running_sessions_;
@@ -111,6 +111,31 @@ void WorkerServiceImpl::StopSessions(grpc::Server* server, grpc::ServerCompletio
   }
   server->Shutdown(absl::ToChronoTime(deadline));
   queue->Shutdown();
+  absl::MutexLock lock(&accept_mu_);
+  for (SocketSession* session : socket_sessions_) session->Cancel();
+}
+
+void WorkerServiceImpl::ServeSession(std::unique_ptr<SocketSession> session, bool shared_memory) {
+  {
+    absl::MutexLock lock(&accept_mu_);
+    if (stopping_) {
+      session->End(absl::UnavailableError("the worker is shutting down"));
+      return;
+    }
+    socket_sessions_.insert(session.get());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++running_sessions_;
+  }
+  session->End(RunSession(session.get(), session.get(), shared_memory));
+  {
+    absl::MutexLock lock(&accept_mu_);
+    socket_sessions_.erase(session.get());
+  }
+  session.reset();  // sends what is queued, the end included
+  absl::MutexLock lock(&mu_);
+  --running_sessions_;
 }
 
 void WorkerServiceImpl::WaitForSessions() {
@@ -184,13 +209,13 @@ grpc::Status WorkerServiceImpl::Call(grpc::ServerContext* context, const v1::Cal
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter* writer,
+absl::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter* writer,
                                            bool shared_memory) {
   while (true) {
     absl::StatusOr<std::optional<Received<v1::CallRequest>>> request =
         ReadCallRequest(reader, segments_);
-    if (!request.ok()) return ToGrpcStatus(request.status());
-    if (!request->has_value()) return grpc::Status::OK;  // the controller closed the session
+    if (!request.ok()) return request.status();
+    if (!request->has_value()) return absl::OkStatus();  // the controller closed the session
     ScatteredPayload payload;
     const uint64_t call_id = (*request)->header.call_id();
     v1::CallResponse response =
@@ -207,7 +232,7 @@ grpc::Status WorkerServiceImpl::RunSession(SessionReader* reader, SessionWriter*
     request->reset();  // the input's payload (a segment, say) is no longer needed
     if (!WriteCallResponse(writer, std::move(response), payload,
                            shared_memory ? segments_ : nullptr)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "session: the controller went away");
+      return absl::CancelledError("session: the controller went away");
     }
   }
 }

@@ -1,8 +1,9 @@
 // WorkerServiceImpl: the gRPC glue of dray.v1.WorkerService in a worker
 // process. It decodes calls, hands them to a WorkerHost and encodes results;
 // the Session stream runs calls in arrival order and streams payloads of any
-// size, on raw byte buffers (session_stream.h); Cancel asks a session's call
-// to stop early. Kept apart from WorkerHost so
+// size, on raw byte buffers (session_stream.h), over gRPC or, from a
+// controller of this node, a SocketSession (ServeSession); Cancel asks a
+// session's call to stop early. Kept apart from WorkerHost so
 // heavy gRPC headers stay out of worker code.
 //
 // Session is served on gRPC's asynchronous API as a raw method (generated
@@ -28,6 +29,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 
 #include <grpcpp/server.h>
@@ -36,6 +39,7 @@
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/session_stream.h"
+#include "runtime/rpc/socket_session.h"
 #include "runtime/worker/worker_host.h"
 
 namespace dray {
@@ -66,9 +70,13 @@ class WorkerServiceImpl final
   // the server and then the queue were shut down.
   void AcceptSessions(grpc::ServerCompletionQueue* queue);
 
+  // ServeSession runs the calls of a SocketSession from this node (a
+  // SessionListener's handler) on the caller's thread, and ends it.
+  void ServeSession(std::unique_ptr<SocketSession> session, bool shared_memory);
+
   // StopSessions shuts `server` down (calls still running at `deadline` are
-  // cancelled), then `queue`, so that AcceptSessions returns; no session is
-  // requested once it has begun.
+  // cancelled), then `queue`, so that AcceptSessions returns, and breaks
+  // every SocketSession; no session starts once it has begun.
   void StopSessions(grpc::Server* server, grpc::ServerCompletionQueue* queue, absl::Time deadline);
 
   // WaitForSessions returns once every session thread has ended (after the
@@ -79,7 +87,7 @@ class WorkerServiceImpl final
   // RunSession runs the calls of one Session stream in arrival order;
   // `shared_memory`: its client holds segments_, which then carries large
   // results.
-  grpc::Status RunSession(SessionReader* reader, SessionWriter* writer, bool shared_memory);
+  absl::Status RunSession(SessionReader* reader, SessionWriter* writer, bool shared_memory);
 
   // Run executes `request` on its input's payload `input` and returns the
   // response with the result's payload detached into `*payload`; the
@@ -104,9 +112,11 @@ class WorkerServiceImpl final
   // finished one (session call ids increase).
   std::map<uint64_t, absl::Status> cancelled_ ABSL_GUARDED_BY(mu_);
   uint64_t finished_ ABSL_GUARDED_BY(mu_) = 0;
-  // Held while a session is requested: gRPC refuses requests after shutdown.
+  // Held while a session is requested (gRPC refuses requests after
+  // shutdown), and while a SocketSession starts or ends.
   absl::Mutex accept_mu_;
   bool stopping_ ABSL_GUARDED_BY(accept_mu_) = false;
+  std::set<SocketSession*> socket_sessions_ ABSL_GUARDED_BY(accept_mu_);
 };
 
 }  // namespace dray

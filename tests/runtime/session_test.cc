@@ -1,6 +1,7 @@
-// The Session stream end to end inside one process: a WorkerClient talking
-// to a WorkerServiceImpl over real gRPC on loopback, without worker
-// processes (so failures can be staged exactly).
+// The session end to end inside one process: a WorkerClient talking to a
+// WorkerServiceImpl over real gRPC on loopback, and over a SocketSession as
+// to a worker of its node, without worker processes (so failures can be
+// staged exactly).
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -19,6 +20,7 @@
 #include "runtime/controller/worker_client.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/job_secret.h"
+#include "runtime/rpc/socket_session.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 
@@ -72,18 +74,28 @@ class InProcessWorker {
     sessions_ = builder.AddCompletionQueue();
     server_ = builder.BuildAndStart();
     acceptor_ = std::thread([this] { service_->AcceptSessions(sessions_.get()); });
+    local_sessions_ =
+        SessionListener::Listen(kSecret, [service = service_.get()](
+                                             std::unique_ptr<SocketSession> session, bool shared) {
+          service->ServeSession(std::move(session), shared);
+        }).value();
   }
   ~InProcessWorker() { Stop(); }
 
   // Stop shuts the server down (open sessions break) and waits for it.
   void Stop() {
     if (server_ == nullptr) return;
+    local_sessions_.reset();
     service_->StopSessions(server_.get(), sessions_.get(), absl::Now());
     acceptor_.join();
     service_->WaitForSessions();  // a running method must return first
     server_.reset();
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  // endpoint: the gRPC port, and the session socket when `local`.
+  WorkerEndpoint endpoint(bool local) const {
+    return {address(), local ? local_sessions_->address() : ""};
+  }
 
  private:
   int port_ = 0;
@@ -92,7 +104,11 @@ class InProcessWorker {
   std::unique_ptr<grpc::ServerCompletionQueue> sessions_;
   std::unique_ptr<grpc::Server> server_;
   std::thread acceptor_;
+  std::unique_ptr<SessionListener> local_sessions_;
 };
+
+// Every test runs over gRPC (false) and over a SocketSession (true).
+class SessionTest : public ::testing::TestWithParam<bool> {};
 
 std::shared_ptr<const EncodedInput> Seq(int64_t seq) {
   return EncodeInput(DataProto::Make({}, {}, {{"seq", seq}}).value()).value();
@@ -100,9 +116,9 @@ std::shared_ptr<const EncodedInput> Seq(int64_t seq) {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 
-TEST(SessionTest, CallsRunInSubmissionOrderWithProgressBeforeEachResult) {
+TEST_P(SessionTest, CallsRunInSubmissionOrderWithProgressBeforeEachResult) {
   InProcessWorker worker;
-  WorkerClient client(0, worker.address(), kSecret, nullptr);
+  WorkerClient client(0, worker.endpoint(GetParam()), kSecret, nullptr);
   DRAY_ASSERT_OK(client.Open());
   absl::Mutex mu;
   std::vector<std::string> events;
@@ -131,11 +147,11 @@ TEST(SessionTest, CallsRunInSubmissionOrderWithProgressBeforeEachResult) {
   }
 }
 
-TEST(SessionTest, APassedDeadlineFailsTheCallAndTheSessionServesOn) {
+TEST_P(SessionTest, APassedDeadlineFailsTheCallAndTheSessionServesOn) {
   InProcessWorker worker;
   absl::Notification gate;
   Recorder::gate = &gate;
-  WorkerClient client(0, worker.address(), kSecret, nullptr);
+  WorkerClient client(0, worker.endpoint(GetParam()), kSecret, nullptr);
   DRAY_ASSERT_OK(client.Open());
   CallFuture held =
       client.Submit("", "hold", Seq(0), absl::Now() + absl::Milliseconds(50), nullptr);
@@ -146,12 +162,13 @@ TEST(SessionTest, APassedDeadlineFailsTheCallAndTheSessionServesOn) {
   DRAY_EXPECT_OK(client.Submit("", "append", Seq(1), Soon(), nullptr)->Wait().status());
 }
 
-TEST(SessionTest, AServerThatGoesAwayFailsPendingAndLaterCalls) {
+TEST_P(SessionTest, AServerThatGoesAwayFailsPendingAndLaterCalls) {
   auto worker = std::make_unique<InProcessWorker>();
   absl::Notification gate;
   Recorder::gate = &gate;
   absl::Notification lost;
-  WorkerClient client(0, worker->address(), kSecret, [&](absl::Status) { lost.Notify(); });
+  WorkerClient client(0, worker->endpoint(GetParam()), kSecret,
+                      [&](absl::Status) { lost.Notify(); });
   DRAY_ASSERT_OK(client.Open());
   CallFuture pending = client.Submit("", "hold", Seq(0), Soon(), nullptr);
   std::thread stopper([&] { worker->Stop(); });
@@ -164,12 +181,14 @@ TEST(SessionTest, AServerThatGoesAwayFailsPendingAndLaterCalls) {
   stopper.join();
 }
 
-TEST(SessionTest, CallsWithoutTheJobSecretAreUnauthenticated) {
+TEST_P(SessionTest, CallsWithoutTheJobSecretAreUnauthenticated) {
   InProcessWorker worker;
-  WorkerClient stranger(0, worker.address(), "a guess", nullptr);
-  DRAY_ASSERT_OK(stranger.Open());
-  EXPECT_THAT(stranger.Submit("", "append", Seq(0), Soon(), nullptr)->Wait(),
-              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job's secret")));
+  // A socket session is refused when it opens, a gRPC one at its first call.
+  WorkerClient stranger(0, worker.endpoint(GetParam()), "a guess", nullptr);
+  absl::Status refused = stranger.Open();
+  if (refused.ok())
+    refused = stranger.Submit("", "append", Seq(0), Soon(), nullptr)->Wait().status();
+  EXPECT_THAT(refused, StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("job's secret")));
   auto stub = v1::WorkerService::NewStub(CreateDrayChannel(worker.address()));
   for (const std::string& secret : {std::string(), std::string("a guess")}) {
     grpc::ClientContext describe, shutdown;
@@ -185,10 +204,15 @@ TEST(SessionTest, CallsWithoutTheJobSecretAreUnauthenticated) {
               grpc::StatusCode::UNAUTHENTICATED);
   }
   // The rightful client is served.
-  WorkerClient client(0, worker.address(), kSecret, nullptr);
+  WorkerClient client(0, worker.endpoint(GetParam()), kSecret, nullptr);
   DRAY_ASSERT_OK(client.Open());
   DRAY_EXPECT_OK(client.Submit("", "append", Seq(1), Soon(), nullptr)->Wait().status());
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, SessionTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SocketSession" : "Grpc";
+                         });
 
 }  // namespace
 }  // namespace dray
