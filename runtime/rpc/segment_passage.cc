@@ -13,6 +13,7 @@
 #include <map>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,13 @@ namespace dray {
 namespace {
 
 constexpr int kHandshakeTimeoutMs = 5000;
-constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+// A segment's size is sealed, so that no reader can ever fault on a page
+// that went away; its bytes are not: its writer reuses it once every reader
+// let it go.
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+// The pool keeps at most this many free segments, of this much in all.
+constexpr size_t kPoolSegments = 16;
+constexpr uint64_t kPoolBytes = uint64_t{1} << 30;
 
 absl::Status Errno(absl::string_view what) {
   return SocketError(absl::StrCat("segment passage: ", what));
@@ -49,18 +56,78 @@ struct DescriptorMessage {
   msghdr header = {};
 };
 
-// Mapping: a read-only mapping of a segment, unmapped with its last alias.
+// Peer: the passage's connection, which a mapping outliving the passage
+// must not use.
+struct Peer {
+  Fd socket;
+};
+
+// Mapping: a read-only mapping of a received segment, unmapped with its
+// last alias; the sender then hears that its segment is free.
 struct Mapping {
   void* address = nullptr;
   size_t size = 0;
+  std::weak_ptr<Peer> sender;
+  uint64_t number = 0;
   ~Mapping() {
     if (address != nullptr) munmap(address, size);
+    // A message without a descriptor releases `number`. If the socket is
+    // full, the sender keeps the segment until the passage closes.
+    if (std::shared_ptr<Peer> peer = sender.lock()) {
+      send(peer->socket.get(), &number, sizeof(number), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
   }
 };
 
-}  // namespace
+// SegmentPool: this process's written segments whose readers all let them
+// go, pages still in memory: copying into them costs a memcpy, while a
+// fresh segment costs as much again for its pages.
+class SegmentPool {
+ public:
+  static SegmentPool& Global() {
+    static SegmentPool* pool = new SegmentPool;
+    return *pool;
+  }
 
-absl::StatusOr<std::shared_ptr<const Segment>> Segment::Write(const ScatteredPayload& payload) {
+  // Take returns a free segment of at least `size` bytes (and not over
+  // twice as many), or null.
+  std::unique_ptr<Segment::Memory> Take(uint64_t size) {
+    absl::MutexLock lock(&mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if ((*it)->capacity < size || (*it)->capacity > 2 * size) continue;
+      std::unique_ptr<Segment::Memory> memory = std::move(*it);
+      free_.erase(it);
+      free_bytes_ -= memory->capacity;
+      return memory;
+    }
+    return nullptr;
+  }
+
+  // Give keeps `memory` for a later payload, within the pool's bounds.
+  void Give(std::unique_ptr<Segment::Memory> memory) {
+    absl::MutexLock lock(&mu_);
+    if (free_.size() == kPoolSegments || free_bytes_ + memory->capacity > kPoolBytes) return;
+    free_bytes_ += memory->capacity;
+    free_.push_back(std::move(memory));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Segment::Memory>> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Copy writes `payload`'s pieces to `to`.
+void Copy(const ScatteredPayload& payload, char* to) {
+  for (const Bytes& piece : payload.pieces) {
+    std::memcpy(to, piece.data(), piece.size());
+    to += piece.size();
+  }
+}
+
+// WriteFresh writes `payload` into a new memfd with pwrite (faster than
+// faulting its pages in through a mapping).
+absl::StatusOr<Fd> WriteFresh(const ScatteredPayload& payload) {
   Fd segment(memfd_create("dray-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!segment.valid()) return Errno("memfd_create");
   if (ftruncate(segment.get(), static_cast<off_t>(payload.size)) != 0) return Errno("ftruncate");
@@ -75,11 +142,43 @@ absl::StatusOr<std::shared_ptr<const Segment>> Segment::Write(const ScatteredPay
     }
     offset += static_cast<off_t>(piece.size());
   }
-  if (fcntl(segment.get(), F_ADD_SEALS, kSeals) != 0) return Errno("sealing a segment");
-  return std::shared_ptr<const Segment>(new Segment(segment.Release(), payload.size));
+  if (fcntl(segment.get(), F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    return Errno("sealing a segment");
+  }
+  return segment;
 }
 
-Segment::~Segment() { close(fd_); }
+}  // namespace
+
+Segment::Memory::~Memory() {
+  if (writable != nullptr) munmap(writable, capacity);
+}
+
+absl::StatusOr<std::shared_ptr<const Segment>> Segment::Write(const ScatteredPayload& payload) {
+  std::unique_ptr<Memory> memory = SegmentPool::Global().Take(payload.size);
+  if (memory != nullptr && memory->writable == nullptr && memory->capacity > 0) {
+    void* address =
+        mmap(nullptr, memory->capacity, PROT_READ | PROT_WRITE, MAP_SHARED, memory->fd.get(), 0);
+    if (address == MAP_FAILED) return Errno("mapping a segment to write");
+    memory->writable = address;
+  }
+  if (memory != nullptr) {
+    Copy(payload, static_cast<char*>(memory->writable));
+  } else {
+    DRAY_ASSIGN_OR_RETURN(Fd fd, WriteFresh(payload));
+    memory = std::make_unique<Memory>();
+    memory->fd = std::move(fd);
+    memory->capacity = payload.size;
+  }
+  return std::shared_ptr<const Segment>(new Segment(std::move(memory), payload.size));
+}
+
+Segment::Segment(std::unique_ptr<Memory> memory, uint64_t size)
+    : memory_(std::move(memory)), size_(size) {}
+
+Segment::~Segment() { SegmentPool::Global().Give(std::move(memory_)); }
+
+int Segment::fd() const { return memory_->fd.get(); }
 
 absl::StatusOr<std::shared_ptr<const Segment>> SharedSegment::Get(const ScatteredPayload& payload) {
   absl::MutexLock lock(&mu_);
@@ -98,8 +197,8 @@ class SegmentPassage::Impl {
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
-      if (listener_.valid()) shutdown(listener_.get(), SHUT_RDWR);  // wakes accept
-      if (peer_.valid()) shutdown(peer_.get(), SHUT_RDWR);          // wakes recvmsg
+      if (listener_.valid()) shutdown(listener_.get(), SHUT_RDWR);     // wakes accept
+      if (peer_ != nullptr) shutdown(peer_->socket.get(), SHUT_RDWR);  // wakes recvmsg
     }
     if (thread_.joinable()) thread_.join();
   }
@@ -127,7 +226,7 @@ class SegmentPassage::Impl {
     }
     {
       absl::MutexLock lock(&mu_);
-      peer_ = std::move(peer).value();
+      peer_ = std::make_shared<Peer>(Peer{std::move(peer).value()});
     }
     thread_ = std::thread([this] { ReadSegments(); });
     return absl::OkStatus();
@@ -137,17 +236,17 @@ class SegmentPassage::Impl {
 
   bool connected() const {
     absl::MutexLock lock(&mu_);
-    return peer_.valid() && !closed_;
+    return peer_ != nullptr && !closed_;
   }
 
-  absl::StatusOr<uint64_t> Send(const Segment& segment) {
+  absl::StatusOr<uint64_t> Send(std::shared_ptr<const Segment> segment) {
     absl::MutexLock lock(&send_mu_);
     const uint64_t number = next_number_++;
     int peer;
     {
       absl::MutexLock state(&mu_);
-      if (!peer_.valid()) return absl::FailedPreconditionError("segment passage: no peer yet");
-      peer = peer_.get();
+      if (peer_ == nullptr) return absl::FailedPreconditionError("segment passage: no peer yet");
+      peer = peer_->socket.get();
     }
     DescriptorMessage message;
     message.number = number;
@@ -155,12 +254,14 @@ class SegmentPassage::Impl {
     rights->cmsg_level = SOL_SOCKET;
     rights->cmsg_type = SCM_RIGHTS;
     rights->cmsg_len = CMSG_LEN(sizeof(int));
-    const int fd = segment.fd();
+    const int fd = segment->fd();
     std::memcpy(CMSG_DATA(rights), &fd, sizeof(fd));
     if (sendmsg(peer, &message.header, MSG_NOSIGNAL) != sizeof(number)) {
       return Errno("passing a segment");
     }
-    return number;  // the peer holds its own descriptor now
+    absl::MutexLock state(&mu_);
+    if (!closed_) in_use_[number] = std::move(segment);  // until the peer lets it go
+    return number;
   }
 
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size, absl::Duration timeout) {
@@ -183,12 +284,17 @@ class SegmentPassage::Impl {
     struct stat file = {};
     if (fstat(segment.get(), &file) != 0) return Errno("fstat");
     if (static_cast<uint64_t>(file.st_size) < size ||
-        (fcntl(segment.get(), F_GET_SEALS) & kSeals) != kSeals) {
+        (fcntl(segment.get(), F_GET_SEALS) & kSizeSeals) != kSizeSeals) {
       return absl::InvalidArgumentError(absl::StrCat("segment passage: segment ", number, " has ",
                                                      file.st_size, " sealed bytes, not ", size));
     }
-    if (size == 0) return Bytes();
     auto mapping = std::make_shared<Mapping>();
+    {
+      absl::MutexLock lock(&mu_);
+      mapping->sender = peer_;
+    }
+    mapping->number = number;
+    if (size == 0) return Bytes();  // released at once, with `mapping`
     void* address = mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, segment.get(), 0);
     if (address == MAP_FAILED) return Errno("mapping a segment");
     mapping->address = address;
@@ -211,7 +317,7 @@ class SegmentPassage::Impl {
       absl::MutexLock lock(&mu_);
       if (stopping_) return false;
       if (shown) {
-        peer_ = std::move(peer);
+        peer_ = std::make_shared<Peer>(Peer{std::move(peer)});
         listener_.Reset();  // one peer only
         return true;
       }
@@ -234,12 +340,13 @@ class SegmentPassage::Impl {
     return dray::ShowsSecret(absl::string_view(shown.data(), secret_.size()), secret_);
   }
 
-  // ReadSegments files every segment the peer passes until it goes away.
+  // ReadSegments files every segment the peer passes, and lets go of each
+  // segment the peer is done with, until it goes away.
   void ReadSegments() {
     int peer;
     {
       absl::MutexLock lock(&mu_);
-      peer = peer_.get();
+      peer = peer_->socket.get();
     }
     while (true) {
       DescriptorMessage message;
@@ -247,9 +354,19 @@ class SegmentPassage::Impl {
       if (n < 0 && errno == EINTR) continue;
       const cmsghdr* rights =
           n == sizeof(message.number) ? CMSG_FIRSTHDR(&message.header) : nullptr;
+      std::shared_ptr<const Segment> released;  // let go outside the lock
       absl::MutexLock lock(&mu_);
+      if (n == sizeof(message.number) && rights == nullptr) {
+        auto found = in_use_.find(message.number);
+        if (found != in_use_.end()) {
+          released = std::move(found->second);
+          in_use_.erase(found);
+        }
+        continue;
+      }
       if (rights == nullptr || rights->cmsg_type != SCM_RIGHTS) {
-        closed_ = true;  // the peer went away (or broke the protocol)
+        closed_ = true;   // the peer went away (or broke the protocol): its
+        in_use_.clear();  // mappings are gone
         return;
       }
       int fd = -1;
@@ -265,10 +382,12 @@ class SegmentPassage::Impl {
   uint64_t next_number_ ABSL_GUARDED_BY(send_mu_) = 1;
   mutable absl::Mutex mu_;
   Fd listener_ ABSL_GUARDED_BY(mu_);
-  Fd peer_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Peer> peer_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, Fd> segments_ ABSL_GUARDED_BY(mu_);  // arrived, not yet received
+  // Sent, until the peer lets them go.
+  std::map<uint64_t, std::shared_ptr<const Segment>> in_use_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<SegmentPassage>> SegmentPassage::Listen(std::string job_secret) {
@@ -289,8 +408,8 @@ SegmentPassage::~SegmentPassage() = default;
 
 const std::string& SegmentPassage::address() const { return impl_->address(); }
 bool SegmentPassage::connected() const { return impl_->connected(); }
-absl::StatusOr<uint64_t> SegmentPassage::Send(const Segment& segment) {
-  return impl_->Send(segment);
+absl::StatusOr<uint64_t> SegmentPassage::Send(std::shared_ptr<const Segment> segment) {
+  return impl_->Send(std::move(segment));
 }
 absl::StatusOr<Bytes> SegmentPassage::Receive(uint64_t number, uint64_t size,
                                               absl::Duration timeout) {

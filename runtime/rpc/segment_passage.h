@@ -1,14 +1,17 @@
 // SegmentPassage: large payloads between a controller and a worker of one
 // node through shared memory instead of the Session stream.
 //
-// The sender copies a payload once into a fresh memfd (an anonymous
-// shared-memory file), seals it against any change, and passes its
-// descriptor over a unix socket (SCM_RIGHTS) under a number; the Session
-// frame names only the number (DataProto.shared_segment) and the size. The
-// receiver maps the file read-only and decodes in place: its tensors alias
-// the mapping. The kernel frees a segment when its last descriptor and
-// mapping are gone, so nothing outlives the processes, whichever dies and
-// however (SIGKILL included), and no file in /dev/shm ever names a segment.
+// The sender copies a payload once into a memfd (an anonymous shared-memory
+// file) whose size is sealed, and passes its descriptor over a unix socket
+// (SCM_RIGHTS) under a number; the Session frame names only the number
+// (DataProto.shared_segment) and the size. The receiver maps the file
+// read-only and decodes in place: its tensors alias the mapping. When the
+// mapping's last alias goes, the receiver tells the sender, whose process
+// keeps the segment in a pool and copies a later payload into the same
+// pages (a fresh segment's pages cost as much as the copy). The kernel frees
+// a segment when its last descriptor and mapping are gone, so nothing
+// outlives the processes, whichever dies and however (SIGKILL included), and
+// no file in /dev/shm ever names a segment.
 //
 // The socket is abstract (no file, gone with the process); any process of
 // the node can connect to it, so the connecting side must show the job
@@ -20,7 +23,7 @@
 //   // controller, on the same node:
 //   DRAY_ASSIGN_OR_RETURN(auto passage, SegmentPassage::Connect(address, job_secret));
 //   DRAY_ASSIGN_OR_RETURN(auto segment, Segment::Write(payload));
-//   DRAY_ASSIGN_OR_RETURN(uint64_t number, passage->Send(*segment));  // name it in the frame
+//   DRAY_ASSIGN_OR_RETURN(uint64_t number, passage->Send(segment));  // name it in the frame
 //   // worker, on reading the frame:
 //   DRAY_ASSIGN_OR_RETURN(Bytes payload, passage->Receive(number, size));
 //
@@ -38,27 +41,39 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
+#include "runtime/rpc/abstract_socket.h"
 
 namespace dray {
 
 // Payloads of at least this size take the passage where there is one.
 inline constexpr uint64_t kSharedPayloadBytes = uint64_t{256} << 10;
 
-// Segment: a payload written once into sealed shared memory (a memfd), which
-// any number of passages may pass on: every receiver maps the same pages.
+// Segment: a payload written once into shared memory (a memfd), which any
+// number of passages may pass on: every receiver maps the same pages. It
+// goes back to the process's pool when the last passage's peer let it go.
 class Segment {
  public:
+  // Write copies `payload` into a pooled segment that fits, else a new one.
   static absl::StatusOr<std::shared_ptr<const Segment>> Write(const ScatteredPayload& payload);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
-  int fd() const { return fd_; }
+  int fd() const;
   uint64_t size() const { return size_; }
 
+  // Memory: a memfd of `capacity` bytes, and its writable mapping once it
+  // was reused.
+  struct Memory {
+    ~Memory();
+    Fd fd;
+    uint64_t capacity = 0;
+    void* writable = nullptr;
+  };
+
  private:
-  Segment(int fd, uint64_t size) : fd_(fd), size_(size) {}
-  const int fd_;
+  Segment(std::unique_ptr<Memory> memory, uint64_t size);
+  std::unique_ptr<Memory> memory_;
   const uint64_t size_;
 };
 
@@ -92,13 +107,15 @@ class SegmentPassage {
   // connected: whether a peer is there to Send to.
   bool connected() const;
 
-  // Send passes `segment` to the peer and returns the number it goes by.
-  absl::StatusOr<uint64_t> Send(const Segment& segment);
+  // Send passes `segment` to the peer and returns the number it goes by;
+  // the passage holds the segment until the peer lets it go.
+  absl::StatusOr<uint64_t> Send(std::shared_ptr<const Segment> segment);
 
   // Receive waits up to `timeout` for the peer's segment `number` and maps
-  // its first `size` bytes; the result keeps the mapping alive. UNAVAILABLE
-  // when the peer went away, INVALID_ARGUMENT for a segment that is smaller
-  // than `size` or not sealed.
+  // its first `size` bytes; the result keeps the mapping alive, and the
+  // peer hears when it is gone. UNAVAILABLE when the peer went away,
+  // INVALID_ARGUMENT for a segment that is smaller than `size` or whose
+  // size is not sealed.
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size,
                                 absl::Duration timeout = absl::Seconds(30));
 

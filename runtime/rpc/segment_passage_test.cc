@@ -1,5 +1,7 @@
 #include "runtime/rpc/segment_passage.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 
@@ -37,7 +39,9 @@ int MappedSegments() {
   std::ifstream maps("/proc/self/maps");
   int count = 0;
   for (std::string line; std::getline(maps, line);)
-    count += line.find("dray-payload") != std::string::npos;
+    // Read-only: received (the pool maps its own segments to write).
+    count +=
+        line.find(" r--s ") != std::string::npos && line.find("dray-payload") != std::string::npos;
   return count;
 }
 
@@ -55,7 +59,7 @@ class SegmentPassageTest : public ::testing::Test {
 TEST_F(SegmentPassageTest, PayloadsOfEverySizeArriveWhole) {
   for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{4096}, uint64_t{5} << 20}) {
     const ScatteredPayload sent = Payload(size);
-    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(*Segment::Write(sent).value()));
+    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(Segment::Write(sent).value()));
     DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker_->Receive(number, size));
     EXPECT_TRUE(received.view() == sent.Flatten()) << size << " bytes";
   }
@@ -63,7 +67,7 @@ TEST_F(SegmentPassageTest, PayloadsOfEverySizeArriveWhole) {
 
 TEST_F(SegmentPassageTest, BothWaysAndOverTwoGibibytes) {
   const uint64_t size = (uint64_t{2} << 30) + 4096 + 1;
-  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, worker_->Send(*Segment::Write(Payload(size)).value()));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, worker_->Send(Segment::Write(Payload(size)).value()));
   {
     DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, controller_->Receive(number, size));
     ASSERT_EQ(received.size(), size);
@@ -89,7 +93,7 @@ TEST(SharedSegmentTest, OneSegmentReachesEveryReader) {
     DRAY_ASSERT_OK_AND_ASSIGN(auto listening, SegmentPassage::Listen("job secret"));
     DRAY_ASSERT_OK_AND_ASSIGN(auto sending,
                               SegmentPassage::Connect(listening->address(), "job secret"));
-    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, sending->Send(*first));
+    DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, sending->Send(first));
     DRAY_ASSERT_OK_AND_ASSIGN(Bytes bytes, listening->Receive(number, sent.size));
     received.push_back(std::move(bytes));
   }
@@ -97,11 +101,38 @@ TEST(SharedSegmentTest, OneSegmentReachesEveryReader) {
   EXPECT_TRUE(received[1].view() == received[0].view());
 }
 
+// Inode names a segment's memory.
+ino_t Inode(const Segment& segment) {
+  struct stat file = {};
+  EXPECT_EQ(fstat(segment.fd(), &file), 0);
+  return file.st_ino;
+}
+
+TEST_F(SegmentPassageTest, ASegmentIsReusedOnlyOnceItsReaderLetItGo) {
+  const uint64_t size = 777777;  // a size no other test of this process pools
+  std::shared_ptr<const Segment> first = Segment::Write(Payload(size)).value();
+  const ino_t first_inode = Inode(*first);
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(std::move(first)));
+  DRAY_ASSERT_OK_AND_ASSIGN(Bytes held, worker_->Receive(number, size));
+  std::shared_ptr<const Segment> second = Segment::Write(Payload(size)).value();
+  EXPECT_NE(Inode(*second), first_inode) << "the first is still mapped";
+  held = Bytes();  // the worker lets the first go...
+  // ...and says so before this segment, which the controller thus receives after.
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t back, worker_->Send(Segment::Write(Payload(1)).value()));
+  DRAY_ASSERT_OK(controller_->Receive(back, 1).status());
+  std::shared_ptr<const Segment> third = Segment::Write(Payload(size)).value();
+  EXPECT_EQ(Inode(*third), first_inode) << "its pages are reused";
+  DRAY_ASSERT_OK_AND_ASSIGN(number, controller_->Send(std::move(third)));
+  DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker_->Receive(number, size));
+  EXPECT_TRUE(received.view() == Payload(size).Flatten());
+}
+
 TEST_F(SegmentPassageTest, ASegmentSmallerThanAnnouncedIsRefused) {
+  // A pooled segment may be larger than its payload, never twice as large.
   DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number,
-                            controller_->Send(*Segment::Write(Payload(10)).value()));
-  EXPECT_THAT(worker_->Receive(number, 11),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("10 sealed bytes, not 11")));
+                            controller_->Send(Segment::Write(Payload(12345)).value()));
+  EXPECT_THAT(worker_->Receive(number, 2 * 12345 + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sealed bytes, not 24691")));
 }
 
 TEST_F(SegmentPassageTest, APeerThatGoesAwayFailsWhatWaitsForIt) {
@@ -116,11 +147,11 @@ TEST(SegmentPassageHandshakeTest, OnlyThePeerWithTheSecretIsAccepted) {
   EXPECT_THAT(stranger->Receive(1, 1),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("the peer went away")));
   EXPECT_FALSE(worker->connected());
-  EXPECT_THAT(worker->Send(*Segment::Write(Payload(1)).value()),
+  EXPECT_THAT(worker->Send(Segment::Write(Payload(1)).value()),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   DRAY_ASSERT_OK_AND_ASSIGN(auto controller,
                             SegmentPassage::Connect(worker->address(), "job secret"));
-  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller->Send(*Segment::Write(Payload(3)).value()));
+  DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller->Send(Segment::Write(Payload(3)).value()));
   DRAY_ASSERT_OK_AND_ASSIGN(Bytes received, worker->Receive(number, 3));
   EXPECT_EQ(received.size(), 3u);
 }

@@ -73,7 +73,7 @@ bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* mess
                segments->connected()) {
       absl::StatusOr<std::shared_ptr<const Segment>> segment =
           shared != nullptr ? shared->Get(payload) : Segment::Write(payload);
-      absl::StatusOr<uint64_t> number = segment.ok() ? segments->Send(**segment) : segment.status();
+      absl::StatusOr<uint64_t> number = segment.ok() ? segments->Send(*segment) : segment.status();
       if (number.ok()) {
         message->set_shared_segment(*number);
       } else {

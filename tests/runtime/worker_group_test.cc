@@ -275,12 +275,15 @@ TEST_F(WorkerGroupTest, GlooAllReduceAcrossWorkerProcesses) {
   EXPECT_EQ(again[3].GetTensor("sum").value()[0][2].item<double>(), 10.0);
 }
 
-// MappedSegments counts this process's mappings of shared-memory payloads.
+// MappedSegments counts the shared-memory payloads this process received
+// and still maps.
 int MappedSegments() {
   std::ifstream maps("/proc/self/maps");
   int count = 0;
   for (std::string line; std::getline(maps, line);) {
-    count += line.find("memfd:dray-payload") != std::string::npos;
+    // Read-only: a received segment (the pool maps its own segments to write).
+    count += line.find(" r--s ") != std::string::npos &&
+             line.find("memfd:dray-payload") != std::string::npos;
   }
   return count;
 }
