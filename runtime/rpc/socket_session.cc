@@ -10,7 +10,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
@@ -27,6 +26,7 @@ namespace {
 constexpr uint32_t kEndMark = 0xFFFFFFFF;
 constexpr uint32_t kMaxFrameBytes = uint32_t{1} << 30;
 constexpr uint32_t kMaxHelloBytes = 4096;
+constexpr uint32_t kMaxEndBytes = uint32_t{1} << 20;  // a status and its message
 constexpr size_t kReadBufferBytes = size_t{256} << 10;
 constexpr size_t kMaxSlicesPerSend = 64;
 constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
@@ -134,7 +134,7 @@ void SocketSession::ReadEnd() {
   uint32_t length = 0;
   std::string bytes;
   v1::CallError error;
-  if (ReadExact(&length, sizeof(length)) && length <= kMaxHelloBytes) {
+  if (ReadExact(&length, sizeof(length)) && length <= kMaxEndBytes) {
     bytes.resize(length);
     if (ReadExact(bytes.data(), length) && error.ParseFromString(bytes)) {
       ended_ = absl::Status(static_cast<absl::StatusCode>(error.code()), error.message());
