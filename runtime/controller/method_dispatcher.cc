@@ -1,5 +1,6 @@
 #include "runtime/controller/method_dispatcher.h"
 
+#include <atomic>
 #include <map>
 #include <optional>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "dispatch/dispatch_mode.h"
 
 namespace dray {
@@ -19,6 +21,8 @@ struct GroupFuture::State {
   size_t remaining ABSL_GUARDED_BY(mu) = 0;
   std::optional<absl::Status> first_error ABSL_GUARDED_BY(mu);
   std::optional<absl::StatusOr<std::vector<DataProto>>> result ABSL_GUARDED_BY(mu);
+  // Whether every rank answered or one failed: what Get spins on.
+  std::atomic<bool> settled{false};
 
   // Track counts `call` down when it completes; the first error ends the wait.
   static void Track(const std::shared_ptr<State>& state, const CallFuture& call) {
@@ -31,11 +35,34 @@ struct GroupFuture::State {
       if (!call->Wait().ok() && !self->first_error.has_value()) {
         self->first_error = call->Wait().status();
       }
+      if (self->remaining == 0 || self->first_error.has_value()) {
+        self->settled.store(true, std::memory_order_release);
+      }
     });
+  }
+
+  // SpinBriefly polls `settled` for a few microseconds before Get sleeps: a
+  // small call's answer often comes that soon, and is then seen without a
+  // wake-up, which costs tens of microseconds on a virtualized CPU.
+  void SpinBriefly() const {
+    constexpr absl::Duration kSpin = absl::Microseconds(100);
+    const absl::Time until = absl::Now() + kSpin;
+    while (!settled.load(std::memory_order_acquire) && absl::Now() < until) {
+      for (int i = 0; i < 64; ++i) CpuRelax();
+    }
+  }
+
+  static void CpuRelax() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
   }
 };
 
 absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
+  state_->SpinBriefly();
   absl::MutexLock lock(&state_->mu);
   if (state_->result.has_value()) return *state_->result;
   auto settled = [state = state_.get()]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu) {
@@ -67,6 +94,7 @@ GroupFuture GroupFuture::Failed(absl::Status status) {
   future.state_ = std::make_shared<State>();
   absl::MutexLock lock(&future.state_->mu);
   future.state_->result = std::move(status);
+  future.state_->settled = true;
   return future;
 }
 
@@ -150,6 +178,7 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
   {
     absl::MutexLock lock(&state.mu);
     state.remaining = state.per_rank.size();
+    if (state.remaining == 0) state.settled = true;
   }
   for (const CallFuture& call : state.per_rank) GroupFuture::State::Track(future.state_, call);
   if ((*info)->blocking()) future.Get().IgnoreError();

@@ -108,7 +108,7 @@ CallFuture WorkerClient::Submit(std::string role, std::string method,
     }
     request.set_call_id(next_call_id_++);
     pending_[request.call_id()] = {future, method, deadline, std::move(on_progress)};
-    ++submitted_;
+    if (deadline < watched_until_) watched_until_ = deadline;  // wakes the watchdog
   }
   future->SetCanceller([channel = channel_, secret = job_secret_, call_id = request.call_id()](
                            const absl::Status& why) { SendCancel(channel, secret, call_id, why); });
@@ -217,10 +217,11 @@ void WorkerClient::WatchDeadlines() {
   while (!closing_) {
     absl::Time earliest = absl::InfiniteFuture();
     for (const auto& [call_id, pending] : pending_) earliest = std::min(earliest, pending.deadline);
-    // Wake at the earliest deadline, or when a new call may bring an earlier one.
-    const uint64_t seen = submitted_;
-    auto woken = [this, seen]()
-                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || submitted_ != seen; };
+    // Wake at the earliest deadline, or when a new call brings an earlier one.
+    watched_until_ = earliest;
+    auto woken = [this, earliest]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closing_ || watched_until_ != earliest;
+    };
     mu_.AwaitWithDeadline(absl::Condition(&woken), earliest);
     const absl::Time now = absl::Now();
     std::vector<Pending> expired;

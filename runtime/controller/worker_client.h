@@ -120,7 +120,8 @@ class WorkerClient final : public WorkerConnection {
 
   absl::Mutex mu_;
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t submitted_ ABSL_GUARDED_BY(mu_) = 0;  // wakes the watchdog
+  // The deadline the watchdog waits for; an earlier call's wakes it.
+  absl::Time watched_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;

@@ -109,7 +109,9 @@ ino_t Inode(const Segment& segment) {
 }
 
 TEST_F(SegmentPassageTest, ASegmentIsReusedOnlyOnceItsReaderLetItGo) {
-  const uint64_t size = 777777;  // a size no other test of this process pools
+  // A size no other test of this process pools, large enough to be copied
+  // in parts whose bounds fall inside pieces.
+  const uint64_t size = (uint64_t{9} << 20) + 777;
   std::shared_ptr<const Segment> first = Segment::Write(Payload(size)).value();
   const ino_t first_inode = Inode(*first);
   DRAY_ASSERT_OK_AND_ASSIGN(uint64_t number, controller_->Send(std::move(first)));
