@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -122,16 +123,51 @@ class PayloadBuilder {
   std::vector<Piece> pieces_;
 };
 
-// View returns the bytes `ref` names, or an error when they fall outside the payload.
-absl::StatusOr<absl::string_view> View(const v1::BufferRef& ref, absl::string_view payload,
-                                       absl::string_view where) {
-  if (ref.offset() > payload.size() || ref.size() > payload.size() - ref.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, " needs payload bytes [", ref.offset(),
-                                                   ", +", ref.size(), ") but the payload has ",
-                                                   payload.size(), " bytes (truncated?)"));
+// PayloadView: a payload as the pieces it arrived in, at their offsets (one
+// piece when it is contiguous). Every buffer must lie within one piece.
+class PayloadView {
+ public:
+  explicit PayloadView(const Bytes& payload) : pieces_{{0, payload}}, size_(payload.size()) {}
+  explicit PayloadView(const ScatteredPayload& payload) {
+    for (const Bytes& piece : payload.pieces) {
+      pieces_.push_back({size_, piece});
+      size_ += piece.size();
+    }
   }
-  return absl::string_view(payload.data() + ref.offset(), ref.size());
-}
+
+  uint64_t size() const { return size_; }
+
+  // Slice returns the bytes `ref` names, or an error when they fall outside
+  // the payload or across two of its pieces.
+  absl::StatusOr<Bytes> Slice(const v1::BufferRef& ref, absl::string_view where) const {
+    if (ref.offset() > size_ || ref.size() > size_ - ref.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, " needs payload bytes [", ref.offset(),
+                                                     ", +", ref.size(), ") but the payload has ",
+                                                     size_, " bytes (truncated?)"));
+    }
+    if (pieces_.empty()) return Bytes();
+    // The last piece that starts at or before the buffer.
+    auto piece = std::upper_bound(
+        pieces_.begin(), pieces_.end(), ref.offset(),
+        [](uint64_t offset, const Piece& candidate) { return offset < candidate.offset; });
+    --piece;
+    const uint64_t within = ref.offset() - piece->offset;
+    if (ref.size() > piece->bytes.size() - within) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " needs payload bytes [", ref.offset(), ", +", ref.size(),
+                       ") which straddle two of the payload's pieces (its shared-memory extents)"));
+    }
+    return piece->bytes.Part(piece->bytes.view().substr(within, ref.size()));
+  }
+
+ private:
+  struct Piece {
+    uint64_t offset;
+    Bytes bytes;
+  };
+  std::vector<Piece> pieces_;
+  uint64_t size_ = 0;
+};
 
 // NumBytes returns numel(shape) * element_size, or an error for a negative
 // dimension or a size that overflows.
@@ -173,7 +209,7 @@ v1::Image::Format WireImageFormat(Image::Format format) {
   return v1::Image::FORMAT_UNSPECIFIED;
 }
 
-absl::StatusOr<Image> DecodeImage(const v1::Image& message, const Bytes& payload,
+absl::StatusOr<Image> DecodeImage(const v1::Image& message, const PayloadView& payload,
                                   absl::string_view where) {
   Image image;
   switch (message.format()) {
@@ -196,7 +232,7 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message, const Bytes& payload
   if (image.width < 0 || image.height < 0 || image.channels < 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, " has a negative image dimension"));
   }
-  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload.view(), where));
+  DRAY_ASSIGN_OR_RETURN(image.bytes, payload.Slice(message.data(), where));
   if (image.format == Image::Format::kRaw) {
     if (image.width == 0 || image.height == 0 || image.channels < 1 || image.channels > 4) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
@@ -206,13 +242,12 @@ absl::StatusOr<Image> DecodeImage(const v1::Image& message, const Bytes& payload
     const uint64_t expected = uint64_t{static_cast<uint32_t>(image.width)} *
                               static_cast<uint32_t>(image.height) *
                               static_cast<uint32_t>(image.channels);
-    if (bytes.size() != expected) {
+    if (image.bytes.size() != expected) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": raw image ", image.width, "x",
                                                      image.height, "x", image.channels, " needs ",
-                                                     expected, " bytes, got ", bytes.size()));
+                                                     expected, " bytes, got ", image.bytes.size()));
     }
   }
-  image.bytes = payload.Part(bytes);
   return image;
 }
 
@@ -274,7 +309,7 @@ void EncodeNonTensor(const NonTensorColumn& column, v1::NonTensorColumn* message
 }
 
 absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& message,
-                                                const Bytes& payload) {
+                                                const PayloadView& payload) {
   const std::string where = absl::StrCat("non-tensor column '", message.name(), "'");
   switch (message.rows_case()) {
     case v1::NonTensorColumn::kStrings:
@@ -284,9 +319,8 @@ absl::StatusOr<NonTensorColumn> DecodeNonTensor(const v1::NonTensorColumn& messa
       std::vector<Bytes> rows;
       for (int i = 0; i < message.bytes().values_size(); ++i) {
         DRAY_ASSIGN_OR_RETURN(
-            absl::string_view bytes,
-            View(message.bytes().values(i), payload.view(), absl::StrCat(where, " row ", i)));
-        rows.push_back(payload.Part(bytes));
+            Bytes row, payload.Slice(message.bytes().values(i), absl::StrCat(where, " row ", i)));
+        rows.push_back(std::move(row));
       }
       return rows;
     }
@@ -382,19 +416,14 @@ absl::Status Encode(const DataProto& data, v1::DataProto* message, PayloadBuilde
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
-  PayloadBuilder builder(payload, /*reference_large_rows=*/false);
-  return EncodeTensorInto(tensor, &builder);
-}
-
-absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message, const Bytes& payload,
-                                        absl::string_view where) {
+// DecodeTensorIn is DecodeTensor on any payload.
+absl::StatusOr<at::Tensor> DecodeTensorIn(const v1::Tensor& message, const PayloadView& payload,
+                                          absl::string_view where) {
   DRAY_ASSIGN_OR_RETURN(at::ScalarType scalar, ScalarTypeOf(message.dtype(), where));
   const size_t element_size = c10::elementSize(scalar);
   DRAY_ASSIGN_OR_RETURN(uint64_t expected, NumBytes(message.shape(), element_size, where));
-  DRAY_ASSIGN_OR_RETURN(absl::string_view bytes, View(message.data(), payload.view(), where));
+  DRAY_ASSIGN_OR_RETURN(Bytes part, payload.Slice(message.data(), where));
+  const absl::string_view bytes = part.view();
   if (bytes.size() != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": shape [", absl::StrJoin(message.shape(), ", "), "] of ",
@@ -408,9 +437,46 @@ absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message, const Bytes& 
     std::memcpy(copy.data_ptr(), bytes.data(), bytes.size());
     return copy;
   }
-  auto owner = std::make_shared<Bytes>(payload.Part(bytes));
+  auto owner = std::make_shared<Bytes>(std::move(part));
   return at::from_blob(
       const_cast<char*>(bytes.data()), shape, [owner](void*) mutable { owner.reset(); }, options);
+}
+
+// FromWireIn is FromWire on any payload.
+absl::StatusOr<DataProto> FromWireIn(const v1::DataProto& message, const PayloadView& payload) {
+  if (payload.size() != message.payload_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("DataProto payload has ", payload.size(),
+                                                   " bytes but payload_size is ",
+                                                   message.payload_size()));
+  }
+  DataProto data;
+  for (const v1::TensorColumn& column : message.tensors()) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,
+                          DecodeTensorIn(column.tensor(), payload,
+                                         absl::StrCat("tensor column '", column.name(), "'")));
+    DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
+  }
+  for (const v1::NonTensorColumn& column : message.non_tensors()) {
+    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, payload));
+    DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
+  }
+  for (const auto& [key, value] : message.meta_info()) {
+    DRAY_ASSIGN_OR_RETURN(MetaValue decoded, DecodeMeta(key, value));
+    data.SetMeta(key, std::move(decoded));
+  }
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
+  PayloadBuilder builder(payload, /*reference_large_rows=*/false);
+  return EncodeTensorInto(tensor, &builder);
+}
+
+absl::StatusOr<at::Tensor> DecodeTensor(const v1::Tensor& message, const Bytes& payload,
+                                        absl::string_view where) {
+  return DecodeTensorIn(message, PayloadView(payload), where);
 }
 
 absl::StatusOr<v1::DataProto> ToWire(const DataProto& data) {
@@ -433,6 +499,13 @@ absl::StatusOr<DetachedWire> ToDetachedWire(const DataProto& data) {
   return wire;
 }
 
+ScatteredPayload ScatteredPayload::Whole(Bytes bytes) {
+  ScatteredPayload payload;
+  payload.size = bytes.size();
+  payload.pieces.push_back(std::move(bytes));
+  return payload;
+}
+
 std::string ScatteredPayload::Flatten() const {
   std::string flat;
   flat.reserve(size);
@@ -451,27 +524,11 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
 }
 
 absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload) {
-  if (payload.size() != message.payload_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("DataProto payload has ", payload.size(),
-                                                   " bytes but payload_size is ",
-                                                   message.payload_size()));
-  }
-  DataProto data;
-  for (const v1::TensorColumn& column : message.tensors()) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,
-                          DecodeTensor(column.tensor(), payload,
-                                       absl::StrCat("tensor column '", column.name(), "'")));
-    DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
-  }
-  for (const v1::NonTensorColumn& column : message.non_tensors()) {
-    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, payload));
-    DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
-  }
-  for (const auto& [key, value] : message.meta_info()) {
-    DRAY_ASSIGN_OR_RETURN(MetaValue decoded, DecodeMeta(key, value));
-    data.SetMeta(key, std::move(decoded));
-  }
-  return data;
+  return FromWireIn(message, PayloadView(payload));
+}
+
+absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const ScatteredPayload& payload) {
+  return FromWireIn(message, PayloadView(payload));
 }
 
 }  // namespace dray

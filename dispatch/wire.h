@@ -51,6 +51,9 @@ struct ScatteredPayload {
   std::vector<Bytes> pieces;
   uint64_t size = 0;  // of all pieces together
 
+  // Whole: `bytes` as a payload of one piece.
+  static ScatteredPayload Whole(Bytes bytes);
+
   // Flatten copies the pieces into one string.
   std::string Flatten() const;
 };
@@ -73,6 +76,11 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message);
 // FromWire decodes `message` (its own payload field unused) with `payload`
 // from elsewhere, such as a shared-memory segment, which the result aliases.
 absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload);
+
+// FromWire decodes `message` with a payload that arrived in pieces (extents
+// of shared-memory segments): each buffer must lie within one piece, which
+// the result aliases.
+absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const ScatteredPayload& payload);
 
 // EncodeTensor appends `tensor`'s bytes to `payload` at a 64-byte aligned
 // offset and returns its descriptor. Any rank works, 0-d included.

@@ -13,6 +13,9 @@
 //   dp_compute_proto_gbps            DP_COMPUTE_PROTO echo of 64 RGB 512x512
 //                                    images over N workers, bytes both ways / wall
 //   dp_compute_proto_vs_loopback     ratio of the two bandwidths
+//   dp_compute_proto_fresh_gbps      the same, the workers answering images of
+//                                    their own (new bytes, where the echo's
+//                                    result hands its input's rows back)
 #ifndef DRAY_RUNTIME_BENCH_ACTOR_BENCH_H_
 #define DRAY_RUNTIME_BENCH_ACTOR_BENCH_H_
 

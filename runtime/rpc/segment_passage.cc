@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -40,8 +41,12 @@ absl::Status Errno(absl::string_view what) {
   return SocketError(absl::StrCat("segment passage: ", what));
 }
 
-// DescriptorMessage: a segment's number with room for its descriptor
-// (SCM_RIGHTS), as sendmsg and recvmsg take it.
+// DescriptorMessage: one message of the passage, as sendmsg and recvmsg take
+// it. Its words say what it is:
+//   [number] with a descriptor (SCM_RIGHTS): a segment passed under `number`;
+//   [number] alone: the receiver let go of segment `number`;
+//   [number, segment] alone: the peer hands back this end's own `segment`
+//   (a result carrying rows of its input) under `number`.
 struct DescriptorMessage {
   DescriptorMessage() {
     header.msg_iov = &data;
@@ -52,30 +57,42 @@ struct DescriptorMessage {
   DescriptorMessage(const DescriptorMessage&) = delete;
   DescriptorMessage& operator=(const DescriptorMessage&) = delete;
 
-  uint64_t number = 0;
-  iovec data = {&number, sizeof(number)};
+  uint64_t words[2] = {};
+  iovec data = {words, sizeof(words)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr header = {};
 };
 
 // Peer: the passage's connection, which a mapping outliving the passage
-// must not use.
+// must not use, and where the peer's segments are mapped here.
 struct Peer {
+  explicit Peer(Fd socket) : socket(std::move(socket)) {}
   Fd socket;
+  absl::Mutex mu;
+  // By address: the mapping's size and the peer's number for its segment.
+  std::map<const char*, std::pair<size_t, uint64_t>> mapped ABSL_GUARDED_BY(mu);
 };
 
 // Mapping: a read-only mapping of a received segment, unmapped with its
-// last alias; the sender then hears that its segment is free.
+// last alias; the sender then hears that its segment is free. Or a mapping
+// of this end's own segment that the peer handed back, which it keeps from
+// the pool.
 struct Mapping {
   void* address = nullptr;
   size_t size = 0;
   std::weak_ptr<Peer> sender;
   uint64_t number = 0;
+  std::shared_ptr<const Segment> own;
   ~Mapping() {
+    std::shared_ptr<Peer> peer = sender.lock();
+    if (peer != nullptr) {
+      absl::MutexLock lock(&peer->mu);
+      peer->mapped.erase(static_cast<const char*>(address));
+    }
     if (address != nullptr) munmap(address, size);
     // A message without a descriptor releases `number`. If the socket is
     // full, the sender keeps the segment until the passage closes.
-    if (std::shared_ptr<Peer> peer = sender.lock()) {
+    if (peer != nullptr) {
       send(peer->socket.get(), &number, sizeof(number), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
   }
@@ -250,7 +267,7 @@ class SegmentPassage::Impl {
     }
     {
       absl::MutexLock lock(&mu_);
-      peer_ = std::make_shared<Peer>(Peer{std::move(peer).value()});
+      peer_ = std::make_shared<Peer>(std::move(peer).value());
     }
     thread_ = std::thread([this] { ReadSegments(); });
     return absl::OkStatus();
@@ -273,7 +290,8 @@ class SegmentPassage::Impl {
       peer = peer_->socket.get();
     }
     DescriptorMessage message;
-    message.number = number;
+    message.words[0] = number;
+    message.data.iov_len = sizeof(number);
     cmsghdr* rights = CMSG_FIRSTHDR(&message.header);
     rights->cmsg_level = SOL_SOCKET;
     rights->cmsg_type = SCM_RIGHTS;
@@ -288,14 +306,52 @@ class SegmentPassage::Impl {
     return number;
   }
 
+  std::optional<SegmentPassage::Place> Locate(const Bytes& piece) const {
+    std::shared_ptr<Peer> peer;
+    {
+      absl::MutexLock lock(&mu_);
+      peer = peer_;
+    }
+    if (peer == nullptr || piece.empty()) return std::nullopt;
+    absl::MutexLock lock(&peer->mu);
+    auto mapping = peer->mapped.upper_bound(piece.data());
+    if (mapping == peer->mapped.begin()) return std::nullopt;
+    --mapping;
+    const auto [size, number] = mapping->second;
+    const size_t offset = piece.data() - mapping->first;
+    if (offset >= size || piece.size() > size - offset) return std::nullopt;
+    return SegmentPassage::Place{number, offset};
+  }
+
+  absl::StatusOr<uint64_t> HandBack(uint64_t segment) {
+    absl::MutexLock lock(&send_mu_);
+    const uint64_t number = next_number_++;
+    int peer;
+    {
+      absl::MutexLock state(&mu_);
+      if (peer_ == nullptr) return absl::FailedPreconditionError("segment passage: no peer yet");
+      peer = peer_->socket.get();
+    }
+    const uint64_t words[2] = {number, segment};
+    if (send(peer, words, sizeof(words), MSG_NOSIGNAL) != sizeof(words)) {
+      return Errno("handing a segment back");
+    }
+    return number;
+  }
+
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size, absl::Duration timeout) {
     Fd segment;
     {
       absl::MutexLock lock(&mu_);
       auto arrived = [this, number]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || segments_.count(number) > 0;
+        return closed_ || segments_.count(number) > 0 || handed_back_.count(number) > 0;
       };
       mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
+      if (auto back = handed_back_.find(number); back != handed_back_.end()) {
+        std::shared_ptr<const Segment> own = std::move(back->second);
+        handed_back_.erase(back);
+        return MapOwn(number, std::move(own), size);
+      }
       auto found = segments_.find(number);
       if (found == segments_.end()) {
         return absl::UnavailableError(
@@ -325,10 +381,34 @@ class SegmentPassage::Impl {
     if (address == MAP_FAILED) return Errno("mapping a segment");
     mapping->address = address;
     mapping->size = size;
+    if (std::shared_ptr<Peer> peer = mapping->sender.lock()) {
+      absl::MutexLock lock(&peer->mu);
+      peer->mapped[static_cast<const char*>(address)] = {size, number};
+    }
     return Bytes::Alias(mapping, absl::string_view(static_cast<const char*>(address), size));
   }
 
  private:
+  // MapOwn maps the first `size` bytes of this end's segment `own`, which
+  // the peer handed back under `number`; the mapping keeps it from the pool.
+  static absl::StatusOr<Bytes> MapOwn(uint64_t number, std::shared_ptr<const Segment> own,
+                                      uint64_t size) {
+    if (own == nullptr || own->size() < size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "segment passage: the peer handed back under number ", number,
+          own == nullptr ? " a segment this end does not hold"
+                         : absl::StrCat(" a segment of ", own->size(), " bytes, not ", size)));
+    }
+    if (size == 0) return Bytes();
+    void* address = mmap(nullptr, size, PROT_READ, MAP_SHARED, own->fd(), 0);
+    if (address == MAP_FAILED) return Errno("mapping a handed-back segment");
+    auto mapping = std::make_shared<Mapping>();
+    mapping->address = address;
+    mapping->size = size;
+    mapping->own = std::move(own);
+    return Bytes::Alias(mapping, absl::string_view(static_cast<const char*>(address), size));
+  }
+
   // AcceptPeer accepts connections until one shows the secret; false when stopped.
   bool AcceptPeer() {
     int listener;
@@ -343,7 +423,7 @@ class SegmentPassage::Impl {
       absl::MutexLock lock(&mu_);
       if (stopping_) return false;
       if (shown) {
-        peer_ = std::make_shared<Peer>(Peer{std::move(peer)});
+        peer_ = std::make_shared<Peer>(std::move(peer));
         listener_.Reset();  // one peer only
         return true;
       }
@@ -378,26 +458,33 @@ class SegmentPassage::Impl {
       DescriptorMessage message;
       const ssize_t n = recvmsg(peer, &message.header, MSG_CMSG_CLOEXEC);
       if (n < 0 && errno == EINTR) continue;
-      const cmsghdr* rights =
-          n == sizeof(message.number) ? CMSG_FIRSTHDR(&message.header) : nullptr;
+      const cmsghdr* rights = n > 0 ? CMSG_FIRSTHDR(&message.header) : nullptr;
+      Fd passed;
+      if (rights != nullptr && rights->cmsg_type == SCM_RIGHTS &&
+          rights->cmsg_len == CMSG_LEN(sizeof(int))) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(rights), sizeof(fd));
+        passed = Fd(fd);
+      }
+      const uint64_t number = message.words[0];
       std::shared_ptr<const Segment> released;  // let go outside the lock
       absl::MutexLock lock(&mu_);
-      if (n == sizeof(message.number) && rights == nullptr) {
-        auto found = in_use_.find(message.number);
+      if (n == sizeof(number) && passed.valid()) {
+        segments_[number] = std::move(passed);
+      } else if (n == sizeof(number) && rights == nullptr) {
+        auto found = in_use_.find(number);
         if (found != in_use_.end()) {
           released = std::move(found->second);
           in_use_.erase(found);
         }
-        continue;
-      }
-      if (rights == nullptr || rights->cmsg_type != SCM_RIGHTS) {
+      } else if (n == sizeof(message.words) && rights == nullptr) {
+        auto found = in_use_.find(message.words[1]);
+        handed_back_[number] = found == in_use_.end() ? nullptr : found->second;
+      } else {
         closed_ = true;   // the peer went away (or broke the protocol): its
         in_use_.clear();  // mappings are gone
         return;
       }
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(rights), sizeof(fd));
-      segments_[message.number] = Fd(fd);
     }
   }
 
@@ -414,6 +501,8 @@ class SegmentPassage::Impl {
   std::map<uint64_t, Fd> segments_ ABSL_GUARDED_BY(mu_);  // arrived, not yet received
   // Sent, until the peer lets them go.
   std::map<uint64_t, std::shared_ptr<const Segment>> in_use_ ABSL_GUARDED_BY(mu_);
+  // Handed back by the peer, not yet received (null: not held here).
+  std::map<uint64_t, std::shared_ptr<const Segment>> handed_back_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<SegmentPassage>> SegmentPassage::Listen(std::string job_secret) {
@@ -436,6 +525,12 @@ const std::string& SegmentPassage::address() const { return impl_->address(); }
 bool SegmentPassage::connected() const { return impl_->connected(); }
 absl::StatusOr<uint64_t> SegmentPassage::Send(std::shared_ptr<const Segment> segment) {
   return impl_->Send(std::move(segment));
+}
+std::optional<SegmentPassage::Place> SegmentPassage::Locate(const Bytes& piece) const {
+  return impl_->Locate(piece);
+}
+absl::StatusOr<uint64_t> SegmentPassage::HandBack(uint64_t segment) {
+  return impl_->HandBack(segment);
 }
 absl::StatusOr<Bytes> SegmentPassage::Receive(uint64_t number, uint64_t size,
                                               absl::Duration timeout) {

@@ -13,6 +13,11 @@
 // outlives the processes, whichever dies and however (SIGKILL included), and
 // no file in /dev/shm ever names a segment.
 //
+// A payload may also lie partly in segments the receiver itself passed (a
+// result that carries rows of its input): the sender then hands those back
+// by number instead of copying them (HandBack), and the receiver maps its
+// own pages.
+//
 // The socket is abstract (no file, gone with the process); any process of
 // the node can connect to it, so the connecting side must show the job
 // secret first, and only one peer is ever accepted.
@@ -33,6 +38,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -111,11 +117,26 @@ class SegmentPassage {
   // the passage holds the segment until the peer lets it go.
   absl::StatusOr<uint64_t> Send(std::shared_ptr<const Segment> segment);
 
-  // Receive waits up to `timeout` for the peer's segment `number` and maps
-  // its first `size` bytes; the result keeps the mapping alive, and the
-  // peer hears when it is gone. UNAVAILABLE when the peer went away,
-  // INVALID_ARGUMENT for a segment that is smaller than `size` or whose
-  // size is not sealed.
+  // Place: where bytes lie in a segment the peer passed: the peer's number
+  // for it and the offset.
+  struct Place {
+    uint64_t segment;
+    uint64_t offset;
+  };
+  // Locate says where `piece` lies if it lies within a segment received
+  // from the peer (a row of a received input, say), else nullopt.
+  std::optional<Place> Locate(const Bytes& piece) const;
+
+  // HandBack passes the peer's own `segment` (see Locate) back to it, and
+  // returns the number it goes by: the peer's Receive maps its own pages,
+  // and keeps them from its pool until that mapping is gone.
+  absl::StatusOr<uint64_t> HandBack(uint64_t segment);
+
+  // Receive waits up to `timeout` for the peer's segment `number` (one it
+  // wrote, or one of this end's that it handed back) and maps its first
+  // `size` bytes; the result keeps the mapping alive, and the peer hears
+  // when it is gone. UNAVAILABLE when the peer went away, INVALID_ARGUMENT
+  // for a segment that is smaller than `size` or whose size is not sealed.
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size,
                                 absl::Duration timeout = absl::Seconds(30));
 

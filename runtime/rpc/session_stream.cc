@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -56,6 +58,91 @@ std::vector<grpc::ByteBuffer> ChunkFrames(const ScatteredPayload& payload) {
   return frames;
 }
 
+// Extents: a payload's place in shared memory, as its header names it.
+using Extents = google::protobuf::RepeatedPtrField<v1::SegmentExtent>;
+
+// AddExtent appends `size` bytes at `offset` of segment `number`, merged
+// with the last extent when they follow it.
+void AddExtent(uint64_t number, uint64_t offset, uint64_t size, Extents* extents) {
+  if (size == 0) return;
+  if (!extents->empty()) {
+    v1::SegmentExtent& last = *extents->rbegin();
+    if (last.segment() == number && last.offset() + last.size() == offset) {
+      last.set_size(last.size() + size);
+      return;
+    }
+  }
+  v1::SegmentExtent* extent = extents->Add();
+  extent->set_segment(number);
+  extent->set_offset(offset);
+  extent->set_size(size);
+}
+
+// ShareWithHandBacks puts `payload`, some of whose pieces lie in segments
+// the peer passed (`places`, by piece), in shared memory: those go back by
+// number; the rest is copied into one new segment, each piece as aligned
+// (mod 64) as in the payload, so that tensors still alias it.
+absl::StatusOr<Extents> ShareWithHandBacks(
+    const ScatteredPayload& payload,
+    const std::vector<std::optional<SegmentPassage::Place>>& places, SegmentPassage* segments) {
+  static const Bytes kZeros(std::string(64, '\0'));
+  ScatteredPayload own;
+  std::vector<uint64_t> own_offsets(payload.pieces.size());
+  uint64_t offset = 0;
+  for (size_t i = 0; i < payload.pieces.size(); ++i) {
+    const Bytes& piece = payload.pieces[i];
+    if (!places[i].has_value() && !piece.empty()) {
+      const uint64_t padding = (offset - own.size) % 64;
+      if (padding > 0) own.pieces.push_back(kZeros.Part(kZeros.view().substr(0, padding)));
+      own_offsets[i] = own.size + padding;
+      own.pieces.push_back(piece);
+      own.size += padding + piece.size();
+    }
+    offset += piece.size();
+  }
+  uint64_t own_number = 0;
+  if (own.size > 0) {
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<const Segment> segment, Segment::Write(own));
+    DRAY_ASSIGN_OR_RETURN(own_number, segments->Send(std::move(segment)));
+  }
+  std::map<uint64_t, uint64_t> handed_back;  // the peer's segment -> its number now
+  Extents extents;
+  for (size_t i = 0; i < payload.pieces.size(); ++i) {
+    const uint64_t size = payload.pieces[i].size();
+    if (!places[i].has_value()) {
+      AddExtent(own_number, own_offsets[i], size, &extents);
+      continue;
+    }
+    auto [back, fresh] = handed_back.try_emplace(places[i]->segment, 0);
+    if (fresh) {
+      DRAY_ASSIGN_OR_RETURN(back->second, segments->HandBack(places[i]->segment));
+    }
+    AddExtent(back->second, places[i]->offset, size, &extents);
+  }
+  return extents;
+}
+
+// Share puts `payload` in shared memory through `segments` and returns its
+// extents: pieces that lie in segments the peer passed go back by number
+// (a result carrying rows of its input); otherwise the payload is copied
+// into one segment (`shared`'s, when given).
+absl::StatusOr<Extents> Share(const ScatteredPayload& payload, SegmentPassage* segments,
+                              SharedSegment* shared) {
+  std::vector<std::optional<SegmentPassage::Place>> places;
+  bool any_placed = false;
+  for (const Bytes& piece : payload.pieces) {
+    places.push_back(piece.size() >= kReferencedRowBytes ? segments->Locate(piece) : std::nullopt);
+    any_placed |= places.back().has_value();
+  }
+  if (any_placed) return ShareWithHandBacks(payload, places, segments);
+  DRAY_ASSIGN_OR_RETURN(std::shared_ptr<const Segment> segment,
+                        shared != nullptr ? shared->Get(payload) : Segment::Write(payload));
+  DRAY_ASSIGN_OR_RETURN(uint64_t number, segments->Send(std::move(segment)));
+  Extents extents;
+  AddExtent(number, 0, payload.size, &extents);
+  return extents;
+}
+
 // WriteMessage writes `frame`, whose DataProto `message` had its payload
 // detached into `payload`: inline when small, through `segments` when large
 // and there is a passage, else (or when the passage fails: out of memory,
@@ -71,11 +158,9 @@ bool WriteMessage(SessionWriter* writer, const Frame& frame, v1::DataProto* mess
       message->set_payload(payload.Flatten());
     } else if (segments != nullptr && payload.size >= kSharedPayloadBytes &&
                segments->connected()) {
-      absl::StatusOr<std::shared_ptr<const Segment>> segment =
-          shared != nullptr ? shared->Get(payload) : Segment::Write(payload);
-      absl::StatusOr<uint64_t> number = segment.ok() ? segments->Send(*segment) : segment.status();
-      if (number.ok()) {
-        message->set_shared_segment(*number);
+      absl::StatusOr<Extents> extents = Share(payload, segments, shared);
+      if (extents.ok()) {
+        *message->mutable_shared_extents() = std::move(extents).value();
       } else {
         follows = true;
       }
@@ -195,19 +280,48 @@ absl::Status ReadChunks(SessionReader* reader, v1::DataProto* message) {
   return assembler.Finish();
 }
 
-// ReadPayload returns `message`'s payload: inline, from the segment it names,
-// or from the chunk frames that follow its header.
-absl::StatusOr<Bytes> ReadPayload(SessionReader* reader, v1::DataProto* message,
-                                  SegmentPassage* segments) {
-  if (message->shared_segment() != 0) {
+// ReceiveExtents maps the segments `message`'s extents name and returns
+// the payload as those extents.
+absl::StatusOr<ScatteredPayload> ReceiveExtents(const v1::DataProto& message,
+                                                SegmentPassage* segments) {
+  std::map<uint64_t, uint64_t> needed;  // bytes of each segment
+  for (const v1::SegmentExtent& extent : message.shared_extents()) {
+    if (extent.size() > UINT64_MAX - extent.offset()) {
+      return absl::InvalidArgumentError("session: a shared-memory extent overflows");
+    }
+    needed[extent.segment()] = std::max(needed[extent.segment()], extent.offset() + extent.size());
+  }
+  std::map<uint64_t, Bytes> mapped;
+  for (const auto& [number, size] : needed) {
+    DRAY_ASSIGN_OR_RETURN(mapped[number], segments->Receive(number, size));
+  }
+  ScatteredPayload payload;
+  for (const v1::SegmentExtent& extent : message.shared_extents()) {
+    const Bytes& segment = mapped[extent.segment()];
+    payload.pieces.push_back(segment.Part(segment.view().substr(extent.offset(), extent.size())));
+    payload.size += extent.size();
+  }
+  if (payload.size != message.payload_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("session: shared-memory extents of ",
+                                                   payload.size, " bytes for a payload of ",
+                                                   message.payload_size()));
+  }
+  return payload;
+}
+
+// ReadPayload returns `message`'s payload: inline, from the segments it
+// names, or from the chunk frames that follow its header.
+absl::StatusOr<ScatteredPayload> ReadPayload(SessionReader* reader, v1::DataProto* message,
+                                             SegmentPassage* segments) {
+  if (!message->shared_extents().empty()) {
     if (segments == nullptr) {
       return absl::InvalidArgumentError(
-          "session: a header names a shared-memory segment, but this session has no passage");
+          "session: a header names shared-memory segments, but this session has no passage");
     }
-    return segments->Receive(message->shared_segment(), message->payload_size());
+    return ReceiveExtents(*message, segments);
   }
   DRAY_RETURN_IF_ERROR(ReadChunks(reader, message));
-  return Bytes(std::move(*message->mutable_payload()));
+  return ScatteredPayload::Whole(Bytes(std::move(*message->mutable_payload())));
 }
 
 // IsProgress hands a progress frame to `on_progress` (a response frame on a
@@ -237,7 +351,7 @@ absl::StatusOr<std::optional<Received<Header>>> ReadMessage(SessionReader* reade
   if (frame.frame_case() != Frame::kHeader) {
     return absl::InvalidArgumentError("session: expected a header frame, got another");
   }
-  Received<Header> received{std::move(*frame.mutable_header()), Bytes()};
+  Received<Header> received{std::move(*frame.mutable_header()), ScatteredPayload()};
   if (v1::DataProto* message = payload_of(received.header); message != nullptr) {
     DRAY_ASSIGN_OR_RETURN(received.payload, ReadPayload(reader, message, segments));
   }

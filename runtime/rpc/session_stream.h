@@ -78,11 +78,12 @@ class ClientSession : public SessionReader, public SessionWriter {
 };
 
 // Received: a message read from a session, and the payload of its DataProto
-// (empty when it has none), which FromWire(message, payload) decodes.
+// (empty when it has none; in pieces when it lies in shared-memory
+// extents), which FromWire(message, payload) decodes.
 template <typename Header>
 struct Received {
   Header header;
-  Bytes payload;
+  ScatteredPayload payload;
 };
 
 // WriteCallRequest writes `request`, whose input's payload was detached into

@@ -96,9 +96,9 @@ v1::CallRequest Request(const DataProto& batch, ScatteredPayload* payload) {
   return request;
 }
 
-DataProto ImageBatch(size_t image_bytes) {
+DataProto ImageBatch(size_t image_bytes, std::string fills = "ab") {
   std::vector<Image> images;
-  for (char fill : {'a', 'b'}) {
+  for (char fill : fills) {
     images.push_back({Image::Format::kPng, 0, 0, 0, Bytes(std::string(image_bytes, fill))});
   }
   return DataProto::Make({{"x", at::arange(2, at::kLong)}}, {{"images", std::move(images)}})
@@ -205,7 +205,7 @@ TEST(SessionStreamTest, LargePayloadsOfOneNodeTravelInSharedMemory) {
   ASSERT_TRUE(WriteCallRequest(&queue, Request(batch, &payload), payload, controller.get()));
   ASSERT_EQ(queue.frames.size(), 1u) << "no chunk frames follow";
   const v1::DataProto input = Parsed(queue.frames.front()).header().input();
-  EXPECT_NE(input.shared_segment(), 0u);
+  EXPECT_EQ(input.shared_extents_size(), 1);
   EXPECT_EQ(input.payload_size(), payload.size);
   EXPECT_TRUE(input.payload().empty());
 
@@ -219,6 +219,55 @@ TEST(SessionStreamTest, LargePayloadsOfOneNodeTravelInSharedMemory) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no passage")));
 }
 
+TEST(SessionStreamTest, AResultCarryingRowsOfItsInputHandsThemBack) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto worker, SegmentPassage::Listen("secret"));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto controller, SegmentPassage::Connect(worker->address(), "secret"));
+  const size_t image_bytes = kSharedPayloadBytes + 333;  // no size another test pools
+  const DataProto batch = ImageBatch(image_bytes);
+  ScatteredPayload payload;
+  FrameQueue requests;
+  ASSERT_TRUE(WriteCallRequest(&requests, Request(batch, &payload), payload, controller.get()));
+  std::optional<DataProto> input = ReadInput(&requests, worker.get());
+
+  // The worker answers its input's images with a new column beside them.
+  DataProto result = *input;
+  DRAY_ASSERT_OK(result.AddTensor("y", at::arange(7, 9, at::kLong)));
+  DetachedWire wire = ToDetachedWire(result).value();
+  v1::CallResponse response;
+  response.set_call_id(7);
+  *response.mutable_result() = std::move(wire.header);
+  FrameQueue responses;
+  ASSERT_TRUE(WriteCallResponse(&responses, std::move(response), wire.payload, worker.get()));
+  const v1::CallResponseFrame frame = [&] {
+    v1::CallResponseFrame parsed;
+    EXPECT_TRUE(parsed.ParseFromString(BytesOf(responses.frames.front())));
+    return parsed;
+  }();
+  const auto& extents = frame.header().result().shared_extents();
+  uint64_t handed_back = 0;
+  for (const v1::SegmentExtent& extent : extents) {
+    if (extent.size() >= image_bytes) handed_back += extent.size();
+  }
+  EXPECT_EQ(handed_back, 2 * image_bytes) << "both images go back by number, not copied";
+
+  // The worker lets go of its input; the controller's pages stay the
+  // result's while it lives, whatever the controller writes meanwhile.
+  wire = DetachedWire();
+  result = DataProto();
+  input.reset();
+  DRAY_ASSERT_OK_AND_ASSIGN(std::optional<Received<v1::CallResponse>> read,
+                            ReadCallResponse(&responses, nullptr, controller.get()));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto back, FromWire(read->header.result(), read->payload));
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(WriteCallRequest(&requests, Request(ImageBatch(image_bytes, "yz"), &payload), payload,
+                                 controller.get()));
+    ReadInput(&requests, worker.get());
+  }
+  EXPECT_EQ(*back.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
+  EXPECT_TRUE(back.GetTensor("x").value().equal(at::arange(2, at::kLong)));
+  EXPECT_TRUE(back.GetTensor("y").value().equal(at::arange(7, 9, at::kLong)));
+}
+
 TEST(SessionStreamTest, APassageThatFailsLeavesThePayloadToTheStream) {
   DRAY_ASSERT_OK_AND_ASSIGN(auto worker, SegmentPassage::Listen("secret"));
   DRAY_ASSERT_OK_AND_ASSIGN(auto controller, SegmentPassage::Connect(worker->address(), "secret"));
@@ -228,7 +277,7 @@ TEST(SessionStreamTest, APassageThatFailsLeavesThePayloadToTheStream) {
   FrameQueue queue;
   ASSERT_TRUE(WriteCallRequest(&queue, Request(batch, &payload), payload, controller.get()));
   EXPECT_GT(queue.frames.size(), 1u) << "chunk frames follow";
-  EXPECT_EQ(Parsed(queue.frames.front()).header().input().shared_segment(), 0u);
+  EXPECT_TRUE(Parsed(queue.frames.front()).header().input().shared_extents().empty());
   const DataProto received = ReadInput(&queue);
   EXPECT_EQ(*received.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
 }

@@ -161,7 +161,8 @@ void WorkerServiceImpl::Finished(uint64_t call_id) {
   cancelled_.erase(cancelled_.begin(), cancelled_.upper_bound(finished_));
 }
 
-v1::CallResponse WorkerServiceImpl::Run(const v1::CallRequest& request, const Bytes& input_payload,
+v1::CallResponse WorkerServiceImpl::Run(const v1::CallRequest& request,
+                                        const ScatteredPayload& input_payload,
                                         ScatteredPayload* payload, bool cancellable,
                                         const ProgressSink& progress) {
   v1::CallResponse response;
@@ -204,7 +205,8 @@ grpc::Status WorkerServiceImpl::Call(grpc::ServerContext* context, const v1::Cal
     return ToGrpcStatus(allowed);
   }
   ScatteredPayload payload;
-  *response = Run(*request, Bytes(request->input().payload()), &payload, /*cancellable=*/false);
+  *response = Run(*request, ScatteredPayload::Whole(Bytes(request->input().payload())), &payload,
+                  /*cancellable=*/false);
   if (response->has_result()) response->mutable_result()->set_payload(payload.Flatten());
   return grpc::Status::OK;
 }

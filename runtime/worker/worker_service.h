@@ -93,7 +93,7 @@ class WorkerServiceImpl final
   // response with the result's payload detached into `*payload`; the
   // method's progress goes to `progress`. `cancellable`: a session's call,
   // which Cancel may stop; every call stops at its deadline.
-  v1::CallResponse Run(const v1::CallRequest& request, const Bytes& input,
+  v1::CallResponse Run(const v1::CallRequest& request, const ScatteredPayload& input,
                        ScatteredPayload* payload, bool cancellable,
                        const ProgressSink& progress = nullptr);
   // StopRequested is a call's CallHooks::stop: why it must end now, if it must.
