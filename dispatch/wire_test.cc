@@ -343,6 +343,31 @@ TEST(WireTest, DetachedWireReferencesLargeRowsAndCopiesTheRest) {
   EXPECT_EQ(detached.payload.pieces.size(), 5u);
 }
 
+TEST(WireTest, APayloadInPiecesDecodesInPlaceAndNoBufferMayStraddleTwo) {
+  const DataProto batch = MixedBatch();
+  DRAY_ASSERT_OK_AND_ASSIGN(DetachedWire detached, ToDetachedWire(batch));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto decoded, FromWire(detached.header, detached.payload));
+  EXPECT_TRUE(decoded.GetTensor("latents").value().equal(batch.GetTensor("latents").value()));
+  const std::vector<Image>& images = *batch.GetRows<Image>("images").value();
+  EXPECT_EQ(*decoded.GetRows<Image>("images").value(), images);
+  EXPECT_EQ(decoded.GetRows<Image>("images").value()->at(1).bytes.data(), images[1].bytes.data())
+      << "a row aliases the piece it lies in";
+
+  // Cut the large image's piece in two: its buffer now straddles them.
+  ScatteredPayload cut;
+  for (const Bytes& piece : detached.payload.pieces) {
+    if (piece.data() != images[1].bytes.data()) {
+      cut.pieces.push_back(piece);
+      continue;
+    }
+    cut.pieces.push_back(piece.Part(piece.view().substr(0, 10)));
+    cut.pieces.push_back(piece.Part(piece.view().substr(10)));
+  }
+  cut.size = detached.payload.size;
+  EXPECT_THAT(FromWire(detached.header, cut).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("straddle")));
+}
+
 TEST(WireTest, DetachedPiecesOutliveTheBatch) {
   DetachedWire detached;
   std::string expected;

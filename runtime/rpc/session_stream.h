@@ -9,8 +9,9 @@
 // as `payload_chunk` frames of at most kDefaultChunkBytes, which dray builds
 // around the payload's pieces where they lie (wire.h: ToDetachedWire) -
 // unless both ends share a node and a SegmentPassage, which carries payloads
-// of kSharedPayloadBytes or more in shared memory (the header names the
-// segment). The frames are ordinary protobuf messages of worker.proto, so
+// of kSharedPayloadBytes or more in shared memory (the header names its
+// extents: a new segment, and segments of the receiver's own that the
+// payload's rows already lie in, handed back). The frames are ordinary protobuf messages of worker.proto, so
 // any gRPC client can speak the protocol.
 //
 //   DRAY_ASSIGN_OR_RETURN(DetachedWire input, ToDetachedWire(batch));
@@ -101,7 +102,7 @@ bool WriteCallResponse(SessionWriter* writer, v1::CallResponse response,
                        const ScatteredPayload& payload, SegmentPassage* segments = nullptr);
 
 // ReadCallRequest reads the next call and its input's payload (from
-// `segments` when the header names a segment); nullopt when the stream
+// `segments` when the header names segments); nullopt when the stream
 // ended between messages, INVALID_ARGUMENT for a malformed message,
 // UNAVAILABLE for one cut short.
 absl::StatusOr<std::optional<Received<v1::CallRequest>>> ReadCallRequest(
