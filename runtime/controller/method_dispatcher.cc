@@ -41,7 +41,7 @@ struct GroupFuture::State {
     });
   }
 
-  // SpinBriefly polls `settled` for a few microseconds before Get sleeps: a
+  // SpinBriefly polls `settled` for up to 100 us before Get sleeps: a
   // small call's answer often comes that soon, and is then seen without a
   // wake-up, which costs tens of microseconds on a virtualized CPU.
   void SpinBriefly() const {

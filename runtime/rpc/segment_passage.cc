@@ -459,6 +459,9 @@ class SegmentPassage::Impl {
       const ssize_t n = recvmsg(peer, &message.header, MSG_CMSG_CLOEXEC);
       if (n < 0 && errno == EINTR) continue;
       const cmsghdr* rights = n > 0 ? CMSG_FIRSTHDR(&message.header) : nullptr;
+      // Without a descriptor, and none dropped by the kernel (this process
+      // at its limit), which would make a segment read as a release.
+      const bool bare = rights == nullptr && (message.header.msg_flags & MSG_CTRUNC) == 0;
       Fd passed;
       if (rights != nullptr && rights->cmsg_type == SCM_RIGHTS &&
           rights->cmsg_len == CMSG_LEN(sizeof(int))) {
@@ -471,18 +474,19 @@ class SegmentPassage::Impl {
       absl::MutexLock lock(&mu_);
       if (n == sizeof(number) && passed.valid()) {
         segments_[number] = std::move(passed);
-      } else if (n == sizeof(number) && rights == nullptr) {
+      } else if (n == sizeof(number) && bare) {
         auto found = in_use_.find(number);
         if (found != in_use_.end()) {
           released = std::move(found->second);
           in_use_.erase(found);
         }
-      } else if (n == sizeof(message.words) && rights == nullptr) {
+      } else if (n == sizeof(message.words) && bare) {
         auto found = in_use_.find(message.words[1]);
         handed_back_[number] = found == in_use_.end() ? nullptr : found->second;
       } else {
         closed_ = true;   // the peer went away (or broke the protocol): its
         in_use_.clear();  // mappings are gone
+        handed_back_.clear();
         return;
       }
     }

@@ -3,8 +3,8 @@
 //
 // The sender copies a payload once into a memfd (an anonymous shared-memory
 // file) whose size is sealed, and passes its descriptor over a unix socket
-// (SCM_RIGHTS) under a number; the Session frame names only the number
-// (DataProto.shared_segment) and the size. The receiver maps the file
+// (SCM_RIGHTS) under a number; the Session frame names only the number, as
+// an extent (DataProto.shared_extents). The receiver maps the file
 // read-only and decodes in place: its tensors alias the mapping. When the
 // mapping's last alias goes, the receiver tells the sender, whose process
 // keeps the segment in a pool and copies a later payload into the same
@@ -130,6 +130,7 @@ class SegmentPassage {
   // HandBack passes the peer's own `segment` (see Locate) back to it, and
   // returns the number it goes by: the peer's Receive maps its own pages,
   // and keeps them from its pool until that mapping is gone.
+  // FAILED_PRECONDITION before a peer connected.
   absl::StatusOr<uint64_t> HandBack(uint64_t segment);
 
   // Receive waits up to `timeout` for the peer's segment `number` (one it

@@ -1,6 +1,8 @@
 // The WorkerService.Session wire (see worker.proto), read and written as raw
-// gRPC byte buffers: a payload is never copied on its way out and is copied
-// once on its way in, straight into the buffer its tensors will alias.
+// gRPC byte buffers: a streamed payload's rows are not copied on their way
+// out (tensors are, see wire.h) and the payload is copied once on its way
+// in, straight into the buffer its tensors will alias; in shared memory it
+// is copied once on its way out and not at all on its way in.
 //
 // A message (a call, or its response) is one header frame, a serialized
 // CallRequestFrame or CallResponseFrame with `header` set. A payload of at
@@ -11,8 +13,8 @@
 // unless both ends share a node and a SegmentPassage, which carries payloads
 // of kSharedPayloadBytes or more in shared memory (the header names its
 // extents: a new segment, and segments of the receiver's own that the
-// payload's rows already lie in, handed back). The frames are ordinary protobuf messages of worker.proto, so
-// any gRPC client can speak the protocol.
+// payload's rows already lie in, handed back). The frames are ordinary protobuf messages of
+// worker.proto, so any gRPC client can speak the protocol.
 //
 //   DRAY_ASSIGN_OR_RETURN(DetachedWire input, ToDetachedWire(batch));
 //   v1::CallRequest request = ...;
@@ -89,7 +91,8 @@ struct Received {
 
 // WriteCallRequest writes `request`, whose input's payload was detached into
 // `payload`, a large one through `segments` when given (in `shared`'s
-// segment, when the same payload goes to several workers); false when the
+// segment, when the same payload goes to several workers and none of its
+// rows is handed back); false when the
 // stream broke. The transport may reference the payload's pieces (sharing
 // them) until they are sent.
 bool WriteCallRequest(SessionWriter* writer, v1::CallRequest request,
