@@ -283,12 +283,7 @@ class SegmentPassage::Impl {
   absl::StatusOr<uint64_t> Send(std::shared_ptr<const Segment> segment) {
     absl::MutexLock lock(&send_mu_);
     const uint64_t number = next_number_++;
-    int peer;
-    {
-      absl::MutexLock state(&mu_);
-      if (peer_ == nullptr) return absl::FailedPreconditionError("segment passage: no peer yet");
-      peer = peer_->socket.get();
-    }
+    DRAY_ASSIGN_OR_RETURN(const int peer, PeerSocket());
     DescriptorMessage message;
     message.words[0] = number;
     message.data.iov_len = sizeof(number);
@@ -304,6 +299,13 @@ class SegmentPassage::Impl {
     absl::MutexLock state(&mu_);
     if (!closed_) in_use_[number] = std::move(segment);  // until the peer lets it go
     return number;
+  }
+
+  // PeerSocket: the connection to the peer, once there is one.
+  absl::StatusOr<int> PeerSocket() const {
+    absl::MutexLock lock(&mu_);
+    if (peer_ == nullptr) return absl::FailedPreconditionError("segment passage: no peer yet");
+    return peer_->socket.get();
   }
 
   std::optional<SegmentPassage::Place> Locate(const Bytes& piece) const {
@@ -326,12 +328,7 @@ class SegmentPassage::Impl {
   absl::StatusOr<uint64_t> HandBack(uint64_t segment) {
     absl::MutexLock lock(&send_mu_);
     const uint64_t number = next_number_++;
-    int peer;
-    {
-      absl::MutexLock state(&mu_);
-      if (peer_ == nullptr) return absl::FailedPreconditionError("segment passage: no peer yet");
-      peer = peer_->socket.get();
-    }
+    DRAY_ASSIGN_OR_RETURN(const int peer, PeerSocket());
     const uint64_t words[2] = {number, segment};
     if (send(peer, words, sizeof(words), MSG_NOSIGNAL) != sizeof(words)) {
       return Errno("handing a segment back");
