@@ -442,31 +442,6 @@ absl::StatusOr<at::Tensor> DecodeTensorIn(const v1::Tensor& message, const Paylo
       const_cast<char*>(bytes.data()), shape, [owner](void*) mutable { owner.reset(); }, options);
 }
 
-// FromWireIn is FromWire on any payload.
-absl::StatusOr<DataProto> FromWireIn(const v1::DataProto& message, const PayloadView& payload) {
-  if (payload.size() != message.payload_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("DataProto payload has ", payload.size(),
-                                                   " bytes but payload_size is ",
-                                                   message.payload_size()));
-  }
-  DataProto data;
-  for (const v1::TensorColumn& column : message.tensors()) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,
-                          DecodeTensorIn(column.tensor(), payload,
-                                         absl::StrCat("tensor column '", column.name(), "'")));
-    DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
-  }
-  for (const v1::NonTensorColumn& column : message.non_tensors()) {
-    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, payload));
-    DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
-  }
-  for (const auto& [key, value] : message.meta_info()) {
-    DRAY_ASSIGN_OR_RETURN(MetaValue decoded, DecodeMeta(key, value));
-    data.SetMeta(key, std::move(decoded));
-  }
-  return data;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::Tensor> EncodeTensor(const at::Tensor& tensor, std::string* payload) {
@@ -519,16 +494,33 @@ absl::StatusOr<DataProto> FromWire(v1::DataProto message) {
         "DataProto payload has ", message.payload().size(), " bytes but payload_size is ",
         message.payload_size(), " (a streamed payload must be attached before decoding)"));
   }
-  Bytes payload(std::move(*message.mutable_payload()));
-  return FromWire(message, payload);
+  return FromWire(message, ScatteredPayload::Whole(Bytes(std::move(*message.mutable_payload()))));
 }
 
-absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload) {
-  return FromWireIn(message, PayloadView(payload));
-}
-
-absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const ScatteredPayload& payload) {
-  return FromWireIn(message, PayloadView(payload));
+absl::StatusOr<DataProto> FromWire(const v1::DataProto& message,
+                                   const ScatteredPayload& scattered) {
+  const PayloadView payload(scattered);
+  if (payload.size() != message.payload_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("DataProto payload has ", payload.size(),
+                                                   " bytes but payload_size is ",
+                                                   message.payload_size()));
+  }
+  DataProto data;
+  for (const v1::TensorColumn& column : message.tensors()) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor,
+                          DecodeTensorIn(column.tensor(), payload,
+                                         absl::StrCat("tensor column '", column.name(), "'")));
+    DRAY_RETURN_IF_ERROR(data.AddTensor(column.name(), std::move(tensor)));
+  }
+  for (const v1::NonTensorColumn& column : message.non_tensors()) {
+    DRAY_ASSIGN_OR_RETURN(NonTensorColumn rows, DecodeNonTensor(column, payload));
+    DRAY_RETURN_IF_ERROR(data.AddNonTensor(column.name(), std::move(rows)));
+  }
+  for (const auto& [key, value] : message.meta_info()) {
+    DRAY_ASSIGN_OR_RETURN(MetaValue decoded, DecodeMeta(key, value));
+    data.SetMeta(key, std::move(decoded));
+  }
+  return data;
 }
 
 }  // namespace dray

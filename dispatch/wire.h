@@ -74,12 +74,9 @@ absl::StatusOr<DetachedWire> ToDetachedWire(const DataProto& data);
 absl::StatusOr<DataProto> FromWire(v1::DataProto message);
 
 // FromWire decodes `message` (its own payload field unused) with `payload`
-// from elsewhere, such as a shared-memory segment, which the result aliases.
-absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const Bytes& payload);
-
-// FromWire decodes `message` with a payload that arrived in pieces (extents
-// of shared-memory segments): each buffer must lie within one piece, which
-// the result aliases.
+// from elsewhere: chunks assembled after it (one piece), or extents of
+// shared-memory segments. Each buffer must lie within one piece, which the
+// result aliases.
 absl::StatusOr<DataProto> FromWire(const v1::DataProto& message, const ScatteredPayload& payload);
 
 // EncodeTensor appends `tensor`'s bytes to `payload` at a 64-byte aligned

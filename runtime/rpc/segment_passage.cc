@@ -338,26 +338,28 @@ class SegmentPassage::Impl {
 
   absl::StatusOr<Bytes> Receive(uint64_t number, uint64_t size, absl::Duration timeout) {
     Fd segment;
+    std::optional<std::shared_ptr<const Segment>> own;  // when handed back
     {
       absl::MutexLock lock(&mu_);
       auto arrived = [this, number]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return closed_ || segments_.count(number) > 0 || handed_back_.count(number) > 0;
       };
       mu_.AwaitWithTimeout(absl::Condition(&arrived), timeout);
-      if (auto back = handed_back_.find(number); back != handed_back_.end()) {
-        std::shared_ptr<const Segment> own = std::move(back->second);
-        handed_back_.erase(back);
-        return MapOwn(number, std::move(own), size);
-      }
+      auto back = handed_back_.find(number);
       auto found = segments_.find(number);
-      if (found == segments_.end()) {
+      if (back != handed_back_.end()) {
+        own = std::move(back->second);
+        handed_back_.erase(back);
+      } else if (found != segments_.end()) {
+        segment = std::move(found->second);
+        segments_.erase(found);
+      } else {
         return absl::UnavailableError(
             absl::StrCat("segment passage: segment ", number,
                          closed_ ? " never came: the peer went away" : " did not come in time"));
       }
-      segment = std::move(found->second);
-      segments_.erase(found);
     }
+    if (own.has_value()) return MapOwn(number, std::move(*own), size);
     struct stat file = {};
     if (fstat(segment.get(), &file) != 0) return Errno("fstat");
     if (static_cast<uint64_t>(file.st_size) < size ||
