@@ -7,7 +7,7 @@
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
 //   dray node --controller=HOST:PORT --token-file=F                    (one per node)
-//   dray init-model --preset tiny|small --out DIR [--seed N]
+//   dray init-model --preset tiny|embedded|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
 #include <unistd.h>
@@ -174,9 +174,11 @@ int Main(int argc, char** argv) {
       "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
   std::string preset = "tiny", out;
   uint64_t seed = 0;
-  init->add_option("--preset", preset, "tiny (runs anywhere) or small (real layout, reduced width)")
+  init->add_option("--preset", preset,
+                   "tiny (runs anywhere), embedded (the embedded model's shapes) or small (real "
+                   "layout, reduced width)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"tiny", "small"}));
+      ->check(CLI::IsMember({"tiny", "embedded", "small"}));
   init->add_option("--out", out, "directory to write")->required();
   init->add_option("--seed", seed, "random seed: the same seed writes the same weights")
       ->capture_default_str();

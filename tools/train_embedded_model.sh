@@ -1,18 +1,21 @@
 #!/bin/bash
 # Trains the embedded model from random weights with dray itself and packs
 # it into workers/models/qwen_image/embedded/tiny_edit.safetensors (what the
-# dray binary carries). About 75 minutes on 2 CPU cores.
+# dray binary carries). About 70 minutes on 2 CPU cores.
 #
 #   tools/train_embedded_model.sh [WORK_DIR]     (default /tmp/dray-embedded)
 #
 # 1. synthetic pairs: 512 scenes (seeds 1000..1511; tests hold out seeds
-#    below 1000), each with the target of every synthetic instruction
-# 2. the VAE as an autoencoder of the scenes and the targets (vae.yaml),
-#    then 500 more steps at a fifth of the learning rate
+#    below 1000), each with the target of every synthetic instruction; and
+#    the same scenes at three sizes (64x64, 48x80, 80x48)
+# 2. the VAE as a plain autoencoder of the scenes and their targets
+#    (vae.yaml), on the embedded preset's random start
 # 3. the VAE rounded to float16, as it ships, so that the transformer
 #    learns on the latents it will see
-# 4. the transformer, fully fine-tuned with SFT on the pairs (sft.yaml)
-# 5. the trained components packed
+# 4. the transformer, fully fine-tuned with SFT on the square pairs
+#    (sft.yaml), then on the pairs of three sizes at a fifth of the
+#    learning rate (sft_sizes.yaml)
+# 5. the trained components packed, and scored on held-out scenes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=${1:-/tmp/dray-embedded}
@@ -23,15 +26,19 @@ embedded_model=bazel-bin/tools/embedded_model
 
 rm -rf "$work" && mkdir -p "$work"
 bazel-bin/tools/synthetic_edit_pairs --out "$work/pairs" --scenes 512 --first-seed 1000
-"$dray" init-model --preset tiny --seed 0 --out "$work/random"
-vae=(--config "$configs/vae.yaml" worker.image_edit.model_path="$work/random"
-  data.train_files="$work/pairs/train.jsonl" trainer.save_dir="$work/vae")
-"$dray" train "${vae[@]}"                    # 1500 steps at LR 2e-3
-"$dray" train "${vae[@]}" trainer.resume=auto trainer.total_steps=2000 worker.actor.lr=0.0004
+bazel-bin/tools/synthetic_edit_pairs --out "$work/pairs_sizes" --scenes 512 --first-seed 1000 \
+    --sizes 64x64,48x80,80x48
+"$dray" init-model --preset embedded --seed 0 --out "$work/random"
+"$dray" train --config "$configs/vae.yaml" worker.image_edit.model_path="$work/random" \
+    data.train_files="$work/pairs/train.jsonl" trainer.save_dir="$work/vae"
 "$embedded_model" pack --model "$work/vae/final" --out "$work/vae.safetensors"
 "$embedded_model" unpack --weights "$work/vae.safetensors" --out "$work/vae_model"
 "$dray" train --config "$configs/sft.yaml" worker.image_edit.model_path="$work/vae_model" \
     data.train_files="$work/pairs/train.jsonl" trainer.save_dir="$work/sft"
-"$embedded_model" pack --model "$work/sft/final" \
+"$dray" train --config "$configs/sft_sizes.yaml" worker.image_edit.model_path="$work/sft/final" \
+    data.train_files="$work/pairs_sizes/train.jsonl" trainer.save_dir="$work/sft_sizes"
+"$embedded_model" pack --model "$work/sft_sizes/final" \
     --out workers/models/qwen_image/embedded/tiny_edit.safetensors
-echo "packed; curves and samples: $work/vae and $work/sft; check: bazel test //tests/train:embedded_model_test"
+"$embedded_model" score --model "$work/sft_sizes/final"
+"$embedded_model" score --model "$work/sft_sizes/final" --height 48 --width 80
+echo "packed; curves and samples: $work/{vae,sft,sft_sizes}; check: bazel test //tests/train:embedded_model_test"

@@ -102,8 +102,8 @@ TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
   EXPECT_THAT(LoadQwenImageModel(dir, options),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("unknown key flux_capacitor; known keys:")));
-  EXPECT_THAT(PresetNamed("huge"),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("presets: tiny, small, real")));
+  EXPECT_THAT(PresetNamed("huge"), StatusIs(absl::StatusCode::kNotFound,
+                                            HasSubstr("presets: tiny, embedded, small, real")));
 }
 
 // The reference checkpoints diffusers wrote open through their folders, with

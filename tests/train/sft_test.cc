@@ -1,11 +1,14 @@
 // Supervised fine-tuning (algorithm.name: sft) through real worker
 // processes: the loss the workers report is the flow-matching loss computed
-// here by hand on the same tiny model, and it falls as training goes on.
+// here by hand on the same tiny model, it falls as training goes on, and
+// pairs of several sizes train a size a step, each at its aspect ratio.
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <utility>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <nlohmann/json.hpp>
@@ -79,6 +82,40 @@ TEST(SftTest, TheLossIsTheFlowMatchingLossComputedByHand) {
     loss += (velocity - (noise - clean)).pow(2).mean().item<double>() / 2;
   }
   EXPECT_NEAR(reported, loss, 1e-5 * loss);
+}
+
+TEST(SftTest, PairsOfSeveralSizesTrainOneSizeAStepAtTheirAspectRatio) {
+  const std::string dir = SaveDir("sizes");
+  fs::create_directories(dir + "/data");
+  DRAY_ASSERT_OK_AND_ASSIGN(std::string data,
+                            WriteSyntheticEditPairs(dir + "/data", 4, 100, {{64, 64}, {48, 80}}));
+  const TrainConfig config = SmallJob(
+      dir + "/run", {"algorithm.name=sft", "data.train_files=" + data, "data.prompts_per_step=4",
+                     "trainer.total_steps=4", "trainer.sample_every=1",
+                     "worker.image_edit.image_size=64", "worker.rollout.resolution=64"});
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 2));
+  std::set<std::pair<int64_t, int64_t>> sizes_seen;
+  for (int64_t step = 0; step < 8; ++step) {
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->PairedBatch(step));
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
+    for (const EditRow& row : rows) {
+      EXPECT_EQ(row.image.sizes(), rows.front().image.sizes()) << "step " << step;
+    }
+    sizes_seen.insert({rows.front().image.size(0), rows.front().image.size(1)});
+    // Each rank edits (as sft_update prepares) its rows at their aspect
+    // ratio: about 64^2 pixels, sides multiples of 32, as the edit pipeline
+    // sizes them.
+    const bool wide = rows.front().image.size(1) > rows.front().image.size(0);
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> edited,
+                              trainer->group().Call("edit", {batch}));
+    for (const Image& output : *edited.front().GetRows<Image>(kEditedColumn).value()) {
+      EXPECT_EQ(output.height, 64) << "step " << step;
+      EXPECT_EQ(output.width, wide ? 96 : 64) << "step " << step;
+    }
+  }
+  EXPECT_EQ(sizes_seen.size(), 2u) << "eight steps drew pairs of one size only";
+  DRAY_ASSERT_OK(trainer->Run());  // four steps over two ranks, a size a step
+  EXPECT_TRUE(fs::exists(dir + "/run/samples/step_3.png"));
 }
 
 TEST(SftTest, TheLossFallsOnTheEmbeddedPairs) {

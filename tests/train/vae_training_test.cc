@@ -1,5 +1,6 @@
 // Training the VAE (algorithm.name: vae) through real worker processes:
-// the loss is the beta-VAE loss, the reconstruction error falls on the
+// the loss is the beta-VAE loss (with beta 0, a plain autoencoder's: no
+// sampled latents), the reconstruction error falls on the
 // embedded pairs with the VAE sharded over two workers, final/ is a model
 // directory with the trained VAE beside the untouched components, and a
 // stopped and resumed run equals one that never stopped.
@@ -17,9 +18,12 @@
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
 #include "tests/train/train_test_util.h"
+#include "workers/edit/edit_batch.h"
 #include "workers/models/component_weights.h"
+#include "workers/models/image_resize.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
+#include "workers/train/flow_grpo_worker.h"
 #include "workers/train/train_data.h"
 #include "workers/train/vae_training.h"
 
@@ -83,7 +87,7 @@ TEST(VaeTrainingTest, TheLossIsReconstructionPlusBetaTimesKl) {
       qwen_image::QwenImageModel model,
       qwen_image::LoadQwenImageModel(RandomModel(), at::TensorOptions(at::kFloat)));
   torch::NoGradGuard no_grad;
-  const at::Tensor pixels = qwen_image::ToPixels({SyntheticScene(3, 64)}, at::kFloat);
+  const at::Tensor pixels = qwen_image::ToPixels({SyntheticScene(3, 64, 64)}, at::kFloat);
   const at::Tensor eps = at::randn({1, 4, 1, 16, 16}, at::kFloat);
   DRAY_ASSERT_OK_AND_ASSIGN(VaeLoss out, VaeReconstructionLoss(*model.vae, pixels, eps, 0.5));
   DRAY_ASSERT_OK_AND_ASSIGN(qwen_image::LatentDistribution posterior, model.vae->Encode(pixels));
@@ -96,6 +100,35 @@ TEST(VaeTrainingTest, TheLossIsReconstructionPlusBetaTimesKl) {
   EXPECT_NEAR(out.kl.item<double>(), kl, 1e-5 * kl);
   EXPECT_NEAR(out.loss.item<double>(), mse + 0.5 * kl, 1e-5 * (mse + kl));
   EXPECT_FALSE(VaeReconstructionLoss(*model.vae, pixels, eps.narrow(3, 0, 8), 0.5).ok());
+}
+
+TEST(VaeTrainingTest, BetaZeroTrainsAPlainAutoencoderOfThePosteriorsMean) {
+  const std::string dir = SaveDir("plain");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      StartTrainer(VaeJob(dir, {"algorithm.beta=0", "worker.actor.micro_batch_size=4"}), 1));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->PairedBatch(0));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> updated,
+                            trainer->group().Call("vae_update", {batch}));
+  DRAY_ASSERT_OK_AND_ASSIGN(double reported, updated.front().GetMeta<double>("loss"));
+
+  // By hand: every input and target, decoded from the posterior's mean.
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
+  std::vector<at::Tensor> images;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    images.push_back(rows[i].image);
+    images.push_back(DecodeImageRow((*batch.GetRows<Image>(kTargetsColumn).value())[i]).value());
+  }
+  for (at::Tensor& image : images) image = ResizeImage(image, 64, 64, Resample::kLanczos).value();
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      qwen_image::QwenImageModel model,
+      qwen_image::LoadQwenImageModel(RandomModel(), at::TensorOptions(at::kFloat)));
+  torch::NoGradGuard no_grad;
+  const at::Tensor pixels = qwen_image::ToPixels(images, at::kFloat);
+  DRAY_ASSERT_OK_AND_ASSIGN(qwen_image::LatentDistribution posterior, model.vae->Encode(pixels));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor decoded, model.vae->Decode(posterior.mean));
+  const double mse = (decoded - pixels).pow(2).mean().item<double>();
+  EXPECT_NEAR(reported, mse, 1e-5 * mse);
 }
 
 TEST(VaeTrainingTest, TheReconstructionErrorFallsOnTwoShardedWorkers) {
@@ -116,9 +149,9 @@ TEST(VaeTrainingTest, TheReconstructionErrorFallsOnTwoShardedWorkers) {
   DRAY_EXPECT_OK(
       qwen_image::LoadQwenImageModel(dir + "/final", at::TensorOptions(at::kFloat)).status());
   EXPECT_GT(MaxDifference(Weights(dir + "/final/vae"), Weights(RandomModel() + "/vae")), 1e-3);
-  EXPECT_EQ(MaxDifference(Weights(dir + "/final/transformer"),
-                          Weights(RandomModel() + "/transformer")),
-            0);
+  EXPECT_EQ(
+      MaxDifference(Weights(dir + "/final/transformer"), Weights(RandomModel() + "/transformer")),
+      0);
 }
 
 TEST(VaeTrainingTest, AStopAndAResumeEqualAnUninterruptedRun) {

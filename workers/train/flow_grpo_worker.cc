@@ -110,8 +110,8 @@ struct FlowGrpoWorker::State {
   }
 
   // VaeLossOf runs the sharded VAE on `images` (resized to the job's
-  // resolution), each row's latent noise drawn from its seed (none: the
-  // posterior's mean).
+  // resolution), each row's latent noise drawn from its seed (no seeds, or
+  // algorithm.beta 0, a plain autoencoder: the posterior's mean).
   absl::StatusOr<VaeLoss> VaeLossOf(const std::vector<at::Tensor>& images,
                                     const std::vector<int64_t>& seeds) {
     std::vector<at::Tensor> resized;
@@ -126,7 +126,7 @@ struct FlowGrpoWorker::State {
     const int64_t channels = model->model().vae->config().z_dim;
     std::vector<at::Tensor> eps;
     for (size_t i = 0; i < images.size(); ++i) {
-      if (seeds.empty()) {
+      if (seeds.empty() || config.beta == 0) {
         eps.push_back(at::zeros({1, channels, 1, side, side}));
         continue;
       }
@@ -351,7 +351,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   options.true_cfg_scale = config.model.true_cfg_scale;
   if (!config.model.negative_prompt.empty()) options.negative_prompt = config.model.negative_prompt;
   options.image_size = config.model.image_size;
-  options.width = options.height = config.resolution;
+  if (config.sft()) {
+    options.image_size = config.resolution;  // each pair at its own aspect ratio
+  } else {
+    options.width = options.height = config.resolution;
+  }
   state_ = std::move(state);
   return DataProto::Make({}, {}, state_->model->MemoryFigures(rank()));
 }

@@ -113,7 +113,9 @@ struct TrainConfig {
 
   // worker.rollout.*
   int64_t num_inference_steps = 10;
-  int64_t resolution = 512;  // outputs are resolution x resolution
+  // GRPO's outputs are resolution x resolution; SFT trains each pair at
+  // about resolution^2 pixels at its aspect ratio; the VAE at resolution^2.
+  int64_t resolution = 512;
 
   // worker.reward.*
   std::vector<std::string> reward_functions = {"color"};  // workers/train/rewards.h

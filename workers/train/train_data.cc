@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -63,13 +64,6 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
     };
     TrainPrompt prompt;
     DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
-    if (!prompts.empty() && prompt.pixels.sizes() != prompts.front().pixels.sizes()) {
-      return BadLine(
-          jsonl_path, line,
-          absl::StrCat(prompt.image_path, " is ", prompt.pixels.size(1), "x", prompt.pixels.size(0),
-                       ", the first row's image ", prompts.front().pixels.size(1), "x",
-                       prompts.front().pixels.size(0), ": a job's images must share one size"));
-    }
     if (with_targets) {
       std::string target_path;
       DRAY_RETURN_IF_ERROR(read_image("target", target_path, prompt.target, prompt.target_pixels));
@@ -116,13 +110,13 @@ absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
   return path;
 }
 
-at::Tensor SyntheticScene(int64_t seed, int64_t size) {
+at::Tensor SyntheticScene(int64_t seed, int64_t height, int64_t width) {
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto uniform = [&](double lo, double hi) {
     return lo + (hi - lo) * at::rand({1}, generator).item<double>();
   };
-  const at::Tensor y = at::arange(size, at::kFloat).view({size, 1, 1}) / size;
-  const at::Tensor x = at::arange(size, at::kFloat).view({1, size, 1}) / size;
+  const at::Tensor y = at::arange(height, at::kFloat).view({height, 1, 1}) / height;
+  const at::Tensor x = at::arange(width, at::kFloat).view({1, width, 1}) / width;
   const double horizon = uniform(0.45, 0.65);
   const at::Tensor sky_top = at::tensor({uniform(60, 110), uniform(120, 170), uniform(200, 250)});
   const at::Tensor sky_low = at::tensor({uniform(170, 220), uniform(190, 230), uniform(220, 250)});
@@ -132,7 +126,9 @@ at::Tensor SyntheticScene(int64_t seed, int64_t size) {
       at::where(y < horizon, sky_top * (1 - t) + sky_low * t, ground * (1.1 - 0.4 * (y - horizon)));
   // A sun or a ball: a disc of its own colour.
   const double cx = uniform(0.2, 0.8), cy = uniform(0.15, 0.8), r = uniform(0.08, 0.16);
-  const at::Tensor disc = ((x - cx).pow(2) + (y - cy).pow(2)).lt(r * r);
+  const double side = std::min(height, width);  // the disc's radius is r of the shorter side
+  const at::Tensor disc =
+      ((x - cx).mul(width / side).pow(2) + (y - cy).mul(height / side).pow(2)).lt(r * r);
   const at::Tensor colour = at::tensor({uniform(180, 255), uniform(120, 230), uniform(20, 120)});
   image = at::where(disc, colour.view({1, 1, 3}).expand_as(image), image);
   return image.clamp(0, 255).round().to(at::kByte).contiguous();
@@ -174,10 +170,13 @@ const std::vector<std::string>& SyntheticEditInstructions() {
 }
 
 absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
-                                                    int64_t first_seed) {
+                                                    int64_t first_seed,
+                                                    const std::vector<ImageSize>& sizes) {
+  if (sizes.empty()) return absl::InvalidArgumentError("no scene sizes given");
   std::string jsonl;
   for (int64_t i = 0; i < scenes; ++i) {
-    const at::Tensor scene = SyntheticScene(first_seed + i, 64);
+    const auto [height, width] = sizes[i % sizes.size()];
+    const at::Tensor scene = SyntheticScene(first_seed + i, height, width);
     const std::string file = absl::StrCat("scene_", first_seed + i, ".png");
     DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
     for (size_t e = 0; e < SyntheticEditInstructions().size(); ++e) {

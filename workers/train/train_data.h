@@ -12,6 +12,8 @@
 #ifndef DRAY_WORKERS_TRAIN_TRAIN_DATA_H_
 #define DRAY_WORKERS_TRAIN_TRAIN_DATA_H_
 
+#include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -49,19 +51,25 @@ absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir);
 // trained model): 64x64 scenes (a sky, the ground, a disc) and the images
 // simple instructions turn them into.
 //
-// SyntheticScene draws scene `seed` (uint8 [size, size, 3]).
-at::Tensor SyntheticScene(int64_t seed, int64_t size);
+// SyntheticScene draws scene `seed` (uint8 [height, width, 3]; the same
+// scene at any size, its sun round).
+at::Tensor SyntheticScene(int64_t seed, int64_t height, int64_t width);
 // ApplyEdit computes what `instruction` (one of SyntheticEditInstructions)
 // makes of `scene`: "make it <colour>" blends halfway to the colour, "make
 // it darker/brighter" halves the distance to black/white, "turn the sky
 // <colour>" recolours the sky's pixels.
 absl::StatusOr<at::Tensor> ApplyEdit(const at::Tensor& scene, const std::string& instruction);
 const std::vector<std::string>& SyntheticEditInstructions();
+// ImageSize: {height, width}.
+using ImageSize = std::array<int64_t, 2>;
 // WriteSyntheticEditPairs writes scenes first_seed .. first_seed+scenes-1,
-// each with every instruction's target, and train.jsonl ({"image",
-// "instruction", "target"} rows) into `dir`; returns train.jsonl's path.
+// scene i at sizes[i % sizes.size()], each with every instruction's target,
+// and train.jsonl ({"image", "instruction", "target"} rows) into `dir`;
+// returns train.jsonl's path.
 absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
-                                                    int64_t first_seed);
+                                                    int64_t first_seed,
+                                                    const std::vector<ImageSize>& sizes = {
+                                                        {64, 64}});
 
 }  // namespace dray
 

@@ -128,6 +128,7 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
                                                 : WriteEmbeddedTask(task));
   }
   DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.paired()));
+  trainer->BucketBySize();
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
   if (!config.remote_rewards.empty() && !config.paired()) {
     DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
@@ -192,8 +193,19 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   return absl::OkStatus();
 }
 
+void FlowGrpoTrainer::BucketBySize() {
+  std::map<std::pair<int64_t, int64_t>, size_t> bucket_of_size;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const std::pair<int64_t, int64_t> size = {prompts_[i].pixels.size(0),
+                                              prompts_[i].pixels.size(1)};
+    const auto [it, added] = bucket_of_size.emplace(size, buckets_.size());
+    if (added) buckets_.emplace_back();
+    buckets_[it->second].push_back(i);
+    bucket_of_.push_back(it->second);
+  }
+}
+
 std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
-  // Epochs over the prompts, each in its own seeded order.
   std::vector<size_t> chosen;
   const int64_t count = static_cast<int64_t>(prompts_.size());
   for (int64_t k = step * config_.prompts_per_step; k < (step + 1) * config_.prompts_per_step;
@@ -203,6 +215,10 @@ std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
     std::shuffle(order.begin(), order.end(), std::mt19937_64(Seed(config_.seed, 1, k / count)));
     chosen.push_back(order[k % count]);
   }
+  if (buckets_.size() < 2) return chosen;
+  std::vector<size_t> bucket = buckets_[bucket_of_[chosen.front()]];
+  std::shuffle(bucket.begin(), bucket.end(), std::mt19937_64(Seed(config_.seed, 7, step)));
+  for (size_t i = 1; i < chosen.size(); ++i) chosen[i] = bucket[(i - 1) % bucket.size()];
   return chosen;
 }
 

@@ -123,8 +123,13 @@ class FlowGrpoTrainer {
  private:
   FlowGrpoTrainer(TrainConfig config, Options options);
 
-  // PromptsOf: the indices of the prompts step `step` draws.
+  // PromptsOf: the indices of the prompts step `step` draws: epochs over
+  // the prompts, each in its own seeded order, the step's first prompt
+  // choosing its size bucket when the images differ in size (a batch is of
+  // one size); the rest are then drawn from that bucket.
   std::vector<size_t> PromptsOf(int64_t step) const;
+  // BucketBySize fills buckets_ and bucket_of_ from prompts_.
+  void BucketBySize();
   // EditRows: step `step`'s prompts, `copies` times each, with their seeds.
   absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies) const;
   double LearningRate(int64_t step) const;
@@ -174,6 +179,8 @@ class FlowGrpoTrainer {
   std::optional<ScratchDir> scratch_;  // the embedded model and task
   std::string model_path_;             // what the workers load
   std::vector<TrainPrompt> prompts_;
+  std::vector<std::vector<size_t>> buckets_;  // prompts by input image size
+  std::vector<size_t> bucket_of_;             // each prompt's bucket
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
   std::shared_ptr<WorkerGroup> group_;

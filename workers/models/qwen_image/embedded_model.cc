@@ -33,7 +33,7 @@ struct TrainedComponent {
 };
 
 constexpr TrainedComponent kTrainedComponents[] = {
-    {"transformer", "diffusion_pytorch_model.safetensors", at::kFloat},
+    {"transformer", "diffusion_pytorch_model.safetensors", at::kHalf},
     {"vae", "diffusion_pytorch_model.safetensors", at::kHalf},
     {"text_encoder", "model.safetensors", at::kFloat},
 };
@@ -43,8 +43,8 @@ constexpr TrainedComponent kTrainedComponents[] = {
 absl::Status WriteModelWithPackedWeights(const std::string& dir, const std::string& packed_path) {
   DRAY_ASSIGN_OR_RETURN(std::shared_ptr<const SafetensorsFile> packed,
                         SafetensorsFile::Open(packed_path));
-  DRAY_ASSIGN_OR_RETURN(ModelPreset tiny, PresetNamed("tiny"));
-  DRAY_RETURN_IF_ERROR(WriteQwenImageModelConfigs(dir, tiny).status());
+  DRAY_ASSIGN_OR_RETURN(ModelPreset embedded, PresetNamed("embedded"));
+  DRAY_RETURN_IF_ERROR(WriteQwenImageModelConfigs(dir, embedded).status());
   for (const TrainedComponent& component : kTrainedComponents) {
     const std::string prefix = absl::StrCat(component.folder, "/");
     std::vector<std::pair<std::string, at::Tensor>> tensors;

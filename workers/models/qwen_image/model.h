@@ -62,9 +62,10 @@ struct ModelPreset {
       0;  // merges learned for the tokenizer written (no released vocabulary here)
 };
 
-// PresetNamed returns "tiny" (runs anywhere in seconds), "small" (the
-// real layout at reduced width) or "real" (the released sizes; for
-// meta-device checks, far too large to write here). NOT_FOUND otherwise.
+// PresetNamed returns "tiny" (runs anywhere in seconds), "embedded" (tiny
+// with the larger transformer of the embedded model, embedded_model.h),
+// "small" (the real layout at reduced width) or "real" (the released sizes;
+// for meta-device checks, far too large to write here). NOT_FOUND otherwise.
 absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
 
 // WriteQwenImageModelConfigs writes a model directory's every file but the
