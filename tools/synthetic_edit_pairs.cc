@@ -2,8 +2,10 @@
 // model is trained on (scenes with every synthetic instruction's target,
 // workers/train/train_data.h) as train.jsonl and PNG files.
 //
-//   bazel run //tools:synthetic_edit_pairs -- --out /tmp/pairs --scenes 512 --first-seed 1000 \
-//       [--sizes 64x64,48x80]    (height x width, taken in turn; default 64x64)
+//   bazel run //tools:synthetic_edit_pairs -- --out /tmp/pairs --scenes 512
+//       --first-seed 1000 [--sizes 64x64,48x80]
+//
+// --sizes: HEIGHTxWIDTH, taken in turn by the scenes (default 64x64).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
