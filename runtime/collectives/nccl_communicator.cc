@@ -196,9 +196,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   DRAY_RETURN_IF_ERROR(
       NcclStatus(ncclCommInitRank(&comm, static_cast<int>(ranks.size()), id, group_rank),
                  absl::StrCat("rank ", address.rank, " joining NCCL group '", name, "'")));
+  // A blocking stream: its collectives wait for the work LibTorch queued on
+  // the legacy default stream (the tensors they read), and the reverse.
   cudaStream_t stream;
-  DRAY_RETURN_IF_ERROR(
-      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  DRAY_RETURN_IF_ERROR(CudaStatus(cudaStreamCreate(&stream), "cudaStreamCreate"));
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(std::move(rendezvous), name, std::move(ranks), comm, stream, device));
 }

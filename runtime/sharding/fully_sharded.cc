@@ -225,12 +225,13 @@ absl::Status FullyShardedModule::ReplicateTheRest() {
     }
     replicated_.push_back(parameter);
     replicated_names_.push_back(named.key());
-    if (precision.param_dtype
-            .has_value()) {  // a float32 master, and a working copy to compute with
-      replicated_masters_.push_back(
-          parameter.detach().to(at::kFloat).clone().requires_grad_(parameter.requires_grad()));
+    if (precision.param_dtype.has_value() && parameter.requires_grad()) {
+      // A float32 master, and a working copy to compute with.
+      replicated_masters_.push_back(parameter.detach().to(at::kFloat).clone().requires_grad_());
       parameter.set_data(parameter.detach().to(*precision.param_dtype));
-    } else {
+    } else {  // its own master: frozen ones in the compute dtype, like frozen shards
+      if (precision.param_dtype.has_value())
+        parameter.set_data(parameter.detach().to(*precision.param_dtype));
       replicated_masters_.push_back(parameter);
     }
   }
@@ -284,10 +285,19 @@ absl::Status FullyShardedModule::MoveMasters(at::Device device) {
 
 void FullyShardedModule::BeforeForward() {
   if (!options_.mixed_precision.param_dtype.has_value()) return;
-  torch::NoGradGuard
-      no_grad;  // refresh the working copies from their masters (after optimizer steps)
-  for (size_t i = 0; i < replicated_.size(); ++i)
+  // Refresh a working copy only when its master moved (an optimizer step or a
+  // load): a copy saved by an earlier forward (true CFG's first of two before
+  // one backward) must keep its version for backward.
+  torch::NoGradGuard no_grad;
+  replicated_versions_.resize(replicated_.size(), -1);
+  for (size_t i = 0; i < replicated_.size(); ++i) {
+    const int64_t version = replicated_masters_[i]._version();
+    if (version == replicated_versions_[i] ||
+        replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl())
+      continue;
     replicated_[i].detach().copy_(replicated_masters_[i]);
+    replicated_versions_[i] = version;
+  }
 }
 
 std::string FullyShardedModule::DescribePrecision() const {

@@ -262,6 +262,7 @@ class FullyShardedModule : public UnitHooks {
   std::vector<std::string> replicated_names_;
   std::vector<at::Tensor>
       replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)
+  std::vector<int64_t> replicated_versions_;  // the masters' versions their working copies hold
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;
   bool gradient_sync_ = true;

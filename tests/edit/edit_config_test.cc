@@ -124,9 +124,17 @@ TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float8"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("torch_dtype")));
-  EXPECT_THAT(
-      ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=bfloat16"}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bfloat16 needs device cuda")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float16"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("float16 needs device cuda")));
+  EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.device=cuda:1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is not cpu or cuda")));
+  const absl::StatusOr<ImageEditConfig> bfloat16 =
+      ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=bfloat16"});
+  if (CpuHasBfloat16()) {
+    DRAY_EXPECT_OK(bfloat16.status());
+  } else {  // LibTorch's bfloat16 CPU kernels would die
+    EXPECT_THAT(bfloat16, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("AVX512-BF16")));
+  }
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.fsdp_sharding_strategy=HALF"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fsdp_sharding_strategy")));
   EXPECT_THAT(ImageEditConfig::Load("", {"batch_size=2"}),

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/edit/edit_test_util.h"
 #include "workers/edit/edit_batch.h"
+#include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
 
 namespace dray {
@@ -123,6 +124,34 @@ TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
     for (size_t i = 0; i < images.size(); ++i) {
       EXPECT_TRUE(at::equal(images[i], baseline[i])) << mode << ": row " << i;
     }
+  }
+}
+
+TEST(ImageEditWorkerModesTest, BFloat16ShardsHalveTheParametersAndEditAlike) {
+  const std::vector<std::string> sharded = {"worker.image_edit.enable_fsdp=true"};
+  std::vector<std::string> bfloat16 = sharded;
+  bfloat16.push_back("worker.image_edit.torch_dtype=bfloat16");
+  if (!CpuHasBfloat16()) {  // LibTorch's bfloat16 CPU kernels would die
+    EXPECT_THAT(ImageEditConfig::Load("", bfloat16),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("AVX512-BF16")));
+    return;
+  }
+  const TestBatch batch = MakeTestBatch(3);
+  std::vector<std::vector<at::Tensor>> images;
+  std::vector<int64_t> bytes;
+  for (const std::vector<std::string>& overrides : {sharded, bfloat16}) {
+    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
+                              StartTestController(TestConfig(overrides), 2));
+    bytes.push_back(
+        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value());
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
+    images.push_back(EditedImages(edited));
+  }
+  // Nothing trains in an edit worker: its shards are stored in the compute dtype.
+  EXPECT_LT(bytes[1], bytes[0] * 6 / 10);
+  for (size_t i = 0; i < images[0].size(); ++i) {
+    const at::Tensor levels = (images[1][i].to(at::kFloat) - images[0][i].to(at::kFloat)).abs();
+    EXPECT_LT(levels.mean().item<double>(), 2.0) << "row " << i;  // of 255
   }
 }
 

@@ -517,6 +517,35 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
   });
 }
 
+TEST(FullyShardedPrecisionTest, TwoForwardsBeforeOneBackwardKeepTheWorkingCopies) {
+  // True CFG under mixed precision: the parameters outside every unit compute
+  // from bfloat16 working copies, which the first forward saved for backward;
+  // the second forward must not rewrite them, and after a step they follow.
+  const Data data = MakeData();
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel model;
+    ShardingOptions options;
+    options.mixed_precision.param_dtype = at::kBFloat16;
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6);
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      const at::Tensor guided =
+          model->forward(x, sharded.get()) - model->forward(x * 0.5, sharded.get());
+      guided.pow(2).mean().backward();
+      optimizer.step();
+    }
+    model->forward(x, sharded.get());
+    const auto masters = sharded->FullParameters().value();
+    for (const auto& [name, master] : masters) {
+      if (name == "input.weight") {
+        EXPECT_TRUE(at::equal(model->input->weight, master.to(at::kBFloat16)));
+      }
+    }
+  });
+}
+
 // On this CPU-only machine the compute device is the CPU too: these check the
 // code paths and the state they leave, not a real device move.
 TEST(FullyShardedOffloadTest, CpuOffloadEqualsNoOffload) {

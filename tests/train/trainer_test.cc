@@ -1,8 +1,8 @@
 // Flow-GRPO training end to end, with real worker processes holding the
 // FSDP-sharded tiny model and real Gloo collectives: the on-policy identity
-// with CFG and sharding on, the same parameters at one and two workers, a
-// loss that is not finite, full fine-tuning in an SDE window with LR
-// warm-up, and the embedded task's reward rising.
+// with CFG and sharding on, the same parameters at one and two workers,
+// bfloat16 compute over float32 masters, a loss that is not finite, full fine-tuning in an SDE
+// window with LR warm-up, and the embedded task's reward rising.
 #include "workers/train/trainer.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/train/train_test_util.h"
+#include "workers/edit/edit_config.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/train/flow_grpo_worker.h"
 
@@ -85,6 +86,37 @@ TEST(TrainerTest, EveryShardingStrategyAndOffloadTrainTheSameParameters) {
     for (const auto& [name, tensor] : reference)
       EXPECT_LT((tensor - trained.at(name)).abs().max().item<double>(), 1e-5) << name;
   }
+}
+
+TEST(TrainerTest, BFloat16ComputeOverFloat32MastersTracksFloat32Training) {
+  const std::string bfloat16 = "worker.image_edit.torch_dtype=bfloat16";
+  if (!CpuHasBfloat16()) {  // LibTorch's kernels would die: the job is refused up front
+    EXPECT_THAT(TrainConfig::Load("", {bfloat16}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("AVX512-BF16")));
+    return;
+  }
+  // Two workers with true CFG (two forwards before each backward), float32
+  // then bfloat16 compute: the adapters' updates agree in direction (Adam
+  // moves a weight by ~lr whatever its gradient, so sign flips of tiny
+  // gradients keep them from agreeing to float32's precision).
+  std::vector<at::Tensor> updates;
+  for (const std::vector<std::string>& overrides : {std::vector<std::string>{}, {bfloat16}}) {
+    const std::string dir = SaveDir(overrides.empty() ? "float32" : "bfloat16");
+    DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(SmallJob(dir, overrides), 2));
+    DRAY_ASSERT_OK(trainer->Run());
+    std::vector<at::Tensor> lora_b;
+    for (const auto& [name, tensor] : LoraWeights(dir)) {
+      EXPECT_EQ(tensor.scalar_type(), at::kFloat) << name;  // saved from the float32 masters
+      if (name.find("lora_B") != std::string::npos) lora_b.push_back(tensor.reshape(-1));
+    }
+    ASSERT_FALSE(lora_b.empty());
+    updates.push_back(at::cat(lora_b));  // B starts at zero: this is the update
+  }
+  const at::Tensor& full = updates[0];
+  const at::Tensor& half = updates[1];
+  ASSERT_GT(full.norm().item<double>(), 0);
+  EXPECT_GT((full * half).sum().item<double>() / (full.norm() * half.norm()).item<double>(), 0.9);
+  EXPECT_LT(((half - full).norm() / full.norm()).item<double>(), 0.5);
 }
 
 TEST(TrainerTest, ALossThatIsNotFiniteStopsOrIsSkipped) {

@@ -7,6 +7,11 @@
 
 namespace dray {
 
+bool CpuHasBfloat16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+}
+
 absl::Status ImageEditConfig::Validate() const {
   const ImageEditConfig& c = *this;
   auto bad = [](const char* key, const std::string& why) {
@@ -29,14 +34,17 @@ absl::Status ImageEditConfig::Validate() const {
     return bad("torch_dtype",
                absl::StrCat("'", c.torch_dtype, "' is not one of float32, bfloat16, float16"));
   }
-  if (c.device != "cpu" && c.device != "cuda" && c.device.rfind("cuda:", 0) != 0) {
-    return bad("device", absl::StrCat("'", c.device, "' is not cpu, cuda or cuda:N"));
+  if (c.device != "cpu" && c.device != "cuda") {  // a worker sees only its own GPU
+    return bad("device", absl::StrCat("'", c.device, "' is not cpu or cuda"));
   }
-  if (c.device == "cpu" && c.torch_dtype != "float32") {
-    // LibTorch 1.13's CPU kernels lack float16 matmuls, and its bfloat16 ones
-    // die with SIGILL on CPUs without AVX512-BF16 (seen on the CI machine).
+  if (c.device == "cpu" && c.torch_dtype == "float16") {  // LibTorch 1.13 has no CPU float16 matmul
+    return bad("torch_dtype", "float16 needs device cuda; on cpu use float32 or bfloat16");
+  }
+  if (c.device == "cpu" && c.torch_dtype == "bfloat16" && !CpuHasBfloat16()) {
+    // LibTorch 1.13's bfloat16 CPU kernels die with SIGILL on such CPUs.
     return bad("torch_dtype",
-               absl::StrCat(c.torch_dtype, " needs device cuda; on cpu use float32"));
+               "bfloat16 on cpu needs a CPU with AVX512-BF16, which this one lacks; use float32 "
+               "or device cuda");
   }
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
   if (!strategy.ok())
@@ -62,7 +70,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "num_inference_steps", c.num_inference_steps, "an integer"),
       Key(s + "negative_prompt", c.negative_prompt, "a string"),
       Key(s + "seed", c.seed, "an integer"),
-      Key(s + "device", c.device, "a device (cpu, cuda, cuda:N)"),
+      Key(s + "device", c.device, "a device (cpu, or cuda: each worker's own GPU)"),
       Key(s + "lora_path", c.lora_path, "a path"),
   };
 }

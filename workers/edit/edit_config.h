@@ -58,7 +58,7 @@ struct ImageEditConfig {
   int64_t num_inference_steps = 50;
   std::string negative_prompt = " ";  // empty: no guidance
   int64_t seed = 42;
-  std::string device = "cpu";  // cpu, cuda or cuda:N
+  std::string device = "cpu";  // cpu, or cuda: the worker's own GPU
   std::string lora_path;       // a LoRA file for the transformer (dray train's final/); empty: none
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
@@ -83,6 +83,10 @@ struct ImageEditConfig {
 // ImageEditConfigKeys binds the `worker.image_edit.*` keys to `config`
 // (workers/config/yaml_config.h), for configurations that embed it.
 std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& config);
+
+// CpuHasBfloat16: whether this CPU has AVX512-BF16, without which LibTorch
+// 1.13's bfloat16 CPU kernels die (torch_dtype bfloat16 on device cpu).
+bool CpuHasBfloat16();
 
 }  // namespace dray
 

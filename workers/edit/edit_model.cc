@@ -25,7 +25,7 @@ absl::StatusOr<at::Device> ParseDevice(const std::string& name) {
         "device '", name, "' needs CUDA; this build or machine has none (use device=cpu)"));
   }
   // The controller sets CUDA_VISIBLE_DEVICES to the local rank: "cuda" is this worker's GPU.
-  return name == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(name);
+  return at::Device(at::kCUDA, 0);
 }
 
 at::ScalarType ParseDtype(const std::string& name) {
@@ -40,6 +40,14 @@ int64_t ResidentBytes() {
   int64_t size = 0, resident = 0;
   statm >> size >> resident;
   return resident * 4096;
+}
+
+// Frozen: no parameter of `module` trains.
+bool Frozen(const torch::nn::Module& module) {
+  for (const at::Tensor& parameter : module.parameters()) {
+    if (parameter.requires_grad()) return false;
+  }
+  return true;
 }
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
@@ -150,7 +158,7 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     model.transformer->set_unit_hooks(state->transformer_shards.get());
     model.text_encoder->set_unit_hooks(state->text_encoder_shards.get());
     if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
-    if (dtype != at::kFloat) model.vae->to(dtype);
+    if (dtype != at::kFloat && Frozen(*model.vae)) model.vae->to(dtype);  // else FSDP's masters
   } else if (sends) {
     for (const auto& module : WholeModels(model))
       DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));

@@ -62,7 +62,9 @@ struct EditModel {
 absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, const Worker& worker);
 
 // BeforeSharding: a change to the loaded model before it is sharded (LoRA
-// adapters, freezing what is not trained).
+// adapters, freezing what is not trained). Under FSDP a trainable parameter
+// keeps a float32 master shard and computes in torch_dtype; a frozen one is
+// stored in torch_dtype (FSDP's use_orig_params with frozen parameters).
 using BeforeSharding = std::function<absl::Status(qwen_image::QwenImageModel& model)>;
 
 // LoadEditModel loads the model `config` names into `worker`'s process (a

@@ -31,13 +31,17 @@ QwenImageEditWorker::~QwenImageEditWorker() = default;
 absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(std::string yaml, input.GetMeta<std::string>("config"));
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, ImageEditConfig::FromYaml(yaml));
-  BeforeSharding lora;
-  if (!config.lora_path.empty()) {
-    lora = [&config](qwen_image::QwenImageModel& model) {
-      return LoadLoraAdapters(*model.transformer, config.lora_path).status();
-    };
-  }
-  DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this, lora));
+  // Nothing trains here: every shard is stored in the compute dtype.
+  auto freeze = [&config](qwen_image::QwenImageModel& model) -> absl::Status {
+    if (!config.lora_path.empty())
+      DRAY_RETURN_IF_ERROR(LoadLoraAdapters(*model.transformer, config.lora_path).status());
+    const std::vector<std::shared_ptr<torch::nn::Module>> modules = {
+        model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
+    for (const auto& module : modules)
+      for (auto& parameter : module->parameters()) parameter.set_requires_grad(false);
+    return absl::OkStatus();
+  };
+  DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this, freeze));
   return DataProto::Make({}, {}, model_->MemoryFigures(rank()));
 }
 
@@ -69,7 +73,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
     std::vector<qwen_image::EditInput>& inputs = micro_batches.emplace_back();
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
-      inputs.push_back({rows[i].image.to(model_->device), rows[i].instruction, rows[i].seed});
+      inputs.push_back({rows[i].image, rows[i].instruction, rows[i].seed});  // on the CPU
     }
     total_steps += qwen_image::DenoisingLoops(inputs) * options.num_inference_steps;
   }

@@ -109,7 +109,7 @@ absl::StatusOr<at::Tensor> ResizeImage(const at::Tensor& image, int64_t height, 
   }
   const int h = static_cast<int>(image.size(0)), w = static_cast<int>(image.size(1)),
             c = static_cast<int>(image.size(2));
-  const at::Tensor contiguous = image.contiguous();
+  const at::Tensor contiguous = image.cpu().contiguous();
   std::vector<uint8_t> pixels(contiguous.data_ptr<uint8_t>(),
                               contiguous.data_ptr<uint8_t>() + contiguous.numel());
   if (width != w) pixels = ResizeAxis(pixels, h, w, static_cast<int>(width), c, resample);

@@ -72,7 +72,9 @@ absl::StatusOr<int> AddLoraAdapters(torch::nn::Module& root, const LoraOptions& 
         "lora_B",
         std::make_shared<LinearImpl>(LinearImpl::Options{options.rank, out, false, tensor}));
     const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform(a=sqrt(5))
-    linear->lora_A->weight.uniform_(-bound, bound, generator);
+    // Drawn on the CPU (the generator's device), then placed.
+    linear->lora_A->weight.copy_(
+        at::empty(linear->lora_A->weight.sizes(), at::kFloat).uniform_(-bound, bound, generator));
     linear->lora_B->weight.zero_();
     linear->lora_scale = options.alpha / static_cast<double>(options.rank);
     linear->lora_enabled = true;

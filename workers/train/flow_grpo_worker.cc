@@ -120,7 +120,7 @@ struct FlowGrpoWorker::State {
                                                            config.resolution, Resample::kLanczos));
       resized.push_back(pixels);
     }
-    const at::TensorOptions compute = model->model().transformer->parameters()[0].options();
+    const at::TensorOptions compute = model->model().vae->parameters()[0].options();
     const at::Tensor pixels = qwen_image::ToPixels(resized, compute);
     const int64_t side = config.resolution / pipeline().vae_scale_factor();
     const int64_t channels = model->model().vae->config().z_dim;
@@ -209,8 +209,7 @@ struct FlowGrpoWorker::State {
       const int64_t end = std::min<int64_t>(rows.size(), start + config.micro_batch_size);
       MicroBatch& micro = out.emplace_back();
       for (int64_t i = start; i < end; ++i)
-        micro.inputs.push_back(
-            {rows[i].image.to(model->device), rows[i].instruction, rows[i].seed});
+        micro.inputs.push_back({rows[i].image, rows[i].instruction, rows[i].seed});  // on the CPU
       auto rows_of = [&](const char* column) -> absl::StatusOr<at::Tensor> {
         DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
         return all.slice(0, start, end).to(model->device);

@@ -318,10 +318,10 @@ absl::Status QwenImageEditPipeline::EncodeConditions(
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::EncodeImages(
     const std::vector<at::Tensor>& images) {
   torch::NoGradGuard no_grad;
-  const at::TensorOptions model_options = model_.transformer->parameters()[0].options();
+  const at::TensorOptions vae_options = model_.vae->parameters()[0].options();
   DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
-                        model_.vae->Encode(ToPixels(images, model_options)));
-  return PackLatents(model_.vae->Normalize(encoded.mean));
+                        model_.vae->Encode(ToPixels(images, vae_options)));
+  return PackLatents(model_.vae->Normalize(encoded.mean.to(at::kFloat)));  // float32 latents
 }
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::Tensor& latents,
@@ -330,7 +330,9 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::
   torch::NoGradGuard no_grad;
   DRAY_ASSIGN_OR_RETURN(at::Tensor unpacked,
                         UnpackLatents(latents, height, width, vae_scale_factor()));
-  DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(model_.vae->Denormalize(unpacked)));
+  const at::Tensor vae_input =
+      model_.vae->Denormalize(unpacked).to(model_.vae->parameters()[0].options());
+  DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(vae_input));
   return ToImages(decoded.select(2, 0));
 }
 
@@ -355,7 +357,7 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& p
     DRAY_ASSIGN_OR_RETURN(at::Tensor out,
                           transformer->forward(at::cat({latents, prepared.image_latents}, 1),
                                                text.embeds, text.mask, scaled, prepared.shapes));
-    return out.narrow(1, 0, latents.size(1));
+    return out.narrow(1, 0, latents.size(1)).to(latents.scalar_type());
   };
   DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(prepared.prompt));
   if (!prepared.negative.has_value()) return velocity;

@@ -158,15 +158,16 @@ at::Tensor Rope::ImageFrequencies(const ImageShape& shape, int64_t index) const 
   return at::cat({frame, rows, cols}, -1).reshape({Tokens(shape), -1});
 }
 
-std::pair<at::Tensor, at::Tensor> Rope::Frequencies(const SampleImages& images,
-                                                    int64_t text_length) const {
+std::pair<at::Tensor, at::Tensor> Rope::Frequencies(const SampleImages& images, int64_t text_length,
+                                                    at::Device device) const {
   std::vector<at::Tensor> image_freqs;
   int64_t max_extent = 0;
   for (size_t i = 0; i < images.size(); ++i) {
     image_freqs.push_back(ImageFrequencies(images[i], static_cast<int64_t>(i)));
     max_extent = std::max({max_extent, images[i][1] / 2, images[i][2] / 2});
   }
-  return {at::cat(image_freqs, 0), positive_.slice(0, max_extent, max_extent + text_length)};
+  return {at::cat(image_freqs, 0).to(device),
+          positive_.slice(0, max_extent, max_extent + text_length).to(device)};
 }
 
 FeedForwardImpl::FeedForwardImpl(int64_t dim, at::TensorOptions options) {
@@ -290,7 +291,8 @@ at::Tensor QwenImageTransformerImpl::TimestepEmbedding(const at::Tensor& timeste
                                                        at::ScalarType dtype) {
   // Sinusoidal embedding of t * 1000 (cos half first), then a 2-layer MLP.
   const int64_t half = kTimestepChannels / 2;
-  const at::Tensor exponent = at::arange(0, half, at::kFloat) * -std::log(10000.0) / half;
+  const at::Tensor exponent =
+      at::arange(0, half, timestep.options().dtype(at::kFloat)) * -std::log(10000.0) / half;
   const at::Tensor angles =
       timestep.unsqueeze(1).to(at::kFloat) * at::exp(exponent).unsqueeze(0) * 1000;
   const at::Tensor projected = at::cat({at::cos(angles), at::sin(angles)}, -1);
@@ -374,16 +376,17 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
   if (config_.zero_cond_t) {
     t = at::cat({t, t * 0}, 0);
     const int64_t noisy = Tokens(images[0][0]);
-    modulate_index = at::ones({image.size(0), image.size(1)}, at::kInt);
+    modulate_index = at::ones({image.size(0), image.size(1)}, image.options().dtype(at::kInt));
     modulate_index.slice(1, 0, noisy).fill_(0);
   }
   at::Tensor text = txt_in_->forward(txt_norm_->forward(encoder_hidden_states.to(dtype)));
   at::Tensor temb = TimestepEmbedding(t, image.scalar_type());
-  const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1));
+  const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1), image.device());
   at::Tensor mask;
   if (text_mask.defined()) {
-    mask =
-        at::cat({text_mask.to(at::kBool), at::ones({image.size(0), image.size(1)}, at::kBool)}, 1);
+    mask = at::cat({text_mask.to(at::kBool),
+                    at::ones({image.size(0), image.size(1)}, text_mask.options().dtype(at::kBool))},
+                   1);
   }
   for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
     if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);

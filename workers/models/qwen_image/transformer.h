@@ -68,10 +68,10 @@ using SampleImages = std::vector<ImageShape>;
 class Rope {
  public:
   Rope(const std::vector<int64_t>& axes_dims, double theta = 10000);
-  // Frequencies (complex64) for the image tokens of `images` and for
-  // `text_length` text tokens: {[S_img, head_dim/2], [S_txt, head_dim/2]}.
-  std::pair<at::Tensor, at::Tensor> Frequencies(const SampleImages& images,
-                                                int64_t text_length) const;
+  // Frequencies (complex64, on `device`) for the image tokens of `images` and
+  // for `text_length` text tokens: {[S_img, head_dim/2], [S_txt, head_dim/2]}.
+  std::pair<at::Tensor, at::Tensor> Frequencies(const SampleImages& images, int64_t text_length,
+                                                at::Device device) const;
 
  private:
   at::Tensor ImageFrequencies(const ImageShape& shape, int64_t index) const;

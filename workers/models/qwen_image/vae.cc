@@ -509,20 +509,19 @@ absl::StatusOr<at::Tensor> AutoencoderKLQwenImageImpl::Decode(const at::Tensor& 
 }
 
 at::Tensor AutoencoderKLQwenImageImpl::Normalize(const at::Tensor& latents) const {
-  const auto options = at::TensorOptions().dtype(at::kFloat);
   const at::Tensor mean =
-      at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
+      at::tensor(config_.latents_mean, at::kFloat).to(latents.options()).view({1, -1, 1, 1, 1});
   const at::Tensor std =
-      at::tensor(config_.latents_std, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
+      at::tensor(config_.latents_std, at::kFloat).to(latents.options()).view({1, -1, 1, 1, 1});
   return (latents - mean) / std;
 }
 
 at::Tensor AutoencoderKLQwenImageImpl::Denormalize(const at::Tensor& latents) const {
-  const auto options = at::TensorOptions().dtype(at::kFloat);
   const at::Tensor mean =
-      at::tensor(config_.latents_mean, options).to(latents.dtype()).view({1, -1, 1, 1, 1});
-  const at::Tensor inverse_std =
-      (1.0 / at::tensor(config_.latents_std, options)).to(latents.dtype()).view({1, -1, 1, 1, 1});
+      at::tensor(config_.latents_mean, at::kFloat).to(latents.options()).view({1, -1, 1, 1, 1});
+  const at::Tensor inverse_std = (1.0 / at::tensor(config_.latents_std, at::kFloat))
+                                     .to(latents.options())
+                                     .view({1, -1, 1, 1, 1});
   return latents / inverse_std + mean;
 }
 
