@@ -124,7 +124,7 @@ TEST(SftTest, TheLossFallsOnTheEmbeddedPairs) {
       auto trainer,
       StartTrainer(TrainConfig::Load("", {"algorithm.name=sft", "trainer.total_steps=20",
                                           "worker.image_edit.model_path=" + RandomTinyModel(),
-                                          "trainer.save_dir=" + dir})
+                                          "worker.actor.lr=3e-2", "trainer.save_dir=" + dir})
                        .value(),
                    2));
   DRAY_ASSERT_OK(trainer->Run());

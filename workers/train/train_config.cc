@@ -122,8 +122,8 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
 }
 
 // EmbeddedDefaults: the embedded task on the tiny model, a few minutes on
-// two CPU cores.
-TrainConfig EmbeddedDefaults() {
+// two CPU cores, for `algorithm` (algorithm.name).
+TrainConfig EmbeddedDefaults(const std::string& algorithm) {
   TrainConfig c;
   c.model.UseEmbeddedDefaults();
   c.model.image_size = 64;
@@ -132,7 +132,9 @@ TrainConfig EmbeddedDefaults() {
   c.num_inference_steps = 8;
   c.resolution = 64;
   c.global_std = false;
-  c.lr = 3e-2;
+  // GRPO's reward differences are small; SFT and the VAE start from weights
+  // already fitted to the embedded pairs, which 3e-2 would undo.
+  c.lr = algorithm == "sft" ? 1e-3 : algorithm == "vae" ? 1e-4 : 3e-2;
   c.weight_decay = 0;
   c.micro_batch_size = 4;
   c.lora_rank = 8;
@@ -249,7 +251,7 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   DRAY_ASSIGN_OR_RETURN(TrainConfig config, resolve(TrainConfig()));
   // The embedded task, or any data on the embedded tiny model: its sizes.
   if (!config.embedded_task() && !config.model.model_path.empty()) return config;
-  return resolve(EmbeddedDefaults());
+  return resolve(EmbeddedDefaults(config.name));
 }
 
 absl::StatusOr<TrainConfig> TrainConfig::FromYaml(const std::string& text) {
