@@ -301,7 +301,8 @@ void FullyShardedModule::BeforeForward() {
 }
 
 std::string FullyShardedModule::DescribePrecision() const {
-  return absl::StrCat("parameters stored as float32 shards, gathered and computed in ",
+  return absl::StrCat("trainable parameters stored as float32 shards, frozen ones in ",
+                      c10::toString(param_dtype_), ", gathered and computed in ",
                       c10::toString(param_dtype_), ", gradients reduced in ",
                       c10::toString(reduce_dtype_));
 }

@@ -145,8 +145,8 @@ class FullyShardedModule : public UnitHooks {
   // every rank's shards) is at most `max_norm`; returns the norm before.
   absl::StatusOr<double> ClipGradNorm(double max_norm);
 
-  // FullParameters gathers every parameter under its original name (all
-  // ranks must call it); for checks and FULL state dicts.
+  // FullParameters gathers every parameter under its original name, in
+  // float32 (all ranks must call it); for checks and FULL state dicts.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullParameters();
 
   // LoadShards fills this rank's shards (and the replicated parameters)

@@ -21,7 +21,7 @@ using sharding_internal::Shards;
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>>
 FullyShardedModule::FullParameters() {
-  // Gathered from the float32 masters, whatever the compute dtype.
+  // In float32, whatever the compute dtype (frozen parameters, stored in it, widen).
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (auto& unit : units_) {
@@ -41,7 +41,8 @@ FullyShardedModule::FullParameters() {
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    parameters.emplace_back(replicated_names_[i], replicated_masters_[i].detach().cpu().clone());
+    parameters.emplace_back(replicated_names_[i],
+                            replicated_masters_[i].detach().to(at::kCPU, at::kFloat, false, true));
   }
   return parameters;
 }

@@ -479,8 +479,8 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
     options.mixed_precision.reduce_dtype = at::kFloat;
     auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
     EXPECT_EQ(sharded->DescribePrecision(),
-              "parameters stored as float32 shards, gathered and computed in BFloat16, gradients "
-              "reduced in Float");
+              "trainable parameters stored as float32 shards, frozen ones in BFloat16, gathered "
+              "and computed in BFloat16, gradients reduced in Float");
     EXPECT_EQ(model->blocks[0]->as<BlockImpl>()->fc1->weight.scalar_type(), at::kBFloat16);
     EXPECT_EQ(model->input->weight.scalar_type(), at::kBFloat16);
     for (const at::Tensor& master : sharded->shards()) EXPECT_EQ(master.scalar_type(), at::kFloat);
@@ -543,6 +543,36 @@ TEST(FullyShardedPrecisionTest, TwoForwardsBeforeOneBackwardKeepTheWorkingCopies
         EXPECT_TRUE(at::equal(model->input->weight, master.to(at::kBFloat16)));
       }
     }
+  });
+}
+
+TEST(FullyShardedPrecisionTest, FrozenParametersOutsideUnitsAreStoredInTheComputeDtype) {
+  // A frozen parameter needs no float32 master: it is stored as computed,
+  // counted once, reported in float32 and reloaded through its own copy.
+  RunInGroup(2, [&](int, Communicator* comm) {
+    ShardingOptions options;
+    options.mixed_precision.param_dtype = at::kBFloat16;
+    ToyModel trainable(/*seed=*/1), frozen(/*seed=*/1), other(/*seed=*/2);
+    for (ToyModel* model : {&frozen, &other}) {
+      for (auto& parameter : (*model)->input->parameters()) parameter.set_requires_grad(false);
+    }
+    const at::Tensor weight = frozen->input->weight.detach().clone();
+    auto a = FullyShardedModule::Shard(trainable.ptr(), trainable->units(), comm, options).value();
+    auto b = FullyShardedModule::Shard(frozen.ptr(), frozen->units(), comm, options).value();
+    auto c = FullyShardedModule::Shard(other.ptr(), other->units(), comm, options).value();
+    EXPECT_EQ(frozen->input->weight.scalar_type(), at::kBFloat16);
+    const int64_t input_numel = weight.numel() + frozen->input->bias.numel();
+    // Trainable: a float32 master and a bfloat16 working copy; frozen: the copy alone.
+    EXPECT_EQ(a->LocalBytes().parameters - b->LocalBytes().parameters, 4 * input_numel);
+    EXPECT_EQ(b->shards().size() + 2, a->shards().size());
+    const auto full = b->FullParameters().value();
+    for (const auto& [name, tensor] : full) {
+      EXPECT_EQ(tensor.scalar_type(), at::kFloat) << name;
+      if (name == "input.weight")
+        EXPECT_TRUE(at::equal(tensor, weight.to(at::kBFloat16).to(at::kFloat)));
+    }
+    DRAY_ASSERT_OK(c->LoadLocalStateDict(b->LocalStateDict()));
+    EXPECT_TRUE(at::equal(other->input->weight, frozen->input->weight));
   });
 }
 

@@ -126,8 +126,8 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
   log("start", 0);
 
   // With sync_module_states only rank 0 reads the weights; the others build
-  // shape-only and receive them. Under FSDP the shards are float32 masters
-  // and torch_dtype is the compute dtype (mixed precision).
+  // shape-only and receive them. Under FSDP torch_dtype is the compute
+  // dtype (mixed precision) over float32 masters of what trains.
   const int world = worker.world_size(), rank = worker.rank();
   const bool receives = config.fsdp_sync_module_states && world > 1 && rank != 0;
   const bool sends = config.fsdp_sync_module_states && world > 1;

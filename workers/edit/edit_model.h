@@ -64,7 +64,7 @@ absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, cons
 // BeforeSharding: a change to the loaded model before it is sharded (LoRA
 // adapters, freezing what is not trained). Under FSDP a trainable parameter
 // keeps a float32 master shard and computes in torch_dtype; a frozen one is
-// stored in torch_dtype (FSDP's use_orig_params with frozen parameters).
+// stored in torch_dtype (it has no use for a float32 copy).
 using BeforeSharding = std::function<absl::Status(qwen_image::QwenImageModel& model)>;
 
 // LoadEditModel loads the model `config` names into `worker`'s process (a
