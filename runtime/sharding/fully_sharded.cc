@@ -42,7 +42,27 @@ class PostAccumulateHook : public torch::autograd::FunctionPostHook {
   std::function<void()> callback_;
 };
 
+// DtypeName: a floating dtype as configurations name it (float32, bfloat16, ...).
+std::string DtypeName(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    default:
+      return c10::toString(dtype);
+  }
+}
+
 }  // namespace
+
+at::ScalarType MasterDtype(at::ScalarType dtype) {
+  return dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
 
 std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> SizeBasedWrap(
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules, int64_t min_num_params) {
@@ -90,6 +110,8 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
         "mixed precision and CPU offload need a sharding strategy, not NO_SHARD");
   }
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
+  const std::vector<at::Tensor> parameters = root->parameters();
+  if (!parameters.empty()) sharded->master_dtype_ = MasterDtype(parameters[0].scalar_type());
   if (Hybrid(options.strategy)) DRAY_RETURN_IF_ERROR(sharded->SplitHybridGroups());
   torch::NoGradGuard no_grad;
   std::map<const torch::nn::Module*, std::string> prefixes;
@@ -105,7 +127,7 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   }
   DRAY_RETURN_IF_ERROR(sharded->ReplicateTheRest());
   sharded->reduce_dtype_ =
-      precision.reduce_dtype.value_or(precision.param_dtype.value_or(at::kFloat));
+      precision.reduce_dtype.value_or(precision.param_dtype.value_or(sharded->master_dtype_));
   sharded->peak_parameter_bytes_ = sharded->LocalBytes().parameters;
   return sharded;
 }
@@ -171,13 +193,13 @@ absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
         .copy_(unit.params[i].reshape(-1));
   }
   if (options_.sync_module_states) DRAY_RETURN_IF_ERROR(comm_->Broadcast(flat, 0));
-  // This rank's part: a float32 master for the optimizer, or frozen as computed.
+  // This rank's part: a master for the optimizer, or frozen as computed.
   const int64_t group = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_size = unit.padded / group;
   const int64_t rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
   const at::Device shard_device = options_.cpu_offload ? at::Device(at::kCPU) : flat.device();
   unit.shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size)
-                   .to(shard_device, unit.trainable ? at::kFloat : param_dtype_)
+                   .to(shard_device, unit.trainable ? master_dtype_ : param_dtype_)
                    .clone()
                    .requires_grad_(unit.trainable);
   // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
@@ -226,8 +248,8 @@ absl::Status FullyShardedModule::ReplicateTheRest() {
     replicated_.push_back(parameter);
     replicated_names_.push_back(named.key());
     if (precision.param_dtype.has_value() && parameter.requires_grad()) {
-      // A float32 master, and a working copy to compute with.
-      replicated_masters_.push_back(parameter.detach().to(at::kFloat).clone().requires_grad_());
+      // A master, and a working copy to compute with.
+      replicated_masters_.push_back(parameter.detach().to(master_dtype_).clone().requires_grad_());
       parameter.set_data(parameter.detach().to(*precision.param_dtype));
     } else {  // its own master: frozen ones in the compute dtype, like frozen shards
       if (precision.param_dtype.has_value())
@@ -301,10 +323,10 @@ void FullyShardedModule::BeforeForward() {
 }
 
 std::string FullyShardedModule::DescribePrecision() const {
-  return absl::StrCat("trainable parameters stored as float32 shards, frozen ones in ",
-                      c10::toString(param_dtype_), ", gathered and computed in ",
-                      c10::toString(param_dtype_), ", gradients reduced in ",
-                      c10::toString(reduce_dtype_));
+  return absl::StrCat("trainable parameters stored as ", DtypeName(master_dtype_),
+                      " shards, frozen ones in ", DtypeName(param_dtype_),
+                      ", gathered and computed in ", DtypeName(param_dtype_),
+                      ", gradients reduced in ", DtypeName(reduce_dtype_));
 }
 
 bool FullyShardedModule::Gathered(size_t group) const {
@@ -399,7 +421,7 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
     DRAY_RETURN_IF_ERROR(comm_->AllReduce(flat));
     reduced = flat;
   }
-  reduced = reduced.to(unit.shard.device(), at::kFloat)
+  reduced = reduced.to(unit.shard.device(), master_dtype_)
                 .div_(world);  // to the master's device (CPU when offloaded)
   at::Tensor& grad = unit.shard.mutable_grad();
   grad = grad.defined() ? grad.add_(reduced) : reduced;
@@ -451,7 +473,7 @@ void FullyShardedModule::FinishBackward() {
                                         : at::zeros(replicated_[i].sizes(),
                                                     replicated_[i].options().dtype(reduce_dtype_));
     Check(comm_->AllReduce(reduced), "all-reducing replicated gradients");
-    reduced = reduced.to(at::kFloat).div_(comm_->world_size());
+    reduced = reduced.to(master_dtype_).div_(comm_->world_size());
     if (replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl()) {
       grad = reduced;  // no mixed precision: the parameter is its own master
     } else {

@@ -2,8 +2,8 @@
 //
 // Each unit (a submodule: a transformer block, a ResNet block) has its
 // parameters flattened into one flat parameter, padded to a multiple of the
-// world size; each rank keeps 1/W of it, in float32, as the optimizer's
-// master copy. A unit's parameters exist in full only while it runs:
+// world size; each rank keeps 1/W of it, in float32 (float64 for a float64
+// module), as the optimizer's master copy. A unit's parameters exist in full only while it runs:
 //
 //   forward:   all-gather before the unit, free after it (FULL_SHARD; kept
 //              until backward with SHARD_GRAD_OP)
@@ -53,11 +53,12 @@
 
 namespace dray {
 
-// MixedPrecision: the dtypes parameters take outside their float32 master
-// shards (FSDP's MixedPrecision). Unset fields keep the parameters' dtype.
+// MixedPrecision: the dtypes parameters take outside their master shards
+// (FSDP's MixedPrecision). Unset fields keep the parameters' dtype.
 struct MixedPrecision {
   std::optional<at::ScalarType> param_dtype;   // gathered parameters: the compute dtype
-  std::optional<at::ScalarType> reduce_dtype;  // gradient reduction (default: param_dtype)
+  std::optional<at::ScalarType> reduce_dtype;  // gradient reduction (default: param_dtype,
+                                               // else the masters' dtype)
   std::optional<at::ScalarType> buffer_dtype;  // module buffers
 };
 
@@ -74,10 +75,15 @@ struct ShardingOptions {
   bool prefetch = false;
   int limit_all_gathers = 2;
   MixedPrecision mixed_precision;
-  // Keep the float32 master shards, their gradients and so the optimizer's
+  // Keep the master shards, their gradients and so the optimizer's
   // state in CPU memory; units move to the compute device only to run.
   bool cpu_offload = false;
 };
+
+// MasterDtype: the dtype a module whose parameters are `dtype` keeps its
+// trainable masters in: float32, or float64 for a float64 module (runs
+// checked at float64's precision, where reduction order is invisible).
+at::ScalarType MasterDtype(at::ScalarType dtype);
 
 // UnitsOfType returns the submodules of `root` of type T (in registration
 // order): FSDP's TRANSFORMER_BASED_WRAP, e.g. UnitsOfType<TransformerBlockImpl>.
@@ -120,7 +126,7 @@ class FullyShardedModule : public UnitHooks {
   void BeforeUnit(size_t index) override;
   void AfterUnit(size_t index, const std::vector<at::Tensor>& outputs) override;
 
-  // shards returns the tensors an optimizer updates, all float32 masters:
+  // shards returns the tensors an optimizer updates, all masters:
   // every unit's local shard of trainable parameters, then the trainable
   // replicated parameters (themselves, or under mixed precision their
   // masters). Their .grad is set by backward.
@@ -146,7 +152,7 @@ class FullyShardedModule : public UnitHooks {
   absl::StatusOr<double> ClipGradNorm(double max_norm);
 
   // FullParameters gathers every parameter under its original name, in
-  // float32 (all ranks must call it); for checks and FULL state dicts.
+  // the masters' dtype (all ranks must call it); for checks and FULL state dicts.
   absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> FullParameters();
 
   // LoadShards fills this rank's shards (and the replicated parameters)
@@ -220,13 +226,13 @@ class FullyShardedModule : public UnitHooks {
       const std::vector<std::shared_ptr<torch::nn::Module>>& members,
       const std::map<const torch::nn::Module*, std::string>& prefixes);
   // ShardUnit fills the unit's flat parameter (rank 0's, when synced), keeps
-  // this rank's float32 master shard, and frees the rest.
+  // this rank's master shard, and frees the rest.
   absl::Status ShardUnit(Unit& unit);
   // RebindParameters makes the unit's parameters views of its flat buffer and
   // hooks their gradient accumulation.
   void RebindParameters(Unit& unit);
   // ReplicateTheRest keeps parameters outside every unit whole on each rank,
-  // with float32 masters under mixed precision, and syncs the buffers.
+  // with masters under mixed precision, and syncs the buffers.
   absl::Status ReplicateTheRest();
 
   // ShardRange returns [begin, end) of this rank's shard within a unit's flat parameter.
@@ -261,8 +267,9 @@ class FullyShardedModule : public UnitHooks {
   std::vector<at::Tensor> replicated_;        // parameters outside every unit
   std::vector<std::string> replicated_names_;
   std::vector<at::Tensor>
-      replicated_masters_;  // float32 masters (the parameters themselves without mixed precision)
+      replicated_masters_;  // masters (the parameters themselves without mixed precision)
   std::vector<int64_t> replicated_versions_;  // the masters' versions their working copies hold
+  at::ScalarType master_dtype_ = at::kFloat;  // MasterDtype of the module's parameters
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;
   bool gradient_sync_ = true;

@@ -21,14 +21,14 @@ using sharding_internal::Shards;
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>>
 FullyShardedModule::FullParameters() {
-  // In float32, whatever the compute dtype (frozen parameters, stored in it, widen).
+  // In the masters' dtype, whatever the compute dtype (frozen parameters, stored in it, widen).
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (auto& unit : units_) {
-    at::Tensor flat = at::empty({unit->padded}, unit->full.options().dtype(at::kFloat));
+    at::Tensor flat = at::empty({unit->padded}, unit->full.options().dtype(master_dtype_));
     if (Shards(options_.strategy)) {
       DRAY_RETURN_IF_ERROR(
-          shard_comm_->AllGather(unit->shard.detach().to(flat.device(), at::kFloat), flat));
+          shard_comm_->AllGather(unit->shard.detach().to(flat.device(), master_dtype_), flat));
     } else {
       flat.copy_(unit->shard.detach());
     }
@@ -41,8 +41,8 @@ FullyShardedModule::FullParameters() {
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    parameters.emplace_back(replicated_names_[i],
-                            replicated_masters_[i].detach().to(at::kCPU, at::kFloat, false, true));
+    parameters.emplace_back(replicated_names_[i], replicated_masters_[i].detach().to(
+                                                      at::kCPU, master_dtype_, false, true));
   }
   return parameters;
 }
@@ -76,8 +76,9 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor stored, checkpoint.Load(replicated_names_[i],
-                                                             replicated_[i].sizes(), at::kFloat));
+    DRAY_ASSIGN_OR_RETURN(
+        at::Tensor stored,
+        checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), master_dtype_));
     replicated_masters_[i].detach().copy_(stored);
     replicated_[i].detach().copy_(stored);
   }

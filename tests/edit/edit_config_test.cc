@@ -123,7 +123,10 @@ TEST(ImageEditConfigTest, WrongTypesAndValuesNameTheKey) {
       ImageEditConfig::Load("", {"worker.image_edit.batch_size=0"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch_size must be at least 1")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float8"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("torch_dtype")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("torch_dtype 'float8' is not one of float32, bfloat16, float16, "
+                                 "float64")));
+  DRAY_EXPECT_OK(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float64"}).status());
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.torch_dtype=float16"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("float16 needs device cuda")));
   EXPECT_THAT(ImageEditConfig::Load("", {"worker.image_edit.device=cuda:1"}),

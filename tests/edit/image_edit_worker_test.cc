@@ -155,5 +155,29 @@ TEST(ImageEditWorkerModesTest, BFloat16ShardsHalveTheParametersAndEditAlike) {
   }
 }
 
+// float64 (numerics checks): shards twice float32's, the same images but
+// for a level where float32 rounded a pixel across a step.
+TEST(ImageEditWorkerModesTest, Float64ShardsDoubleTheParametersAndEditAlike) {
+  const std::vector<std::string> sharded = {"worker.image_edit.enable_fsdp=true"};
+  std::vector<std::string> float64 = sharded;
+  float64.push_back("worker.image_edit.torch_dtype=float64");
+  const TestBatch batch = MakeTestBatch(3);
+  std::vector<std::vector<at::Tensor>> images;
+  std::vector<int64_t> bytes;
+  for (const std::vector<std::string>& overrides : {sharded, float64}) {
+    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
+                              StartTestController(TestConfig(overrides), 2));
+    bytes.push_back(
+        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value());
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
+    images.push_back(EditedImages(edited));
+  }
+  EXPECT_EQ(bytes[1], 2 * bytes[0]);
+  for (size_t i = 0; i < images[0].size(); ++i) {
+    const at::Tensor levels = (images[1][i].to(at::kFloat) - images[0][i].to(at::kFloat)).abs();
+    EXPECT_LE(levels.max().item<double>(), 1.0) << "row " << i;  // of 255
+  }
+}
+
 }  // namespace
 }  // namespace dray

@@ -72,7 +72,7 @@ class ToyModelImpl : public torch::nn::Module {
                      : block->forward(h);
       if (hooks) hooks->AfterUnit(i, {h});
     }
-    return output->forward(h).to(at::kFloat);
+    return AtLeastFloat32(output->forward(h));
   }
   std::vector<std::shared_ptr<torch::nn::Module>> units() {
     std::vector<std::shared_ptr<torch::nn::Module>> units(blocks->begin(), blocks->end());
@@ -102,8 +102,10 @@ struct Trace {
 
 torch::optim::AdamWOptions Adam() { return torch::optim::AdamWOptions(0.05).weight_decay(0.01); }
 
-Trace RunReference(const Data& data) {
+// RunReference trains the whole model in `dtype` on one rank.
+Trace RunReference(const Data& data, at::ScalarType dtype = at::kFloat) {
   ToyModel model;
+  model->to(dtype);
   torch::optim::AdamW optimizer(model->parameters(), Adam());
   Trace trace;
   for (int step = 0; step < kSteps; ++step) {
@@ -479,8 +481,8 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
     options.mixed_precision.reduce_dtype = at::kFloat;
     auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
     EXPECT_EQ(sharded->DescribePrecision(),
-              "trainable parameters stored as float32 shards, frozen ones in BFloat16, gathered "
-              "and computed in BFloat16, gradients reduced in Float");
+              "trainable parameters stored as float32 shards, frozen ones in bfloat16, gathered "
+              "and computed in bfloat16, gradients reduced in float32");
     EXPECT_EQ(model->blocks[0]->as<BlockImpl>()->fc1->weight.scalar_type(), at::kBFloat16);
     EXPECT_EQ(model->input->weight.scalar_type(), at::kBFloat16);
     for (const at::Tensor& master : sharded->shards()) EXPECT_EQ(master.scalar_type(), at::kFloat);
@@ -513,6 +515,35 @@ TEST(FullyShardedPrecisionTest, BFloat16ComputeWithFloat32MastersTracksFloat32Tr
       EXPECT_EQ(tensor.scalar_type(), at::kFloat);
       EXPECT_LE((tensor - reference.final_params.at(name)).abs().mean().item<double>(), 1e-2)
           << name;
+    }
+  });
+}
+
+// A float64 module (torch_dtype float64: runs compared at float64's
+// precision) keeps float64 masters and reduces in float64.
+TEST(FullyShardedPrecisionTest, AFloat64ModuleKeepsFloat64MastersAndReductions) {
+  const Data data = MakeData();
+  const Trace reference = RunReference(data, at::kDouble);
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel model;
+    model->to(at::kDouble);
+    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, {}).value();
+    EXPECT_EQ(sharded->DescribePrecision(),
+              "trainable parameters stored as float64 shards, frozen ones in float64, gathered "
+              "and computed in float64, gradients reduced in float64");
+    for (const at::Tensor& master : sharded->shards()) EXPECT_EQ(master.scalar_type(), at::kDouble);
+    torch::optim::AdamW optimizer(sharded->shards(), Adam());
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6).to(at::kDouble),
+                     y = data.y.slice(0, rank * 6, rank * 6 + 6).to(at::kDouble);
+    for (int step = 0; step < kSteps; ++step) {
+      optimizer.zero_grad();
+      (model->forward(x, sharded.get()) - y).pow(2).mean().backward();
+      optimizer.step();
+    }
+    const auto parameters = sharded->FullParameters().value();
+    for (const auto& [name, tensor] : parameters) {
+      EXPECT_EQ(tensor.scalar_type(), at::kDouble) << name;
+      EXPECT_LE(MaxDiff(tensor, reference.final_params.at(name)), 1e-12) << name;
     }
   });
 }
@@ -568,8 +599,9 @@ TEST(FullyShardedPrecisionTest, FrozenParametersOutsideUnitsAreStoredInTheComput
     const auto full = b->FullParameters().value();
     for (const auto& [name, tensor] : full) {
       EXPECT_EQ(tensor.scalar_type(), at::kFloat) << name;
-      if (name == "input.weight")
+      if (name == "input.weight") {
         EXPECT_TRUE(at::equal(tensor, weight.to(at::kBFloat16).to(at::kFloat)));
+      }
     }
     DRAY_ASSERT_OK(c->LoadLocalStateDict(b->LocalStateDict()));
     EXPECT_TRUE(at::equal(other->input->weight, frozen->input->weight));

@@ -30,9 +30,10 @@ absl::Status ImageEditConfig::Validate() const {
   if (c.num_inference_steps < 1) return bad("num_inference_steps", "must be at least 1");
   if (!(c.true_cfg_scale >= 0)) return bad("true_cfg_scale", "must be >= 0");
   if (c.seed < 0) return bad("seed", "must be >= 0");
-  if (c.torch_dtype != "float32" && c.torch_dtype != "bfloat16" && c.torch_dtype != "float16") {
-    return bad("torch_dtype",
-               absl::StrCat("'", c.torch_dtype, "' is not one of float32, bfloat16, float16"));
+  if (c.torch_dtype != "float32" && c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" &&
+      c.torch_dtype != "float64") {
+    return bad("torch_dtype", absl::StrCat("'", c.torch_dtype,
+                                           "' is not one of float32, bfloat16, float16, float64"));
   }
   if (c.device != "cpu" && c.device != "cuda") {  // a worker sees only its own GPU
     return bad("device", absl::StrCat("'", c.device, "' is not cpu or cuda"));

@@ -49,7 +49,7 @@ struct ImageEditConfig {
   bool fsdp_cpu_offload = false;        // keep sharded parameters on the CPU
   bool fsdp_sync_module_states = true;  // rank 0 loads, the others receive
   bool enable_cpu_offload = false;      // parameters on the CPU between calls
-  std::string torch_dtype = "float32";  // float32, bfloat16 or float16
+  std::string torch_dtype = "float32";  // float32, bfloat16, float16, or float64 (numerics checks)
   int64_t batch_size = 4;               // rows per worker call; the service batches up to this
   int64_t image_size = 1024;            // work at about image_size^2 pixels
   int64_t max_pixels = int64_t{1024} * 1024;  // largest output (width x height) a row may ask

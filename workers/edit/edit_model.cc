@@ -31,6 +31,7 @@ absl::StatusOr<at::Device> ParseDevice(const std::string& name) {
 at::ScalarType ParseDtype(const std::string& name) {
   if (name == "bfloat16") return at::kBFloat16;
   if (name == "float16") return at::kHalf;
+  if (name == "float64") return at::kDouble;
   return at::kFloat;  // validated by ImageEditConfig
 }
 
@@ -102,7 +103,7 @@ absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, cons
   sharding.shard_group_size = worker.local_world_size();  // hybrid: shard within a node
   sharding.cpu_offload = config.fsdp_cpu_offload;
   const at::ScalarType dtype = ParseDtype(config.torch_dtype);
-  if (dtype != at::kFloat) sharding.mixed_precision.param_dtype = dtype;
+  if (dtype != MasterDtype(dtype)) sharding.mixed_precision.param_dtype = dtype;
   return sharding;
 }
 
@@ -127,12 +128,14 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
 
   // With sync_module_states only rank 0 reads the weights; the others build
   // shape-only and receive them. Under FSDP torch_dtype is the compute
-  // dtype (mixed precision) over float32 masters of what trains.
+  // dtype (mixed precision) over float32 masters of what trains (float64
+  // computes over float64 masters).
   const int world = worker.world_size(), rank = worker.rank();
   const bool receives = config.fsdp_sync_module_states && world > 1 && rank != 0;
   const bool sends = config.fsdp_sync_module_states && world > 1;
-  const at::TensorOptions options =
-      at::TensorOptions().device(state->device).dtype(config.enable_fsdp ? at::kFloat : dtype);
+  const at::TensorOptions options = at::TensorOptions()
+                                        .device(state->device)
+                                        .dtype(config.enable_fsdp ? MasterDtype(dtype) : dtype);
   DRAY_ASSIGN_OR_RETURN(
       qwen_image::QwenImageModel model,
       qwen_image::LoadQwenImageModel(state->config.model_path, options,
@@ -158,7 +161,8 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     model.transformer->set_unit_hooks(state->transformer_shards.get());
     model.text_encoder->set_unit_hooks(state->text_encoder_shards.get());
     if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
-    if (dtype != at::kFloat && Frozen(*model.vae)) model.vae->to(dtype);  // else FSDP's masters
+    if (dtype != MasterDtype(dtype) && Frozen(*model.vae))
+      model.vae->to(dtype);  // else FSDP's masters
   } else if (sends) {
     for (const auto& module : WholeModels(model))
       DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));

@@ -67,7 +67,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, at::TensorOptions options) : e
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  const at::Tensor variance = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+  const at::Tensor variance = AtLeastFloat32(x).pow(2).mean(-1, /*keepdim=*/true);
   at::Tensor normed = x * at::rsqrt(variance + eps);
   if (weight.scalar_type() == at::kHalf || weight.scalar_type() == at::kBFloat16) {
     normed = normed.to(weight.scalar_type());
@@ -188,6 +188,10 @@ int64_t ParameterCount(const torch::nn::Module& module) {
   int64_t count = 0;
   for (const auto& parameter : module.parameters()) count += parameter.numel();
   return count;
+}
+
+at::Tensor AtLeastFloat32(const at::Tensor& x) {
+  return x.to(at::promote_types(x.scalar_type(), at::kFloat));
 }
 
 }  // namespace dray

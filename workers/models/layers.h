@@ -149,6 +149,11 @@ absl::Status LoadStateDict(torch::nn::Module& module, const Checkpoint& checkpoi
 // ParameterCount returns the number of parameter elements of `module`.
 int64_t ParameterCount(const torch::nn::Module& module);
 
+// AtLeastFloat32: `x` widened to float32 if it is narrower (bfloat16,
+// float16), else as it is: what models compute "in float32" (norms, RoPE,
+// latents, schedulers, losses) keeps a float64 run in float64.
+at::Tensor AtLeastFloat32(const at::Tensor& x);
+
 }  // namespace dray
 
 #endif  // DRAY_WORKERS_MODELS_LAYERS_H_

@@ -163,10 +163,11 @@ struct FlowGrpoWorker::State {
   // policy is sharded and fills each rank's shards from the checkpoint.
   absl::Status LoadReference(Worker& worker) {
     const qwen_image::QwenImageTransformerImpl& policy = *model->model().transformer;
+    const at::ScalarType masters = MasterDtype(policy.parameters()[0].scalar_type());
     {
       DeferredAllocation shape_only;
       reference = qwen_image::QwenImageTransformer(
-          policy.config(), at::TensorOptions().device(model->device).dtype(at::kFloat));
+          policy.config(), at::TensorOptions().device(model->device).dtype(masters));
     }
     for (auto& parameter : reference->parameters()) parameter.set_requires_grad(false);
     DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(model->config, worker));
@@ -534,7 +535,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,
                           state_->pipeline().Velocity(prepared, noising.noisy, noising.timesteps,
                                                       /*true_cfg_scale=*/1.0));
-    const at::Tensor loss = at::mse_loss(velocity.to(at::kFloat), noising.target) /
+    const at::Tensor loss = at::mse_loss(AtLeastFloat32(velocity), noising.target) /
                             static_cast<double>(micro_batches.size());
     DRAY_RETURN_IF_ERROR(state_->AgreeFinite(group, loss, "in the flow-matching loss"));
     loss.backward();

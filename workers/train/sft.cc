@@ -4,6 +4,7 @@
 
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
+#include "workers/models/layers.h"
 
 namespace dray {
 
@@ -18,7 +19,7 @@ SftNoising SftNoise(const qwen_image::FlowMatchEulerScheduler& schedule, const a
   out.timesteps = schedule.timesteps().index_select(0, index).to(latents.device(), at::kFloat);
   const at::Tensor sigma =
       schedule.sigmas().index_select(0, index).to(latents.device(), at::kFloat).view({-1, 1, 1});
-  const at::Tensor x0 = latents.to(at::kFloat), epsilon = noise.to(at::kFloat);
+  const at::Tensor x0 = AtLeastFloat32(latents), epsilon = AtLeastFloat32(noise);
   out.noisy = ((1 - sigma) * x0 + sigma * epsilon).to(latents.scalar_type());
   out.target = epsilon - x0;
   return out;

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/status_macros.h"
+#include "workers/models/layers.h"
 
 namespace dray {
 
@@ -20,7 +21,7 @@ absl::StatusOr<VaeLoss> VaeReconstructionLoss(qwen_image::AutoencoderKLQwenImage
   VaeLoss out;
   out.reconstructions = decoded.select(2, 0);
   out.latents = posterior.mean;
-  out.reconstruction_mse = at::mse_loss(decoded.to(at::kFloat), pixels.to(at::kFloat));
+  out.reconstruction_mse = at::mse_loss(AtLeastFloat32(decoded), AtLeastFloat32(pixels));
   out.kl = 0.5 * (posterior.mean.pow(2) + posterior.var - 1 - posterior.logvar).mean();
   out.loss = out.reconstruction_mse + beta * out.kl;
   return out;

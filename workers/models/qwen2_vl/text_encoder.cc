@@ -14,6 +14,7 @@
 #include "base/shape_string.h"
 #include "base/status_macros.h"
 #include "workers/models/component_weights.h"
+#include "workers/models/layers.h"
 
 namespace dray::qwen2_vl {
 namespace {
@@ -441,7 +442,7 @@ at::Tensor VisionBlockImpl::forward(const at::Tensor& x, const at::Tensor& cos,
       qkv_->forward(norm1_->forward(x)).reshape({n, 3, heads_, -1}).unbind(1);
   // Rotary in float32, as transformers applies it to the vision tower.
   auto rotate = [&](const at::Tensor& t) {
-    const at::Tensor f = t.to(at::kFloat);
+    const at::Tensor f = AtLeastFloat32(t);
     return (f * cos.unsqueeze(1) + RotateHalf(f) * sin.unsqueeze(1))
         .to(t.scalar_type())
         .transpose(0, 1);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
+#include "workers/models/layers.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/prompt_template.h"
 
@@ -80,7 +81,7 @@ at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptio
 }
 
 std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
-  const at::Tensor unit = (decoded.to(at::kCPU, at::kFloat) / 2 + 0.5).clamp(0, 1);
+  const at::Tensor unit = (AtLeastFloat32(decoded.cpu()) / 2 + 0.5).clamp(0, 1);
   const at::Tensor bytes = (unit * 255).round().to(at::kByte).permute({0, 2, 3, 1});
   std::vector<at::Tensor> images;
   for (int64_t i = 0; i < bytes.size(0); ++i) images.push_back(bytes[i].contiguous());
@@ -321,7 +322,7 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::EncodeImages(
   const at::TensorOptions vae_options = model_.vae->parameters()[0].options();
   DRAY_ASSIGN_OR_RETURN(LatentDistribution encoded,
                         model_.vae->Encode(ToPixels(images, vae_options)));
-  return PackLatents(model_.vae->Normalize(encoded.mean.to(at::kFloat)));  // float32 latents
+  return PackLatents(model_.vae->Normalize(AtLeastFloat32(encoded.mean)));  // float32 latents
 }
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::Tensor& latents,

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
 #include "workers/models/json_config.h"
+#include "workers/models/layers.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -180,7 +181,7 @@ absl::StatusOr<at::Tensor> FlowMatchEulerScheduler::Step(const at::Tensor& model
     return absl::InvalidArgumentError("Step: model_output and sample differ in shape");
   }
   const at::Tensor dt = sigmas_[step_index_ + 1] - sigmas_[step_index_];
-  const at::Tensor previous = sample.to(at::kFloat) + dt * model_output;
+  const at::Tensor previous = AtLeastFloat32(sample) + dt * model_output;
   ++step_index_;
   return previous.to(model_output.scalar_type());
 }

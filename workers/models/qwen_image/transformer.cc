@@ -13,6 +13,7 @@
 #include "base/shape_string.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/activation_checkpoint.h"
+#include "workers/models/layers.h"
 
 namespace dray::qwen_image {
 namespace {
@@ -33,13 +34,14 @@ at::Tensor RopeTable(const at::Tensor& positions, int64_t dim, double theta) {
   return at::polar(at::ones_like(angles), angles);
 }
 
-// ApplyRope rotates x [B, S, H, D] by freqs [S, D/2] (complex64), in float32.
+// ApplyRope rotates x [B, S, H, D] by freqs [S, D/2] (complex64), in float32
+// (float64 for float64 x).
 at::Tensor ApplyRope(const at::Tensor& x, const at::Tensor& freqs) {
   std::vector<int64_t> pairs(x.sizes().begin(), x.sizes().end() - 1);
   pairs.push_back(-1);
   pairs.push_back(2);
   const at::Tensor rotated =
-      at::view_as_complex(x.to(at::kFloat).reshape(pairs)) * freqs.unsqueeze(1);
+      at::view_as_complex(AtLeastFloat32(x).reshape(pairs)) * freqs.unsqueeze(1);
   return at::view_as_real(rotated).flatten(3).to(x.scalar_type());
 }
 

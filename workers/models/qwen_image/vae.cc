@@ -223,7 +223,7 @@ class ResampleImpl : public BlockImpl {
     const int64_t t = x.size(2), h = x.size(3), w = x.size(4);
     at::Tensor frames = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, h, w});
     if (mode_ == Mode::kUpsample2d || mode_ == Mode::kUpsample3d) {
-      frames = at::_upsample_nearest_exact2d(frames.to(at::kFloat), {2 * h, 2 * w}, 2.0, 2.0)
+      frames = at::_upsample_nearest_exact2d(AtLeastFloat32(frames), {2 * h, 2 * w}, 2.0, 2.0)
                    .to(x.scalar_type());
     } else {
       frames = at::constant_pad_nd(frames, {0, 1, 0, 1}, 0);
