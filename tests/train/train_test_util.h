@@ -29,6 +29,29 @@ const std::string& RandomTinyModel();
 // measured at, whatever the embedded default), then `overrides`.
 TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides = {});
 
+// Two runs of SmallJob that take the same sums in the same order (a stop
+// and a resume, a restart at the same world size, every sharding strategy
+// at one world size) end bit for bit alike. Runs that sum gradients in
+// another order (another world size) do not agree to any fixed float32
+// bound, measured (AMD EPYC, OpenBLAS Haswell kernels): one step at two
+// ranks instead of one leaves the weights a few ulps apart (6e-8); the next
+// rollout's images then round a byte or so differently, which moves a
+// reward by ~1e-7, and the group-normalised advantages (two samples a
+// prompt, rewards ~1e-3 apart on the random model) and Adam at LR 3e-2
+// carry that into every weight: 7e-5 apart one step later (9e-5 seen
+// elsewhere, 1e-5 on the machine the tests were written on). In float64
+// the same runs end 1e-16 and 1e-15 apart: a rounding difference is 2^-29
+// of float32's, far too small to flip a byte, and grows smoothly.
+//
+// kFloat64: the override that computes, and keeps masters, in float64.
+inline constexpr char kFloat64[] = "worker.image_edit.torch_dtype=float64";
+// kFloat64OrderBound: how far apart (any weight, any reward) two float64
+// runs of SmallJob may end when they sum in another order: the largest
+// float32 spread seen (1e-4) scaled by 2^-29, times 1000 for machines whose
+// kernels round otherwise. A fault in what carries over (a lost optimizer
+// moment, a skipped sample, another seed) moves weights by ~LR (3e-2).
+inline constexpr double kFloat64OrderBound = 1e-4 / (1 << 29) * 1000;
+
 // StartTrainer starts a trainer with `workers` worker processes.
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(
     const TrainConfig& config, int workers, FlowGrpoTrainer::Options options = {});

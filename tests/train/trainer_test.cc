@@ -45,11 +45,13 @@ TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
   EXPECT_LT((at::exp(new_log_probs - old_log_probs) - 1).abs().max().item<double>(), 1e-6);
 }
 
+// In float64: two ranks sum gradients in another order than one
+// (train_test_util.h says why).
 TEST(TrainerTest, OneAndTwoWorkersTrainTheSameParameters) {
   std::vector<std::map<std::string, at::Tensor>> trained;
   for (int workers : {1, 2}) {
     const std::string dir = SaveDir(absl::StrCat("workers_", workers));
-    DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(SmallJob(dir), workers));
+    DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(SmallJob(dir, {kFloat64}), workers));
     DRAY_ASSERT_OK(trainer->Run());
     trained.push_back(LoraWeights(dir));
   }
@@ -57,13 +59,16 @@ TEST(TrainerTest, OneAndTwoWorkersTrainTheSameParameters) {
   ASSERT_EQ(trained[0].size(), trained[1].size());
   double moved = 0;
   for (const auto& [name, tensor] : trained[0]) {
-    EXPECT_LT((tensor - trained[1].at(name)).abs().max().item<double>(), 1e-5) << name;
+    EXPECT_LE((tensor - trained[1].at(name)).abs().max().item<double>(), kFloat64OrderBound)
+        << name;
     if (name.find("lora_B") != std::string::npos) moved += tensor.abs().sum().item<double>();
   }
   EXPECT_GT(moved, 0) << "training changed nothing";
   EXPECT_TRUE(trained[0].count("transformer.transformer_blocks.0.attn.to_q.lora_A.weight"));
 }
 
+// At one world size every strategy sums the same gradients in the same
+// order (two ranks' sum is one addition): bit for bit the same parameters.
 TEST(TrainerTest, EveryShardingStrategyAndOffloadTrainTheSameParameters) {
   std::map<std::string, at::Tensor> reference;
   int run = 0;
@@ -85,7 +90,7 @@ TEST(TrainerTest, EveryShardingStrategyAndOffloadTrainTheSameParameters) {
     }
     ASSERT_EQ(trained.size(), reference.size());
     for (const auto& [name, tensor] : reference)
-      EXPECT_LT((tensor - trained.at(name)).abs().max().item<double>(), 1e-5) << name;
+      EXPECT_TRUE(tensor.equal(trained.at(name))) << name;
   }
 }
 
