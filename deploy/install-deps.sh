@@ -25,6 +25,8 @@ build_packages=(
   libcli11-dev nlohmann-json3-dev
 )
 test_packages=(
+  # Every C++ file as clang-format writes it (tests/style).
+  clang-format
   # The Python client and reward-server examples and their tests (TLS: openssl).
   python3 python3-grpcio python3-protobuf python3-numpy openssl
   # Multi-node tests: network namespaces stand in for hosts, a real Slurm runs jobs on them.

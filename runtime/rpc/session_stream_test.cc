@@ -259,8 +259,8 @@ TEST(SessionStreamTest, AResultCarryingRowsOfItsInputHandsThemBack) {
                             ReadCallResponse(&responses, nullptr, controller.get()));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto back, FromWire(read->header.result(), read->payload));
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(WriteCallRequest(&requests, Request(ImageBatch(image_bytes, "yz"), &payload), payload,
-                                 controller.get()));
+    ASSERT_TRUE(WriteCallRequest(&requests, Request(ImageBatch(image_bytes, "yz"), &payload),
+                                 payload, controller.get()));
     ReadInput(&requests, worker.get());
   }
   EXPECT_EQ(*back.GetRows<Image>("images").value(), *batch.GetRows<Image>("images").value());
