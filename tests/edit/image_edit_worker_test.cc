@@ -95,12 +95,40 @@ TEST_F(ImageEditWorkerTest, WorkersRefuseBadRowsThemselvesAndKeepServing) {
   DRAY_EXPECT_OK(controller_->Edit(batch.data).status());
 }
 
+// EditedIn: `batch` edited by 2 workers configured with `overrides`, and
+// rank 1's parameter bytes in the transformer's blocks.
+struct EditedIn {
+  EditedIn(const std::vector<std::string>& overrides, const TestBatch& batch) {
+    absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
+        StartTestController(TestConfig(overrides), 2);
+    EXPECT_TRUE(controller.ok()) << controller.status();
+    if (!controller.ok()) return;
+    block_bytes =
+        (*controller)->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value();
+    absl::StatusOr<DataProto> edited = (*controller)->Edit(batch.data);
+    EXPECT_TRUE(edited.ok()) << edited.status();
+    if (edited.ok()) images = EditedImages(*edited);
+  }
+  std::vector<at::Tensor> images;
+  int64_t block_bytes = 0;
+};
+
+// ExpectLevelsApart: every image within `max_levels` (of 255) of its twin,
+// and on average within `mean_levels`.
+void ExpectLevelsApart(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b,
+                       double max_levels, double mean_levels) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const at::Tensor levels = (a[i].to(at::kFloat) - b[i].to(at::kFloat)).abs();
+    EXPECT_LE(levels.max().item<double>(), max_levels) << "row " << i;
+    EXPECT_LE(levels.mean().item<double>(), mean_levels) << "row " << i;
+  }
+}
+
 TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
   const TestBatch batch = MakeTestBatch(3);
-  std::vector<at::Tensor> baseline;
-  int64_t replicated_bytes = 0;
+  const EditedIn replicated({}, batch);
   for (const std::vector<std::string>& overrides : std::vector<std::vector<std::string>>{
-           {},
            {"worker.image_edit.enable_fsdp=true"},
            {"worker.image_edit.enable_fsdp=true",
             "worker.image_edit.fsdp_sharding_strategy=SHARD_GRAD_OP",
@@ -108,22 +136,13 @@ TEST(ImageEditWorkerModesTest, ShardingAndOffloadDoNotChangeTheImages) {
            {"worker.image_edit.enable_cpu_offload=true"},
            {"worker.image_edit.enable_fsdp=true", "worker.image_edit.enable_cpu_offload=true",
             "worker.image_edit.fsdp_cpu_offload=true"}}) {
-    const std::string mode = overrides.empty() ? "replicated" : absl::StrJoin(overrides, " ");
-    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
-                              StartTestController(TestConfig(overrides), 2));
-    const int64_t bytes =
-        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value();
-    if (overrides.empty()) replicated_bytes = bytes;
-    if (controller->config().enable_fsdp) {
-      EXPECT_LT(bytes, replicated_bytes * 3 / 4)
-          << mode << ": rank 1 should hold about half of the blocks";
+    SCOPED_TRACE(absl::StrJoin(overrides, " "));
+    const EditedIn mode(overrides, batch);
+    if (overrides[0] == "worker.image_edit.enable_fsdp=true") {
+      EXPECT_LT(mode.block_bytes, replicated.block_bytes * 3 / 4)
+          << "rank 1 should hold about half of the blocks";
     }
-    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
-    const std::vector<at::Tensor> images = EditedImages(edited);
-    if (baseline.empty()) baseline = images;
-    for (size_t i = 0; i < images.size(); ++i) {
-      EXPECT_TRUE(at::equal(images[i], baseline[i])) << mode << ": row " << i;
-    }
+    ExpectLevelsApart(mode.images, replicated.images, 0, 0);
   }
 }
 
@@ -137,22 +156,10 @@ TEST(ImageEditWorkerModesTest, BFloat16ShardsHalveTheParametersAndEditAlike) {
     return;
   }
   const TestBatch batch = MakeTestBatch(3);
-  std::vector<std::vector<at::Tensor>> images;
-  std::vector<int64_t> bytes;
-  for (const std::vector<std::string>& overrides : {sharded, bfloat16}) {
-    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
-                              StartTestController(TestConfig(overrides), 2));
-    bytes.push_back(
-        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value());
-    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
-    images.push_back(EditedImages(edited));
-  }
+  const EditedIn full(sharded, batch), half(bfloat16, batch);
   // Nothing trains in an edit worker: its shards are stored in the compute dtype.
-  EXPECT_LT(bytes[1], bytes[0] * 6 / 10);
-  for (size_t i = 0; i < images[0].size(); ++i) {
-    const at::Tensor levels = (images[1][i].to(at::kFloat) - images[0][i].to(at::kFloat)).abs();
-    EXPECT_LT(levels.mean().item<double>(), 2.0) << "row " << i;  // of 255
-  }
+  EXPECT_LT(half.block_bytes, full.block_bytes * 6 / 10);
+  ExpectLevelsApart(half.images, full.images, 255, 2.0);
 }
 
 // float64 (numerics checks): shards twice float32's, the same images but
@@ -162,21 +169,9 @@ TEST(ImageEditWorkerModesTest, Float64ShardsDoubleTheParametersAndEditAlike) {
   std::vector<std::string> float64 = sharded;
   float64.push_back("worker.image_edit.torch_dtype=float64");
   const TestBatch batch = MakeTestBatch(3);
-  std::vector<std::vector<at::Tensor>> images;
-  std::vector<int64_t> bytes;
-  for (const std::vector<std::string>& overrides : {sharded, float64}) {
-    DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
-                              StartTestController(TestConfig(overrides), 2));
-    bytes.push_back(
-        controller->init_results()[1].GetMeta<int64_t>("block_model_parameter_bytes").value());
-    DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
-    images.push_back(EditedImages(edited));
-  }
-  EXPECT_EQ(bytes[1], 2 * bytes[0]);
-  for (size_t i = 0; i < images[0].size(); ++i) {
-    const at::Tensor levels = (images[1][i].to(at::kFloat) - images[0][i].to(at::kFloat)).abs();
-    EXPECT_LE(levels.max().item<double>(), 1.0) << "row " << i;  // of 255
-  }
+  const EditedIn in32(sharded, batch), in64(float64, batch);
+  EXPECT_EQ(in64.block_bytes, 2 * in32.block_bytes);
+  ExpectLevelsApart(in64.images, in32.images, 1, 1);
 }
 
 }  // namespace
