@@ -108,7 +108,7 @@ for a, b in zip(local, nodes):
 PY
 
 job=(trainer.total_steps=40 trainer.save_every=1 trainer.max_restarts=1 data.prompts_per_step=2
-  algorithm.group_size=2 worker.rollout.num_inference_steps=8)
+  algorithm.group_size=2 worker.rollout.num_inference_steps=4)
 "$dray" train trainer.save_dir="$out/straight" "${job[@]}" --workers 2 >"$out/straight.log" 2>&1 ||
   fail "the straight run failed"
 "$dray" train trainer.save_dir="$out/restarted" "${job[@]}" "${cluster[@]}" >"$out/restarted.log" 2>&1 &
