@@ -185,7 +185,7 @@ class Bench {
  public:
   Bench(const ActorBenchOptions& options)
       : options_(options),
-        reps_(options.quick ? Repetitions{1000, 2000, 6} : Repetitions{3000, 20000, 12}) {}
+        reps_(options.quick ? Repetitions{300, 2000, 6} : Repetitions{3000, 20000, 12}) {}
 
   absl::StatusOr<std::vector<BenchMetric>> Run();
 

@@ -33,7 +33,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     metrics.push_back({std::move(name), value, std::move(unit)});
     if (options.report) options.report(metrics.back());
   };
-  const int steps = options.quick ? 2 : 5;
+  const int steps = options.quick ? 1 : 5;
   std::map<int, double> step_seconds;
   for (int workers : {1, 2}) {
     DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
