@@ -8,7 +8,7 @@ set -euo pipefail
 
 build_packages=(
   # Build system and toolchain.
-  bazel-bootstrap bazel-rules-java g++ git ca-certificates
+  bazel-bootstrap bazel-rules-java g++ git ca-certificates pkgconf
   # RPC and wire format.
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   # Core libraries.

@@ -491,4 +491,17 @@ absl::StatusOr<DataProto> DataProto::Unpad(int64_t pad_size) const {
   return RowRange(0, size_ - pad_size, 1);
 }
 
+std::ostream& operator<<(std::ostream& out, const DataProto& data) {
+  std::vector<std::string> columns;
+  for (const auto& [name, tensor] : data.tensors())
+    columns.push_back(absl::StrCat(name, " ", ShapeString(tensor.sizes()), " ",
+                                   c10::toString(tensor.scalar_type())));
+  for (const auto& column : data.non_tensors()) columns.push_back(column.first);
+  std::vector<std::string> meta;
+  for (const auto& entry : data.meta_info()) meta.push_back(entry.first);
+  out << "DataProto(" << data.size() << " rows; " << absl::StrJoin(columns, ", ");
+  if (!meta.empty()) out << "; meta " << absl::StrJoin(meta, ", ");
+  return out << ")";
+}
+
 }  // namespace dray

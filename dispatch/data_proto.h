@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <variant>
@@ -255,6 +256,10 @@ bool SameTensor(const at::Tensor& a, const at::Tensor& b);
 // SameDataProto is true when both hold the same columns in the same order,
 // with identical values, and the same meta info.
 bool SameDataProto(const DataProto& a, const DataProto& b);
+
+// operator<< describes a batch for messages and test failures, without its
+// values: "DataProto(4 rows; x [4, 2] Float, prompts; meta step)".
+std::ostream& operator<<(std::ostream& out, const DataProto& data);
 
 // --- Implementation details of the templates above. ---
 

@@ -4,6 +4,7 @@
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,13 @@ TEST(DataProtoTest, MakeChecksColumns) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'scalar' is 0-d")));
   EXPECT_THAT(DataProto::Make({{"none", at::Tensor()}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'none' is undefined")));
+}
+
+TEST(DataProtoTest, PrintsItsColumnsNotItsValues) {
+  std::ostringstream out;
+  out << Batch(2);
+  EXPECT_EQ(out.str(),
+            "DataProto(2 rows; ids [2] Long, features [2, 3] Float, text, images; meta step)");
 }
 
 TEST(DataProtoTest, AccessorsNameWhatIsMissing) {

@@ -46,6 +46,23 @@ MATCHER(IsOk, "is OK") {
 
 }  // namespace dray::testing
 
+namespace dray {
+
+// PrintTo shows a StatusOr holding dray's types in a test failure: its
+// status, or its value as GoogleTest prints it. (Newer Abseil prints a
+// StatusOr<T> with T's operator<<, which c10's logging header declares for
+// every std::vector, and fails to compile where the elements have none.)
+template <typename T>
+void PrintTo(const absl::StatusOr<T>& result, std::ostream* out) {
+  if (!result.ok()) {
+    *out << result.status();
+    return;
+  }
+  *out << ::testing::PrintToString(*result);
+}
+
+}  // namespace dray
+
 #define DRAY_ASSERT_OK(expr) ASSERT_THAT((expr), ::dray::testing::IsOk())
 #define DRAY_EXPECT_OK(expr) EXPECT_THAT((expr), ::dray::testing::IsOk())
 

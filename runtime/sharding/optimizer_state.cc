@@ -3,30 +3,19 @@
 #include <ATen/ATen.h>
 
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
+#include "base/libtorch_compat.h"
 #include "base/status_macros.h"
 
 namespace dray {
 namespace {
 
 constexpr char kStepFile[] = "/adamw.json";
-
-// StateKey: how the optimizer keys a parameter's state (LibTorch 1.x: the
-// TensorImpl's address as a string; 2.x: the address itself).
-template <typename StateMap>
-typename StateMap::key_type StateKey(const StateMap&, const at::Tensor& parameter) {
-  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
-    return c10::guts::to_string(parameter.unsafeGetTensorImpl());
-  } else {
-    return parameter.unsafeGetTensorImpl();
-  }
-}
 
 }  // namespace
 
@@ -36,7 +25,7 @@ absl::Status SaveAdamWState(FullyShardedModule& module, torch::optim::AdamW& opt
   int64_t step = 0;
   auto& states = optimizer.state();
   for (const at::Tensor& parameter : module.shards()) {
-    auto found = states.find(StateKey(states, parameter));
+    auto found = states.find(OptimizerStateKey(parameter));
     if (found == states.end()) {
       first.push_back(at::zeros_like(parameter));
       second.push_back(at::zeros_like(parameter));
@@ -75,7 +64,7 @@ absl::Status LoadAdamWState(FullyShardedModule& module, torch::optim::AdamW& opt
     state->step(step);
     state->exp_avg(first[i]);
     state->exp_avg_sq(second[i]);
-    states[StateKey(states, parameters[i])] = std::move(state);
+    states[OptimizerStateKey(parameters[i])] = std::move(state);
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,14 @@
 # which the runfiles link to, so the test is never cached (tag "external").
 set -euo pipefail
 
+# Each clang-format release formats some constructs its own way; the
+# checkout is formatted by Debian 12's (deploy/install-deps.sh).
+version=$(clang-format --version | sed -n 's/.*version \([0-9]*\)\..*/\1/p')
+if [[ $version != 14 ]]; then
+  echo "SKIPPED: the checkout is formatted by clang-format 14; this is ${version:-unknown}"
+  exit 0
+fi
+
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
 checkout=$(dirname "$(readlink -f "$root/.clang-format")")
 cd "$checkout"

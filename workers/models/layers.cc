@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/libtorch_compat.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/tensor_storage.h"
 
@@ -36,6 +37,8 @@ std::string ListNames(const std::vector<std::string>& names) {
 }
 
 thread_local bool deferring = false;
+thread_local AttentionKernel attention_kernel =
+    kHasFusedAttention ? AttentionKernel::kFused : AttentionKernel::kBlockwise;
 
 }  // namespace
 
@@ -81,8 +84,17 @@ EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOpti
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& ids) { return at::embedding(weight, ids); }
 
+AttentionKernelScope::AttentionKernelScope(AttentionKernel kernel) : previous_(attention_kernel) {
+  TORCH_CHECK(kernel != AttentionKernel::kFused || kHasFusedAttention,
+              "fused attention needs LibTorch 2; this is ", kLibTorchVersion);
+  attention_kernel = kernel;
+}
+AttentionKernelScope::~AttentionKernelScope() { attention_kernel = previous_; }
+AttentionKernel AttentionKernelScope::current() { return attention_kernel; }
+
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& allowed, int64_t max_score_elements) {
+  if (attention_kernel == AttentionKernel::kFused) return FusedAttention(q, k, v, allowed);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const int64_t queries = q.size(-2);
   const int64_t scores_per_query =

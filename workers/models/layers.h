@@ -97,16 +97,40 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-// kAttentionBlockScores: how many attention scores DotProductAttention holds
-// at once (64 MiB in float32), whatever the sequence length.
+// kAttentionBlockScores: how many attention scores the blockwise kernel
+// holds at once (64 MiB in float32), whatever the sequence length.
 inline constexpr int64_t kAttentionBlockScores = int64_t{1} << 24;
 
+// AttentionKernel: how DotProductAttention computes.
+//  kFused: at::scaled_dot_product_attention (base/libtorch_compat.h): flash
+//    or memory-efficient kernels on a GPU, a flash kernel on CPU. The
+//    default where LibTorch has it (2.0 and later).
+//  kBlockwise: the textbook formula, as diffusers' reference SDPA computes
+//    it, over blocks of queries of at most kAttentionBlockScores scores, so
+//    that memory grows linearly with the sequence rather than with its
+//    square. The default on LibTorch 1.13.
+enum class AttentionKernel { kFused, kBlockwise };
+
+// AttentionKernelScope: while one is alive, DotProductAttention on this
+// thread uses `kernel` (as torch.nn.attention.sdpa_kernel does in Python).
+// kFused needs kHasFusedAttention.
+class AttentionKernelScope {
+ public:
+  explicit AttentionKernelScope(AttentionKernel kernel);
+  ~AttentionKernelScope();
+  AttentionKernelScope(const AttentionKernelScope&) = delete;
+  AttentionKernelScope& operator=(const AttentionKernelScope&) = delete;
+  static AttentionKernel current();
+
+ private:
+  AttentionKernel previous_;
+};
+
 // DotProductAttention: softmax(q k^T / sqrt(D) masked) v for q [..., Sq, D]
-// and k, v [..., Sk, D]. `allowed` (bool, broadcastable to [..., Sq, Sk],
-// or undefined for all) marks the keys each query may attend to; the
-// textbook formula, as diffusers' reference SDPA computes it, but over
-// blocks of queries of at most `max_score_elements` scores, so that memory
-// grows linearly with the sequence rather than with its square.
+// and k, v [..., Sk, D], with AttentionKernelScope::current()'s kernel.
+// `allowed` (bool, broadcastable to [..., Sq, Sk], or undefined for all)
+// marks the keys each query may attend to. `max_score_elements`: the
+// blockwise kernel's block.
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& allowed,
                                int64_t max_score_elements = kAttentionBlockScores);

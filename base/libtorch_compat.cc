@@ -1,0 +1,26 @@
+#include "base/libtorch_compat.h"
+
+#include <ATen/ATen.h>
+
+namespace dray {
+
+at::Tensor FusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& allowed) {
+#if TORCH_VERSION_MAJOR >= 2
+  return at::scaled_dot_product_attention(
+      q, k, v, allowed.defined() ? std::optional<at::Tensor>(allowed) : std::nullopt);
+#else
+  TORCH_CHECK(false, "at::scaled_dot_product_attention needs LibTorch 2; this is ",
+              kLibTorchVersion);
+#endif
+}
+
+OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter) {
+#if TORCH_VERSION_MAJOR >= 2
+  return parameter.unsafeGetTensorImpl();
+#else
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+#endif
+}
+
+}  // namespace dray
