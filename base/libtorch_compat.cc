@@ -2,7 +2,26 @@
 
 #include <ATen/ATen.h>
 
+#include <type_traits>
+#include <utility>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 namespace dray {
+namespace {
+
+template <typename Options, typename = void>
+struct HasUseLibUV : std::false_type {};
+template <typename Options>
+struct HasUseLibUV<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>>
+    : std::true_type {};
+
+template <typename Options>
+void DisableLibUV(Options& options) {
+  if constexpr (HasUseLibUV<Options>::value) options.useLibUV = false;
+}
+
+}  // namespace
 
 at::Tensor FusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& allowed) {
@@ -22,5 +41,7 @@ OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter) {
   return c10::guts::to_string(parameter.unsafeGetTensorImpl());
 #endif
 }
+
+void UseClassicTcpStore(c10d::TCPStoreOptions& options) { DisableLibUV(options); }
 
 }  // namespace dray

@@ -9,6 +9,10 @@
 #include <string>
 #include <type_traits>
 
+namespace c10d {
+struct TCPStoreOptions;
+}  // namespace c10d
+
 namespace dray {
 
 // kLibTorchVersion: "MAJOR.MINOR.PATCH" of the LibTorch dray was built with.
@@ -29,5 +33,10 @@ at::Tensor FusedAttention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // state() map: the TensorImpl's address, as a string on LibTorch 1.x.
 using OptimizerStateKeyType = std::conditional_t<(TORCH_VERSION_MAJOR >= 2), void*, std::string>;
 OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter);
+
+// UseClassicTcpStore: c10d's TCPStore on the backend every LibTorch has.
+// From 2.4 it defaults to a libuv one, which Debian 13's LibTorch is built
+// without ("use_libuv was requested but PyTorch was build without libuv").
+void UseClassicTcpStore(c10d::TCPStoreOptions& options);
 
 }  // namespace dray

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/exception_message.h"
+#include "base/libtorch_compat.h"
 #include "runtime/collectives/communicator.h"
 #include "runtime/collectives/rendezvous_store.h"
 
@@ -44,6 +45,7 @@ absl::StatusOr<std::shared_ptr<Rendezvous>> Rendezvous::Join(const GroupAddress&
     options.isServer = address.rank == 0;
     options.numWorkers = address.world_size;
     options.timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(address.timeout));
+    UseClassicTcpStore(options);
     store->store = c10::make_intrusive<c10d::TCPStore>(address.master_addr, options);
     return std::shared_ptr<Rendezvous>(new Rendezvous(address, std::move(store)));
   } catch (const std::exception& e) {
