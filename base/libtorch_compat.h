@@ -1,7 +1,8 @@
 // What differs between the LibTorch versions dray builds against (Debian
 // 12's 1.13, Debian 13's 2.6, a GPU machine's CUDA 2.x), in one place: the
 // rest of dray asks here and never tests a version itself.
-#pragma once
+#ifndef DRAY_BASE_LIBTORCH_COMPAT_H_
+#define DRAY_BASE_LIBTORCH_COMPAT_H_
 
 #include <ATen/core/Tensor.h>
 #include <torch/version.h>
@@ -40,3 +41,5 @@ OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter);
 void UseClassicTcpStore(c10d::TCPStoreOptions& options);
 
 }  // namespace dray
+
+#endif  // DRAY_BASE_LIBTORCH_COMPAT_H_
