@@ -2,7 +2,7 @@
 // library: worker processes (runtime/worker/worker_process.h), benchmarks
 // (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
-//   dray bench [--suite runtime|sharding|edit|train|serve] [--workers N] [--quick] [--json]
+//   dray bench [--suite runtime|sharding|edit|train|serve|gpu] [--workers N] [--quick] [--json]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
@@ -10,6 +10,7 @@
 //   dray init-model --preset tiny|embedded|small --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
+//   dray --version                                    (LibTorch, CUDA, the GPUs it sees)
 #include <unistd.h>
 
 #include <climits>
@@ -22,6 +23,8 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/synchronization/mutex.h"
+#include "base/cuda_devices.h"
+#include "base/libtorch_compat.h"
 #include "cli/cluster_commands.h"
 #include "cli/edit_commands.h"
 #include "cli/train_command.h"
@@ -30,6 +33,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
+#include "workers/bench/gpu_bench.h"
 #include "workers/bench/serve_bench.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/bench/train_bench.h"
@@ -70,10 +74,11 @@ void PrintMetric(const BenchMetric& metric, bool json) {
 
 int Bench(const std::string& suite, int workers, bool quick, bool json) {
   if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train" &&
-      suite != "serve") {
-    std::fprintf(stderr,
-                 "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train, serve\n",
-                 suite.c_str());
+      suite != "serve" && suite != "gpu") {
+    std::fprintf(
+        stderr,
+        "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train, serve, gpu\n",
+        suite.c_str());
     return 2;
   }
   if (!json) std::printf("%-32s %14s  %s\n", "figure", "value", "unit");
@@ -87,6 +92,8 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
     metrics = RunTrainBench({{SelfPath(), "worker"}, quick, report});
   } else if (suite == "serve") {
     metrics = RunServeBench({SelfPath(), quick, report});
+  } else if (suite == "gpu") {
+    metrics = RunGpuBench({quick, report});
   } else {
     ActorBenchOptions options;
     options.worker_command = {SelfPath(), "worker"};
@@ -144,11 +151,18 @@ int Parity(const std::string& reference) {
   return failed == 0 ? 0 : 1;
 }
 
+// VersionText: what `dray --version` prints.
+std::string VersionText() {
+  return "dray, built with LibTorch " + kLibTorchVersion + "\n" + DescribeCudaDevices().summary;
+}
+
 int Main(int argc, char** argv) {
   // As in WorkerMain: no deadlock bookkeeping on every Mutex lock.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"dray: a C++ runtime for RL and serving of image-edit diffusion models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", VersionText,
+                       "print the LibTorch and CUDA this dray was built with and the GPUs it sees");
 
   CLI::App* bench = app.add_subcommand("bench", "measure the runtime against transport baselines");
   std::string suite = "runtime";
@@ -157,8 +171,9 @@ int Main(int argc, char** argv) {
   bench
       ->add_option("--suite", suite,
                    "what to measure: runtime (actor calls), sharding (memory, step time), edit "
-                   "(images/s, serving), train (RL step time and its phases) or serve (dray "
-                   "serve under load)")
+                   "(images/s, serving), train (RL step time and its phases), serve (dray "
+                   "serve under load) or gpu (the transformer's TFLOP/s and step time on the "
+                   "first CUDA device, small shapes on CPU without one)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()

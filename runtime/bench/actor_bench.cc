@@ -82,11 +82,6 @@ struct Repetitions {
   int batches;      // DP_COMPUTE_PROTO batches, each paired with a loopback transfer
 };
 
-double Percentile(std::vector<double> samples, double fraction) {
-  std::sort(samples.begin(), samples.end());
-  return samples[std::min(samples.size() - 1, static_cast<size_t>(fraction * samples.size()))];
-}
-
 absl::StatusOr<double> Microseconds(const std::function<absl::Status()>& call) {
   const absl::Time start = absl::Now();
   DRAY_RETURN_IF_ERROR(call());

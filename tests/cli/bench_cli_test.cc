@@ -6,8 +6,10 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/libtorch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/runtime/test_util.h"
@@ -115,6 +117,24 @@ TEST(BenchCliTest, PrintsEveryTrainFigure) {
   }
   EXPECT_GT(figures.at("train_images_per_s_w1"), 0);
   EXPECT_TRUE(figures.count("train_speedup_w2"));
+}
+
+TEST(BenchCliTest, PrintsEveryGpuFigureOnTheCpuWithoutADevice) {
+  const std::map<std::string, double> figures = RunBench("--suite gpu --quick --json");
+  std::vector<std::string> names = {"block_forward_ms",
+                                    "block_forward_tflops",
+                                    "block_forward_backward_ms",
+                                    "block_forward_backward_tflops",
+                                    "step_s",
+                                    "step_peak_memory_gib"};
+  if (kHasFusedAttention) {
+    names.insert(names.end(), {"block_forward_blockwise_ms", "fused_attention_speedup"});
+  }
+  for (const std::string& name : names) {
+    ASSERT_EQ(figures.count(name), 1u) << name;
+    EXPECT_TRUE(std::isfinite(figures.at(name)) && figures.at(name) > 0) << name;
+  }
+  EXPECT_EQ(figures.count("block_forward_peak_share"), 0u);  // a CPU has no bf16 peak here
 }
 
 TEST(BenchCliTest, RejectsAnUnknownSuite) {

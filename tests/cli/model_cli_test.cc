@@ -1,10 +1,12 @@
-// `dray init-model`, `dray edit` and `dray parity`, run as a user would run them.
+// `dray init-model`, `dray edit`, `dray parity` and `dray --version`, run as
+// a user would run them.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -111,6 +113,13 @@ TEST(ModelCliTest, ParityPassesOnTheDiffusersReference) {
   EXPECT_EQ(code, 0) << output;
   EXPECT_THAT(output, HasSubstr("25 cases: 84 outputs within tolerance, 0 not"));
   EXPECT_THAT(output, HasSubstr("transformer_tiny     case_zero_cond_t"));
+}
+
+TEST(ModelCliTest, VersionNamesTheLibTorchAndTheCudaBuild) {
+  const auto [code, output] = RunDray("--version");
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("dray, built with LibTorch ", TORCH_VERSION, "\n")));
+  EXPECT_THAT(output, HasSubstr("CUDA: "));
 }
 
 TEST(ModelCliTest, ParityFailsOnATamperedReferenceNamingTheCase) {

@@ -65,11 +65,6 @@ absl::StatusOr<double> Milliseconds(Fn run) {
   return absl::ToDoubleMilliseconds(absl::Now() - start);
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& options) {

@@ -45,11 +45,6 @@ absl::Status Step(QwenImageTransformer& model, torch::optim::Optimizer& optimize
   return absl::OkStatus();
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 int64_t OptimizerBytes(torch::optim::AdamW& optimizer) {
   int64_t bytes = 0;
   for (const auto& entry : optimizer.state()) {

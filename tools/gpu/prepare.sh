@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine needs to build dray with CMake besides its own
+# LibTorch, CUDA and compiler: Debian 12's gRPC, protobuf (with protoc and
+# the gRPC plugins), Abseil, yaml-cpp, libpng, libjpeg, ICU, CLI11,
+# nlohmann-json, Gloo's headers and GoogleTest, as their .debs unpacked
+# (`dpkg -x`) and pruned to headers, shared libraries and CMake files, in
+# one archive: .gpu/deps.tar.xz (git-ignored; about 15 MB). Run here, where
+# Debian's mirror is reachable; tools/gpu/run.sh unpacks it there.
+#
+#   tools/gpu/prepare.sh            # writes .gpu/deps.tar.xz
+#
+# Debian 12's libraries need glibc 2.36 or later at run time (Ubuntu 24.04,
+# Debian 12 and 13, RHEL 10); run.sh says so if the machine's is older.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+packages=(
+  libgrpc++-dev libgrpc++1.51 libgrpc-dev libgrpc29 protobuf-compiler protobuf-compiler-grpc
+  libprotobuf-dev libprotobuf32 libprotobuf-lite32 libprotoc32
+  libabsl-dev libabsl20220623 libre2-dev libre2-9 libc-ares-dev libc-ares2 libssl-dev libssl3
+  libyaml-cpp-dev libyaml-cpp0.7 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
+  libicu-dev libicu72 libcli11-dev nlohmann-json3-dev libgloo-dev libgtest-dev libgmock-dev
+)
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/debs" "$work/root" .gpu
+(cd "$work/debs" && apt-get download -o APT::Sandbox::User=root "${packages[@]}" >/dev/null)
+for deb in "$work"/debs/*.deb; do dpkg -x "$deb" "$work/root"; done
+
+# Only what compiling and linking need: no documentation, no static
+# libraries but GoogleTest's (it ships no others), no ICU tools. (gRPC's
+# CMake files insist on every library they name, linked or not.)
+root=$work/root/usr
+lib=$root/lib/x86_64-linux-gnu
+rm -rf "$root/share/doc" "$root/share/man" "$root/share/lintian" "$root/share/icu" \
+  "$lib/engines-3" "$lib/ossl-modules" "$lib/pkgconfig" "$lib/icu"
+find "$lib" -name '*.a' ! -name 'libg[tm]*' -delete
+rm -f "$lib"/libicu{io,test,tu}* "$lib"/libgloo*
+find "$root/bin" -type f ! -name 'protoc*' ! -name 'grpc_*_plugin' -delete
+find "$root" -xtype l -delete  # links to what was left out (libz.so: the machine's own)
+
+tar -C "$work/root" -cf - . | xz -T0 -9 >.gpu/deps.tar.xz
+echo "prepare: .gpu/deps.tar.xz ($(du -h .gpu/deps.tar.xz | cut -f1)); carry .gpu to the GPU machine"
