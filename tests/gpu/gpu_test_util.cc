@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda_devices.h"
 #include "base/files.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/model.h"
@@ -28,9 +29,9 @@ const ScratchDir& Scratch() {
 
 void CudaTest::SetUp() {
   if (!torch::cuda::is_available()) {
-    GTEST_SKIP() << "no CUDA device: torch::cuda::is_available() is false (a CPU-only LibTorch, "
-                    "or no GPU visible); this test runs on a GPU machine, built against a CUDA "
-                    "LibTorch with NCCL";
+    GTEST_SKIP() << "no CUDA device: torch::cuda::is_available() is false; "
+                 << DescribeCudaDevices().summary
+                 << ". This test runs on a GPU machine, built against a CUDA LibTorch with NCCL";
   }
 }
 

@@ -3,8 +3,6 @@
 #include <ATen/ATen.h>
 #include <grpcpp/client_context.h>
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"

@@ -70,13 +70,13 @@ Setup SetupFor(const CudaDevices& cuda, bool quick) {
 
 int64_t ImageTokens(const Setup& setup) { return 2 * setup.image[1] * setup.image[2]; }
 
-// BlockForwardFlops: one block's matrix products for `batch` samples of S
+// BlockForwardFlops: one block's matrix products for one sample of S
 // tokens, D wide: per token q, k, v and out projections (4 D^2) and the MLP
-// (D -> 4D -> D: 8 D^2) of its stream; per sample q k^T and the scores
-// times v (2 S^2 D) and the two streams' modulations (2 x 6 D^2).
-double BlockForwardFlops(const Setup& setup, int64_t batch) {
+// (D -> 4D -> D: 8 D^2) of its stream; q k^T and the scores times v
+// (2 S^2 D); the two streams' modulations (2 x 6 D^2).
+double BlockForwardFlops(const Setup& setup) {
   const double d = setup.config.inner_dim(), s = ImageTokens(setup) + setup.text_tokens;
-  return 2.0 * batch * (12 * d * d * s + 2 * s * s * d + 12 * d * d);
+  return 2.0 * (12 * d * d * s + 2 * s * s * d + 12 * d * d);
 }
 
 void Synchronize(const Setup& setup) {
@@ -122,7 +122,7 @@ class GpuBench {
     auto forward = [&] {
       return block->forward(image, text, temb, freqs.first, freqs.second, {}, {});
     };
-    const double flops = BlockForwardFlops(setup_, 1);
+    const double flops = BlockForwardFlops(setup_);
 
     const double forward_s = MedianSeconds(setup_, [&] {
       torch::NoGradGuard no_grad;

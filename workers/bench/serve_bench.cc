@@ -167,10 +167,7 @@ class Load {
   int exhausted() const { return exhausted_; }
   int failed() const { return failed_; }
   double Percentile(double fraction) const {
-    if (latencies_ms_.empty()) return 0;
-    std::vector<double> sorted = latencies_ms_;
-    std::sort(sorted.begin(), sorted.end());
-    return sorted[std::min(sorted.size() - 1, static_cast<size_t>(fraction * sorted.size()))];
+    return latencies_ms_.empty() ? 0 : dray::Percentile(latencies_ms_, fraction);
   }
 
  private:

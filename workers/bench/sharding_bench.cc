@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <memory>
 
 #include <ATen/CPUGeneratorImpl.h>
