@@ -5,7 +5,8 @@
 # kernels, which round (and sum) in another order. Settings:
 #   OpenBLAS core types (OPENBLAS_CORETYPE) Prescott ... SkylakeX, at one and
 #   two threads (OPENBLAS_NUM_THREADS); ATen's vector width
-#   (ATEN_CPU_CAPABILITY); oneDNN's instruction set (ONEDNN_MAX_CPU_ISA).
+#   (ATEN_CPU_CAPABILITY: AVX2 where the CPU would pick AVX-512, and scalar);
+#   oneDNN's instruction set (ONEDNN_MAX_CPU_ISA).
 # A core type this CPU cannot run (SkylakeX without AVX-512) is skipped and
 # said so. Prints one line per setting; exits 1 if any failed.
 #
@@ -30,6 +31,7 @@ settings=(
   "blas-SkylakeX OPENBLAS_CORETYPE=SkylakeX"
   "blas-Haswell-2-threads OPENBLAS_CORETYPE=Haswell OPENBLAS_NUM_THREADS=2"
   "blas-default-2-threads OPENBLAS_NUM_THREADS=2"
+  "aten-avx2 ATEN_CPU_CAPABILITY=avx2"
   "aten-default-vectors ATEN_CPU_CAPABILITY=default"
   "onednn-sse41 ONEDNN_MAX_CPU_ISA=SSE41"
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copies a binary and every shared library it loads into ROOT, at the paths the
 # dynamic loader finds them (symlinks such as Debian's BLAS alternative resolved),
-# so that ROOT laid over a bare Debian 12 image runs it.
+# so that ROOT laid over a bare Debian image of the same release runs it.
 #
 #   deploy/container/collect-libraries.sh bazel-bin/cli/dray /image
 set -euo pipefail

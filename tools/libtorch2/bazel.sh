@@ -9,6 +9,7 @@
 #   tools/libtorch2/bazel.sh test //...            # the suite against LibTorch 2.6
 #   tools/libtorch2/bazel.sh build //cli:dray
 #   DRAY_TRIXIE_ROOT=/some/dir tools/libtorch2/bazel.sh ...   # another root
+#   tools/libtorch2/bazel.sh --make-root           # only make the root (CI, ahead of time)
 #
 # Mounts live in a private mount namespace (unshare), so they end with the
 # command, however it ends.
@@ -51,5 +52,6 @@ if [[ ! -f $root/.dray-ready ]]; then
   in_root bash -c 'DEBIAN_FRONTEND=noninteractive /src/deploy/install-deps.sh'
   touch "$root/.dray-ready"
 fi
+if [[ ${1:-} == --make-root ]]; then exit 0; fi
 
 in_root bash -c 'cd /src && exec bazel "$@"' bazel "$@"

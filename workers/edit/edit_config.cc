@@ -1,16 +1,12 @@
 #include "workers/edit/edit_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/cpu_bfloat16.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/strategy.h"
 #include "workers/config/yaml_config.h"
 
 namespace dray {
-
-bool CpuHasBfloat16() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-}
 
 absl::Status ImageEditConfig::Validate() const {
   const ImageEditConfig& c = *this;
@@ -41,11 +37,11 @@ absl::Status ImageEditConfig::Validate() const {
   if (c.device == "cpu" && c.torch_dtype == "float16") {  // LibTorch 1.13 has no CPU float16 matmul
     return bad("torch_dtype", "float16 needs device cuda; on cpu use float32 or bfloat16");
   }
-  if (c.device == "cpu" && c.torch_dtype == "bfloat16" && !CpuHasBfloat16()) {
-    // LibTorch 1.13's bfloat16 CPU kernels die with SIGILL on such CPUs.
-    return bad("torch_dtype",
-               "bfloat16 on cpu needs a CPU with AVX512-BF16, which this one lacks; use float32 "
-               "or device cuda");
+  if (c.device == "cpu" && c.torch_dtype == "bfloat16") {
+    if (absl::Status bf16 = CpuBfloat16Support(); !bf16.ok()) {
+      return bad("torch_dtype", absl::StrCat("bfloat16 cannot run on cpu here: ", bf16.message(),
+                                             "; use float32 or device cuda"));
+    }
   }
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
   if (!strategy.ok())

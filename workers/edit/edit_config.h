@@ -84,10 +84,6 @@ struct ImageEditConfig {
 // (workers/config/yaml_config.h), for configurations that embed it.
 std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& config);
 
-// CpuHasBfloat16: whether this CPU has AVX512-BF16, without which LibTorch
-// 1.13's bfloat16 CPU kernels die (torch_dtype bfloat16 on device cpu).
-bool CpuHasBfloat16();
-
 }  // namespace dray
 
 #endif  // DRAY_WORKERS_EDIT_EDIT_CONFIG_H_

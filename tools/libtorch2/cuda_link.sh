@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Checks, on a machine without a GPU, that dray's CUDA paths compile and link
+# against a CUDA LibTorch: Debian 13's libtorch-cuda-dev 2.6 with CUDA 12.4
+# and NCCL 2.22 (deploy/install-cuda-deps.sh), in a Debian 13 root of its own
+# (the CUDA LibTorch conflicts with the CPU one of tools/libtorch2/bazel.sh's
+# root). Builds //cli:dray and the CUDA tests with --config=cuda, then runs
+# `dray --version`, which must report "CUDA: compiled (...), no device", and
+# the CUDA tests, which pass or skip for want of a device. Needs root. The
+# first run makes the root (about 3 GB of packages more than bazel.sh's) and
+# keeps it in ~/.cache/dray/trixie-cuda or $DRAY_TRIXIE_CUDA_ROOT.
+#
+#   tools/libtorch2/cuda_link.sh
+#
+# cuDNN, which Debian cannot ship, comes from $DRAY_CUDNN_DIR, by default the
+# CUDA toolkit in /usr/local/cuda (cuDNN 9 for CUDA 13: enough to link and to
+# start, as its kernels load only when a convolution runs on a GPU).
+set -euo pipefail
+checkout=$(cd "$(dirname "$0")/../.." && pwd)
+export DRAY_TRIXIE_ROOT=${DRAY_TRIXIE_CUDA_ROOT:-$HOME/.cache/dray/trixie-cuda}
+root=$DRAY_TRIXIE_ROOT
+cudnn_dir=$(readlink -f "${DRAY_CUDNN_DIR:-/usr/local/cuda/lib64}")
+bazel=("$checkout/tools/libtorch2/bazel.sh")
+
+"${bazel[@]}" --make-root
+if [[ ! -f $root/.dray-cuda-ready ]]; then
+  echo "cuda_link: adding the CUDA LibTorch, CUDA 12.4 and NCCL to $root"
+  rm -rf "$root/tmp/cuda-deps" && mkdir -p "$root/tmp/cuda-deps/cudnn"
+  cp "$checkout/deploy/install-cuda-deps.sh" "$root/tmp/cuda-deps/"
+  cp "$cudnn_dir"/libcudnn*.so.9 "$root/tmp/cuda-deps/cudnn/" 2>/dev/null || true
+  chroot "$root" /tmp/cuda-deps/install-cuda-deps.sh /tmp/cuda-deps/cudnn \
+    >"$root.cuda-install.log" 2>&1 || {
+    tail -n 20 "$root.cuda-install.log" >&2
+    exit 1
+  }
+  rm -rf "$root/tmp/cuda-deps"
+  touch "$root/.dray-cuda-ready"
+fi
+
+cuda_flags=(--config=cuda --repo_env=DRAY_CUDA_PATH=/usr/lib/cuda --color=no --curses=no)
+tests=(//tests/gpu:gpu_test //base:cuda_devices_test //runtime/collectives/...)
+"${bazel[@]}" build "${cuda_flags[@]}" //cli:dray "${tests[@]}"
+
+version=$("${bazel[@]}" run "${cuda_flags[@]}" //cli:dray -- --version)
+echo "$version"
+if ! grep -q "^CUDA: compiled (runtime 12\.4, NCCL 2\.[0-9.]*), no device" <<<"$version"; then
+  echo "cuda_link: dray --version does not report a CUDA build without a device" >&2
+  exit 1
+fi
+"${bazel[@]}" test "${cuda_flags[@]}" "${tests[@]}"
+echo "cuda_link: every CUDA path links against LibTorch 2.6 with CUDA 12.4 and NCCL"
