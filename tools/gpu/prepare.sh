@@ -39,6 +39,13 @@ find "$lib" -name '*.a' ! -name 'libg[tm]*' -delete
 rm -f "$lib"/libicu{io,test,tu}* "$lib"/libgloo*
 find "$root/bin" -type f ! -name 'protoc*' ! -name 'grpc_*_plugin' -delete
 find "$root" -xtype l -delete  # links to what was left out (libz.so: the machine's own)
+# OpenSSL apart, where run.sh's LD_LIBRARY_PATH does not reach: the machine's
+# own tools (cmake, through libcurl) need its OpenSSL 3, which may be newer
+# than Debian 12's. dray links this one and runs on the machine's.
+mkdir "$lib/openssl"
+mv "$lib"/lib{ssl,crypto}.so.3 "$lib/openssl/"
+ln -sf openssl/libssl.so.3 "$lib/libssl.so"
+ln -sf openssl/libcrypto.so.3 "$lib/libcrypto.so"
 
 tar -C "$work/root" -cf - . | xz -T0 -9 >.gpu/deps.tar.xz
 echo "prepare: .gpu/deps.tar.xz ($(du -h .gpu/deps.tar.xz | cut -f1)); carry .gpu to the GPU machine"

@@ -10,6 +10,7 @@
 #   tools/libtorch2/bazel.sh build //cli:dray
 #   DRAY_TRIXIE_ROOT=/some/dir tools/libtorch2/bazel.sh ...   # another root
 #   tools/libtorch2/bazel.sh --make-root           # only make the root (CI, ahead of time)
+#   tools/libtorch2/bazel.sh --run CMD [ARG...]    # another command in the root, at /src
 #
 # Mounts live in a private mount namespace (unshare), so they end with the
 # command, however it ends.
@@ -52,6 +53,8 @@ if [[ ! -f $root/.dray-ready ]]; then
   in_root bash -c 'DEBIAN_FRONTEND=noninteractive /src/deploy/install-deps.sh'
   touch "$root/.dray-ready"
 fi
-if [[ ${1:-} == --make-root ]]; then exit 0; fi
-
-in_root bash -c 'cd /src && exec bazel "$@"' bazel "$@"
+case ${1:-} in
+--make-root) ;;
+--run) in_root bash -c 'cd /src && exec "$@"' run "${@:2}" ;;
+*) in_root bash -c 'cd /src && exec bazel "$@"' bazel "$@" ;;
+esac

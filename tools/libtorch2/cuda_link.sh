@@ -9,7 +9,14 @@
 # first run makes the root (about 3 GB of packages more than bazel.sh's) and
 # keeps it in ~/.cache/dray/trixie-cuda or $DRAY_TRIXIE_CUDA_ROOT.
 #
-#   tools/libtorch2/cuda_link.sh
+#   tools/libtorch2/cuda_link.sh            # Bazel: --config=cuda
+#   tools/libtorch2/cuda_link.sh --cmake    # and the GPU machines' CMake build (tools/gpu/run.sh)
+#
+# With --cmake it then runs tools/gpu/run.sh in the root as on a GPU machine
+# (packing .gpu/deps.tar.xz first if it is missing): CMake against the CUDA
+# LibTorch's TorchConfig, CUDA and NCCL found as there, `dray --version`,
+# the GPU tests, `dray parity` and the gpu bench on the CPU, results in the
+# root's /tmp/gpu-out.
 #
 # cuDNN, which Debian cannot ship, comes from $DRAY_CUDNN_DIR, by default the
 # CUDA toolkit in /usr/local/cuda (cuDNN 9 for CUDA 13: enough to link and to
@@ -48,3 +55,15 @@ if ! grep -q "^CUDA: compiled (runtime 12\.4, NCCL 2\.[0-9.]*), no device" <<<"$
 fi
 "${bazel[@]}" test "${cuda_flags[@]}" "${tests[@]}"
 echo "cuda_link: every CUDA path links against LibTorch 2.6 with CUDA 12.4 and NCCL"
+
+if [[ ${1:-} == --cmake ]]; then
+  [[ -f $checkout/.gpu/deps.tar.xz ]] || "$checkout/tools/gpu/prepare.sh"
+  "${bazel[@]}" --run bash -c 'DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends cmake ninja-build xz-utils >/dev/null && rm -rf /tmp/gpu-out &&
+    OUT=/tmp/gpu-out tools/gpu/run.sh; status=$?; cat /tmp/gpu-out/summary.txt; exit $status'
+  grep -q "^CUDA: compiled (runtime 12\.4" "$root/tmp/gpu-out/version.txt" || {
+    echo "cuda_link: the CMake build's dray --version does not report a CUDA build" >&2
+    exit 1
+  }
+  echo "cuda_link: the CMake build of tools/gpu/run.sh links and runs against the CUDA LibTorch"
+fi

@@ -165,7 +165,7 @@ class GpuBench {
     const at::Tensor timestep = at::full({batch}, 0.5, setup_.options);
     const std::vector<SampleImages> images(batch, {setup_.image, setup_.image});
     absl::Status status;
-    ResetCudaPeakAllocated(0);
+    ResetPeakMemory();
     const double step_s = MedianSeconds(setup_, [&] {
       torch::NoGradGuard no_grad;
       status.Update(model->forward(latents, text, {}, timestep, images).status());
@@ -180,6 +180,12 @@ class GpuBench {
 
  private:
   static constexpr double kGiB = 1 << 30;
+
+  // The peak since ResetPeakMemory: the CUDA allocator's on a GPU (a CUDA
+  // build without a device has none to ask), the process's on the CPU.
+  void ResetPeakMemory() const {
+    if (setup_.options.device().is_cuda()) ResetCudaPeakAllocated(0);
+  }
 
   double PeakMemoryBytes() const {
     if (setup_.options.device().is_cuda()) return CudaPeakAllocatedBytes(0);
