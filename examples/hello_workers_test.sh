@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the README's example and checks what it prints.
+# Runs docs/workers.md's example and checks what it prints.
 set -eu
 out=$("$TEST_SRCDIR/$TEST_WORKSPACE/examples/hello_workers" 2>&1)
 echo "$out"

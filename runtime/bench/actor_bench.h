@@ -4,7 +4,7 @@
 // against, the two timed alternately so that both see the same load on a
 // shared machine: actor calls against a raw gRPC echo between two processes,
 // and DP_COMPUTE_PROTO bandwidth against raw loopback TCP and memcpy. Figures
-// (the README's table says what each means and what it aims at):
+// (docs/benchmarks.md says what each means and what it aims at):
 //   grpc_echo_p50_us                 raw gRPC unary echo round trip (baseline)
 //   call_sync_p50_us, _p99_us        blocking actor call, tiny argument, 1 worker
 //   call_sync_p50_vs_grpc_echo       ratio of the two p50s

@@ -7,7 +7,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(std::shared
                                                                      const std::string&, int,
                                                                      std::vector<int>) {
   return absl::UnimplementedError(
-      "this dray was built without CUDA: NCCL needs a build with --config=cuda (see README)");
+      "this dray was built without CUDA: NCCL needs a build with --config=cuda (see "
+      "docs/building.md)");
 }
 
 }  // namespace dray

@@ -2,7 +2,7 @@
 // by tools/train_embedded_model.sh): on synthetic scenes it never saw, with
 // the options `dray edit` gives it, each edit it was trained for moves the
 // output's mean colour toward the mean colour of what the edit should give,
-// on square and on wide scenes (README, "The embedded model", has the shares
+// on square and on wide scenes (docs/training.md, "The embedded model", has the shares
 // measured when it was trained). A random model fails most of them.
 #include "workers/models/qwen_image/embedded_model.h"
 
