@@ -21,9 +21,10 @@ absl::Status Probe() {
     at::conv2d(at::ones({1, 4, 8, 8}, bf16), at::ones({4, 4, 3, 3}, bf16));
   } catch (const std::exception& e) {
     const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-    return absl::FailedPreconditionError(absl::StrCat(
-        "LibTorch's oneDNN refuses bfloat16 here (ONEDNN_MAX_CPU_ISA=", cap ? cap : "unset",
-        "): ", ExceptionMessage(e)));
+    if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
+    return absl::FailedPreconditionError(
+        absl::StrCat("LibTorch's oneDNN refuses bfloat16 here (its ISA cap, ONEDNN_MAX_CPU_ISA: ",
+                     cap ? cap : "unset", "): ", ExceptionMessage(e)));
   }
   return absl::OkStatus();
 }

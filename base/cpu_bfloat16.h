@@ -2,7 +2,8 @@
 // device cpu), asked before a job starts rather than learnt from a worker's
 // crash. Two things must hold: the CPU has AVX512-BF16, without which
 // LibTorch 1.13's bfloat16 kernels die of an illegal instruction (so nothing
-// is tried there), and oneDNN, which LibTorch 1.13 multiplies and convolves
+// is tried there; required of every LibTorch, though 2.x would emulate it
+// slowly), and oneDNN, which LibTorch 1.13 multiplies and convolves
 // bfloat16 with, accepts a bfloat16 matmul and convolution: it refuses both
 // when its instruction set is capped, e.g. ONEDNN_MAX_CPU_ISA=SSE41 (2.6
 // falls back to its own kernels there).

@@ -43,6 +43,7 @@ Description: stand-in for the cuDNN installer (deploy/install-cuda-deps.sh)
 CONTROL
 dpkg-deb --build "$stand_in" "$stand_in.deb" >/dev/null
 dpkg -i "$stand_in.deb" >/dev/null
+apt-mark hold nvidia-cudnn >/dev/null  # no upgrade may bring back the installer
 rm -rf "$stand_in" "$stand_in.deb"
 cp "$cudnn_dir"/libcudnn*.so.9 /usr/lib/x86_64-linux-gnu/
 

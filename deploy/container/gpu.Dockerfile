@@ -21,11 +21,13 @@ RUN /src/deploy/install-deps.sh --build-only && /src/deploy/install-cuda-deps.sh
 COPY . /src
 WORKDIR /src
 # Inside a container build, Bazel's own namespace sandbox is not available.
-# cuDNN's kernel libraries are loaded by name, so ldd does not list them.
+# cuDNN's kernel libraries and NVRTC (cuDNN's runtime-compiled engines,
+# LibTorch's CUDA fusers) are loaded by name, so ldd does not list them.
 RUN bazel build --spawn_strategy=local --color=no --curses=no --config=cuda \
       --repo_env=DRAY_CUDA_PATH=/usr/lib/cuda //cli:dray \
     && deploy/container/collect-libraries.sh bazel-bin/cli/dray /image \
-    && cp /usr/lib/x86_64-linux-gnu/libcudnn*.so.9 /image/usr/lib/x86_64-linux-gnu/
+    && cp -L /usr/lib/x86_64-linux-gnu/libcudnn*.so.9 /usr/lib/x86_64-linux-gnu/libnvrtc.so.12 \
+      /usr/lib/x86_64-linux-gnu/libnvrtc-builtins.so.12.4 /image/usr/lib/x86_64-linux-gnu/
 
 FROM ${BASE}
 COPY --from=build /image/ /

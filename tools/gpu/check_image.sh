@@ -10,13 +10,15 @@
 #   tools/gpu/check_image.sh      # cuDNN from $DRAY_CUDNN_DIR, default /usr/local/cuda/lib64
 set -euo pipefail
 checkout=$(cd "$(dirname "$0")/../.." && pwd)
-cudnn_dir=$(readlink -f "${DRAY_CUDNN_DIR:-/usr/local/cuda/lib64}")
+cudnn_dir=${DRAY_CUDNN_DIR:-/usr/local/cuda/lib64}
 cache=${DRAY_TRIXIE_CUDA_ROOT:-$HOME/.cache/dray/trixie-cuda}/root/.cache/dray
 base=localhost/dray-base:trixie
 image=localhost/dray-gpu:latest
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "check_image: $*" >&2; exit 1; }
+[[ -f $cudnn_dir/libcudnn.so.9 ]] || fail "no libcudnn.so.9 in $cudnn_dir (set DRAY_CUDNN_DIR)"
+cudnn_dir=$(readlink -f "$cudnn_dir")  # a volume must name the folder itself
 
 # As tests/container/container_test.sh: this VM lacks CAP_SYS_RESOURCE.
 export CONTAINERS_CONF="$work/containers.conf"

@@ -4,7 +4,7 @@
 # the gRPC plugins), Abseil, yaml-cpp, libpng, libjpeg, ICU, CLI11,
 # nlohmann-json, Gloo's headers and GoogleTest, as their .debs unpacked
 # (`dpkg -x`) and pruned to headers, shared libraries and CMake files, in
-# one archive: .gpu/deps.tar.xz (git-ignored; about 15 MB). Run here, where
+# one archive: .gpu/deps.tar.xz (git-ignored; about 19 MB). Run here, where
 # Debian's mirror is reachable; tools/gpu/run.sh unpacks it there.
 #
 #   tools/gpu/prepare.sh            # writes .gpu/deps.tar.xz

@@ -2,7 +2,7 @@
 # Runs Bazel on this checkout against LibTorch 2 (Debian 13's libtorch-dev
 # 2.6, with its gcc 14, Abseil and oneDNN) instead of the host's Debian 12
 # LibTorch 1.13: in a Debian 13 root made here by debootstrap, with the
-# checkout bound at /src. Needs root. The root is made on first use (about 3
+# checkout bound at /src. Needs root. The root is made on first use (2 to 4
 # minutes: debootstrap from the host's Debian mirror, then
 # deploy/install-deps.sh inside it) and kept, as is its Bazel cache.
 #

@@ -6,8 +6,9 @@
 # root). Builds //cli:dray and the CUDA tests with --config=cuda, then runs
 # `dray --version`, which must report "CUDA: compiled (...), no device", and
 # the CUDA tests, which pass or skip for want of a device. Needs root. The
-# first run makes the root (about 3 GB of packages more than bazel.sh's) and
-# keeps it in ~/.cache/dray/trixie-cuda or $DRAY_TRIXIE_CUDA_ROOT.
+# first run makes the root (it downloads about 1.5 GB of CUDA packages; with
+# its build caches the root grows to about 14 GB) and keeps it in
+# ~/.cache/dray/trixie-cuda or $DRAY_TRIXIE_CUDA_ROOT.
 #
 #   tools/libtorch2/cuda_link.sh            # Bazel: --config=cuda
 #   tools/libtorch2/cuda_link.sh --cmake    # and the GPU machines' CMake build (tools/gpu/run.sh)
@@ -25,17 +26,26 @@ set -euo pipefail
 checkout=$(cd "$(dirname "$0")/../.." && pwd)
 export DRAY_TRIXIE_ROOT=${DRAY_TRIXIE_CUDA_ROOT:-$HOME/.cache/dray/trixie-cuda}
 root=$DRAY_TRIXIE_ROOT
-cudnn_dir=$(readlink -f "${DRAY_CUDNN_DIR:-/usr/local/cuda/lib64}")
+cudnn_dir=${DRAY_CUDNN_DIR:-/usr/local/cuda/lib64}
 bazel=("$checkout/tools/libtorch2/bazel.sh")
+case ${1:-} in
+"" | --cmake) ;;
+*)
+  echo "usage: tools/libtorch2/cuda_link.sh [--cmake]" >&2
+  exit 2
+  ;;
+esac
+if [[ ! -f $cudnn_dir/libcudnn.so.9 ]]; then
+  echo "cuda_link: no libcudnn.so.9 in $cudnn_dir (set DRAY_CUDNN_DIR)" >&2
+  exit 2
+fi
 
 "${bazel[@]}" --make-root
 if [[ ! -f $root/.dray-cuda-ready ]]; then
   echo "cuda_link: adding the CUDA LibTorch, CUDA 12.4 and NCCL to $root"
-  rm -rf "$root/tmp/cuda-deps" && mkdir -p "$root/tmp/cuda-deps/cudnn"
-  cp "$checkout/deploy/install-cuda-deps.sh" "$root/tmp/cuda-deps/"
-  cp "$cudnn_dir"/libcudnn*.so.9 "$root/tmp/cuda-deps/cudnn/" 2>/dev/null || true
-  chroot "$root" /tmp/cuda-deps/install-cuda-deps.sh /tmp/cuda-deps/cudnn \
-    >"$root.cuda-install.log" 2>&1 || {
+  rm -rf "$root/tmp/cuda-deps" && mkdir -p "$root/tmp/cuda-deps"
+  cp "$cudnn_dir"/libcudnn*.so.9 "$root/tmp/cuda-deps/"
+  "${bazel[@]}" --run deploy/install-cuda-deps.sh /tmp/cuda-deps >"$root.cuda-install.log" 2>&1 || {
     tail -n 20 "$root.cuda-install.log" >&2
     exit 1
   }
@@ -47,7 +57,10 @@ cuda_flags=(--config=cuda --repo_env=DRAY_CUDA_PATH=/usr/lib/cuda --color=no --c
 tests=(//tests/gpu:gpu_test //base:cuda_devices_test //runtime/collectives/...)
 "${bazel[@]}" build "${cuda_flags[@]}" //cli:dray "${tests[@]}"
 
-version=$("${bazel[@]}" run "${cuda_flags[@]}" //cli:dray -- --version)
+version=$("${bazel[@]}" run "${cuda_flags[@]}" //cli:dray -- --version) || {
+  echo "cuda_link: dray --version failed: $version" >&2
+  exit 1
+}
 echo "$version"
 if ! grep -q "^CUDA: compiled (runtime 12\.4, NCCL 2\.[0-9.]*), no device" <<<"$version"; then
   echo "cuda_link: dray --version does not report a CUDA build without a device" >&2

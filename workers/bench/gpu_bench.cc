@@ -181,8 +181,9 @@ class GpuBench {
  private:
   static constexpr double kGiB = 1 << 30;
 
-  // The peak since ResetPeakMemory: the CUDA allocator's on a GPU (a CUDA
-  // build without a device has none to ask), the process's on the CPU.
+  // The peak memory: on a GPU the CUDA allocator's since ResetPeakMemory (a
+  // CUDA build without a device has no allocator to ask), on the CPU the
+  // process's resident peak over its whole life.
   void ResetPeakMemory() const {
     if (setup_.options.device().is_cuda()) ResetCudaPeakAllocated(0);
   }
