@@ -20,11 +20,11 @@ absl::Status Probe() {
     at::matmul(at::ones({64, 64}, bf16), at::ones({64, 64}, bf16));
     at::conv2d(at::ones({1, 4, 8, 8}, bf16), at::ones({4, 4, 3, 3}, bf16));
   } catch (const std::exception& e) {
-    const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-    if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
-    return absl::FailedPreconditionError(
-        absl::StrCat("LibTorch's oneDNN refuses bfloat16 here (its ISA cap, ONEDNN_MAX_CPU_ISA: ",
-                     cap ? cap : "unset", "): ", ExceptionMessage(e)));
+    const char* onednn = std::getenv("ONEDNN_MAX_CPU_ISA");
+    const char* dnnl = std::getenv("DNNL_MAX_CPU_ISA");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LibTorch's oneDNN refuses bfloat16 here (ONEDNN_MAX_CPU_ISA=", onednn ? onednn : "unset",
+        ", DNNL_MAX_CPU_ISA=", dnnl ? dnnl : "unset", "): ", ExceptionMessage(e)));
   }
   return absl::OkStatus();
 }
