@@ -307,18 +307,25 @@ absl::Status FullyShardedModule::MoveMasters(at::Device device) {
 
 void FullyShardedModule::BeforeForward() {
   if (!options_.mixed_precision.param_dtype.has_value()) return;
-  // Refresh a working copy only when its master moved (an optimizer step or a
-  // load): a copy saved by an earlier forward (true CFG's first of two before
-  // one backward) must keep its version for backward.
+  // Refresh the working copies whose masters moved (an optimizer step, a
+  // load), found by value: torch::optim's SGD, for one, steps its
+  // parameters' data without bumping their versions. An unchanged copy is
+  // left as it is: one saved by an earlier forward (true CFG's first of two
+  // before one backward) must keep its version for backward.
   torch::NoGradGuard no_grad;
-  replicated_versions_.resize(replicated_.size(), -1);
+  std::vector<size_t> own_master;
+  std::vector<at::Tensor> rounded, moved;
   for (size_t i = 0; i < replicated_.size(); ++i) {
-    const int64_t version = replicated_masters_[i]._version();
-    if (version == replicated_versions_[i] ||
-        replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl())
+    if (replicated_masters_[i].unsafeGetTensorImpl() == replicated_[i].unsafeGetTensorImpl())
       continue;
-    replicated_[i].detach().copy_(replicated_masters_[i]);
-    replicated_versions_[i] = version;
+    own_master.push_back(i);
+    rounded.push_back(replicated_masters_[i].detach().to(replicated_[i].options()));
+    moved.push_back(rounded.back().ne(replicated_[i].detach()).any());
+  }
+  if (own_master.empty()) return;
+  const at::Tensor flags = at::stack(moved).cpu();  // one wait for the device, not one per copy
+  for (size_t k = 0; k < own_master.size(); ++k) {
+    if (flags.data_ptr<bool>()[k]) replicated_[own_master[k]].detach().copy_(rounded[k]);
   }
 }
 

@@ -268,7 +268,6 @@ class FullyShardedModule : public UnitHooks {
   std::vector<std::string> replicated_names_;
   std::vector<at::Tensor>
       replicated_masters_;  // masters (the parameters themselves without mixed precision)
-  std::vector<int64_t> replicated_versions_;  // the masters' versions their working copies hold
   at::ScalarType master_dtype_ = at::kFloat;  // MasterDtype of the module's parameters
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType reduce_dtype_ = at::kFloat;

@@ -15,6 +15,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
@@ -548,6 +549,24 @@ TEST(FullyShardedPrecisionTest, AFloat64ModuleKeepsFloat64MastersAndReductions) 
   });
 }
 
+// ShardInBfloat16: `model` sharded with bfloat16 compute over float32 masters.
+std::unique_ptr<FullyShardedModule> ShardInBfloat16(ToyModel& model, Communicator* comm) {
+  ShardingOptions options;
+  options.mixed_precision.param_dtype = at::kBFloat16;
+  return FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+}
+
+// ExpectInputWeightIsItsMaster: the working copy of `input.weight` (outside
+// every unit) is its float32 master rounded to bfloat16.
+void ExpectInputWeightIsItsMaster(ToyModel& model, FullyShardedModule& sharded) {
+  const auto masters = sharded.FullParameters().value();
+  for (const auto& [name, master] : masters) {
+    if (name == "input.weight") {
+      EXPECT_TRUE(at::equal(model->input->weight, master.to(at::kBFloat16)));
+    }
+  }
+}
+
 TEST(FullyShardedPrecisionTest, TwoForwardsBeforeOneBackwardKeepTheWorkingCopies) {
   // True CFG under mixed precision: the parameters outside every unit compute
   // from bfloat16 working copies, which the first forward saved for backward;
@@ -555,9 +574,7 @@ TEST(FullyShardedPrecisionTest, TwoForwardsBeforeOneBackwardKeepTheWorkingCopies
   const Data data = MakeData();
   RunInGroup(2, [&](int rank, Communicator* comm) {
     ToyModel model;
-    ShardingOptions options;
-    options.mixed_precision.param_dtype = at::kBFloat16;
-    auto sharded = FullyShardedModule::Shard(model.ptr(), model->units(), comm, options).value();
+    auto sharded = ShardInBfloat16(model, comm);
     torch::optim::AdamW optimizer(sharded->shards(), Adam());
     const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6);
     for (int step = 0; step < 2; ++step) {
@@ -568,12 +585,27 @@ TEST(FullyShardedPrecisionTest, TwoForwardsBeforeOneBackwardKeepTheWorkingCopies
       optimizer.step();
     }
     model->forward(x, sharded.get());
-    const auto masters = sharded->FullParameters().value();
-    for (const auto& [name, master] : masters) {
-      if (name == "input.weight") {
-        EXPECT_TRUE(at::equal(model->input->weight, master.to(at::kBFloat16)));
-      }
-    }
+    ExpectInputWeightIsItsMaster(model, *sharded);
+  });
+}
+
+// torch::optim's SGD steps its parameters' data without bumping their
+// versions: the working copies follow it all the same. (They once followed
+// only version bumps, so a bfloat16 SGD run computed with the initial
+// parameters outside every unit forever; the GPU tests found it.)
+TEST(FullyShardedPrecisionTest, WorkingCopiesFollowAStepThatBumpsNoVersion) {
+  const Data data = MakeData();
+  RunInGroup(2, [&](int rank, Communicator* comm) {
+    ToyModel model;
+    auto sharded = ShardInBfloat16(model, comm);
+    torch::optim::SGD optimizer(sharded->shards(), torch::optim::SGDOptions(0.5));
+    const at::Tensor x = data.x.slice(0, rank * 6, rank * 6 + 6);
+    model->forward(x, sharded.get()).pow(2).mean().backward();
+    const at::Tensor before = model->input->weight.detach().clone();
+    optimizer.step();
+    model->forward(x, sharded.get());
+    EXPECT_FALSE(at::equal(model->input->weight, before));
+    ExpectInputWeightIsItsMaster(model, *sharded);
   });
 }
 
