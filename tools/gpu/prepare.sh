@@ -11,6 +11,12 @@
 #
 # Debian 12's libraries need glibc 2.36 or later at run time (Ubuntu 24.04,
 # Debian 12 and 13, RHEL 10); run.sh says so if the machine's is older.
+#
+# With DRAY_DIFFUSERS_REPO (a git repository of huggingface/diffusers, bare
+# or not), it also packs that repository's src/diffusers at
+# DRAY_DIFFUSERS_REV (default: the commit tests/data/reference/qwen_image
+# was made with), without its pipelines, into .gpu/diffusers.tar.xz (under
+# 1 MB): run.sh then measures diffusers' transformer beside dray's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -49,3 +55,14 @@ ln -sf openssl/libcrypto.so.3 "$lib/libcrypto.so"
 
 tar -C "$work/root" -cf - . | xz -T0 -9 >.gpu/deps.tar.xz
 echo "prepare: .gpu/deps.tar.xz ($(du -h .gpu/deps.tar.xz | cut -f1)); carry .gpu to the GPU machine"
+
+if [[ -n ${DRAY_DIFFUSERS_REPO:-} ]]; then
+  revision=$(git -C "$DRAY_DIFFUSERS_REPO" rev-parse \
+    "${DRAY_DIFFUSERS_REV:-58eb52c0803ea9af3abec60841c2a093bdf1f951}^{commit}")
+  mkdir "$work/diffusers"
+  git -C "$DRAY_DIFFUSERS_REPO" archive "$revision" src/diffusers | tar -C "$work/diffusers" -x
+  rm -rf "$work"/diffusers/src/diffusers/{pipelines,modular_pipelines}
+  echo "$revision" >"$work/diffusers/src/COMMIT"
+  tar -C "$work/diffusers/src" -cf - . | xz -T0 -9 >.gpu/diffusers.tar.xz
+  echo "prepare: .gpu/diffusers.tar.xz ($(du -h .gpu/diffusers.tar.xz | cut -f1)), diffusers $revision"
+fi
