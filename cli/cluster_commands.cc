@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/node/node_agent.h"
 #include "runtime/rpc/grpc_util.h"
@@ -105,8 +106,8 @@ absl::StatusOr<std::unique_ptr<NodePool>> ClusterFlags::StartPool() const {
   options.listen = listen;
   DRAY_ASSIGN_OR_RETURN(options.token, ReadSecretFile(file));
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<NodePool> pool, NodePool::Start(options));
-  std::fprintf(stderr, "dray: waiting for %d node%s to attach at %s\n", nodes,
-               nodes == 1 ? "" : "s", pool->address().c_str());
+  Log("controller", absl::StrCat("waiting for ", nodes, nodes == 1 ? " node" : " nodes",
+                                 " to attach at ", pool->address()));
   return pool;
 }
 
@@ -176,7 +177,7 @@ std::optional<int> NodeCommand::Run() {
     }
   }
   if (!status.ok()) {
-    std::fprintf(stderr, "dray node: %s\n", status.ToString().c_str());
+    Log("node", status.ToString());
     return 1;
   }
   return 0;

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/cuda_devices.h"
 #include "base/libtorch_compat.h"
+#include "base/log.h"
 #include "cli/cluster_commands.h"
 #include "cli/edit_commands.h"
 #include "cli/train_command.h"
@@ -104,7 +105,7 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
     metrics = RunActorBench(options);
   }
   if (!metrics.ok()) {
-    std::fprintf(stderr, "dray bench: %s\n", metrics.status().ToString().c_str());
+    Log("bench", metrics.status().ToString());
     return 1;
   }
   return 0;
@@ -119,7 +120,7 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
   absl::Status written =
       preset.ok() ? qwen_image::WriteRandomQwenImageModel(out, *preset, seed) : preset.status();
   if (!written.ok()) {
-    std::fprintf(stderr, "dray init-model: %s\n", written.ToString().c_str());
+    Log("init-model", written.ToString());
     return 1;
   }
   std::printf("wrote a random %s Qwen-Image-Edit model (seed %llu) to %s\n", preset_name.c_str(),
@@ -130,7 +131,7 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
 int Parity(const std::string& reference) {
   absl::StatusOr<std::vector<ParityCase>> cases = ListParityCases(reference);
   if (!cases.ok()) {
-    std::fprintf(stderr, "dray parity: %s\n", cases.status().ToString().c_str());
+    Log("parity", cases.status().ToString());
     return 1;
   }
   std::printf("%-20s %-40s %-40s %10s %10s %9s  %s\n", "component", "case", "output", "max_abs",
@@ -236,7 +237,7 @@ int Main(int argc, char** argv) {
   }
   if (*echo) {
     absl::Status served = RunEchoServer(port);
-    std::fprintf(stderr, "dray echo-server: %s\n", served.ToString().c_str());
+    Log("echo-server", served.ToString());
     return 1;
   }
   return 0;

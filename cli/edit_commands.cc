@@ -15,8 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "base/files.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "base/stop_signals.h"
 #include "cli/cluster_commands.h"
@@ -60,7 +62,7 @@ struct EditCommands::Flags {
 namespace {
 
 int Fail(const char* command, const absl::Status& status) {
-  std::fprintf(stderr, "dray %s: %s\n", command, status.ToString().c_str());
+  Log(command, status.ToString());
   return 1;
 }
 
@@ -119,11 +121,11 @@ int EditLocally(const EditCommands::Flags& f) {
   absl::Status checked = CheckEditBatch(*batch, *config, /*count_tokens=*/nullptr);
   if (!checked.ok()) return Fail("edit", checked);
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
-  std::fprintf(stderr, "dray edit: model %s, %lld steps at %lld^2, seed %lld, %d worker%s\n",
-               config->model_path.empty() ? "tiny (embedded default)" : config->model_path.c_str(),
-               static_cast<long long>(config->num_inference_steps),
-               static_cast<long long>(config->image_size), static_cast<long long>(config->seed),
-               f.workers, f.workers == 1 ? "" : "s");
+  Log("edit",
+      absl::StrFormat("model %s, %d steps at %d^2, seed %d, %d worker%s",
+                      config->model_path.empty() ? "tiny (embedded default)" : config->model_path,
+                      config->num_inference_steps, config->image_size, config->seed, f.workers,
+                      f.workers == 1 ? "" : "s"));
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());
@@ -167,8 +169,7 @@ int EditOnServer(const EditCommands::Flags& f) {
     AttachBearerToken(&context, *token);
   }
   if (absl::Status tls = f.tls.Apply(); !tls.ok()) return Fail("edit", tls);
-  std::fprintf(stderr, "dray edit: sent to %s, waiting (deadline %.0f s)\n", f.server.c_str(),
-               f.timeout_s);
+  Log("edit", absl::StrFormat("sent to %s, waiting (deadline %.0f s)", f.server, f.timeout_s));
   std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> events =
       v1::ImageEditService::NewStub(CreateDrayChannel(f.server))->EditStream(&context, request);
   v1::EditImageEvent event;
@@ -196,8 +197,7 @@ int ServeUntilStopped(const EditCommands::Flags& f, ImageEditController& control
   int signal = 0;
   while ((signal = WaitForStopSignal(/*timeout_ms=*/200)) == 0) {
     if (controller.WaitUntilGivenUp(absl::ZeroDuration())) {
-      std::fprintf(stderr, "dray serve: %s; exiting\n",
-                   std::string(controller.Health().message()).c_str());
+      Log("serve", absl::StrCat(controller.Health().message(), "; exiting"));
       server.Shutdown();
       return 1;
     }
@@ -263,10 +263,10 @@ int Serve(const EditCommands::Flags& f) {
       static_cast<long long>(config->batch_size * f.workers * cluster.nodes));
   if (f.client_token_file.empty() && f.host != "127.0.0.1" && f.host != "localhost" &&
       f.host != "::1") {
-    std::fprintf(stderr,
-                 "dray serve: warning: ImageEditService listens on %s without authentication: "
-                 "anyone who can reach port %d can use the workers (see --client-token-file)\n",
-                 f.host.c_str(), (*server)->port());
+    Log("serve",
+        absl::StrFormat("warning: ImageEditService listens on %s without authentication: anyone "
+                        "who can reach port %d can use the workers (see --client-token-file)",
+                        f.host, (*server)->port()));
   }
   std::fflush(stdout);
   return ServeUntilStopped(f, **controller, **server);

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "base/log.h"
 #include "base/stop_signals.h"
 #include "cli/cluster_commands.h"
 #include "workers/train/train_config.h"
@@ -34,7 +35,7 @@ struct TrainCommand::Flags {
 namespace {
 
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "dray train: %s\n", status.ToString().c_str());
+  Log("train", status.ToString());
   return 1;
 }
 
@@ -49,18 +50,18 @@ void StopOnSignals(const std::atomic<FlowGrpoTrainer*>& trainer, const absl::Not
     if (signal == 0) continue;
     FlowGrpoTrainer* running = trainer.load();
     if (running != nullptr && !asked) {
-      std::fprintf(stderr, "dray train: %s: stopping after this step (%s again stops at once)\n",
-                   strsignal(signal), strsignal(signal));
+      Log("train", absl::StrCat(strsignal(signal), ": stopping after this step (",
+                                strsignal(signal), " again stops at once)"));
       running->RequestStop();
       asked = true;
       continue;
     }
     const std::string checkpoint = running == nullptr ? "" : running->NewestCheckpoint();
-    std::fprintf(stderr, "dray train: %s, exiting now; %s\n", strsignal(signal),
-                 checkpoint.empty() ? "no checkpoint was saved"
-                                    : ("the newest checkpoint is " + checkpoint +
-                                       " (trainer.resume=auto continues from it)")
-                                          .c_str());
+    Log("train", absl::StrCat(strsignal(signal), ", exiting now; ",
+                              checkpoint.empty()
+                                  ? "no checkpoint was saved"
+                                  : absl::StrCat("the newest checkpoint is ", checkpoint,
+                                                 " (trainer.resume=auto continues from it)")));
     std::_Exit(128 + signal);
   }
 }
@@ -99,10 +100,10 @@ std::optional<int> TrainCommand::Run() {
                                              : absl::StrCat(config->prompts_per_step, " prompts x ",
                                                             config->group_size, " samples");
   const char* job = config->sft() ? "SFT on" : config->vae() ? "VAE training on" : "Flow-GRPO on";
-  std::fprintf(stderr, "dray train: %s %s, %lld step%s of %s, %s\n", job,
-               config->embedded_task() ? "the embedded task" : config->train_files.c_str(),
-               static_cast<long long>(config->total_steps), config->total_steps == 1 ? "" : "s",
-               batch.c_str(), WorkerLayout(cluster, f.workers).c_str());
+  Log("train",
+      absl::StrCat(job, " ", config->embedded_task() ? "the embedded task" : config->train_files,
+                   ", ", config->total_steps, config->total_steps == 1 ? " step" : " steps", " of ",
+                   batch, ", ", WorkerLayout(cluster, f.workers)));
   absl::StatusOr<std::unique_ptr<NodePool>> pool = cluster.StartPool();  // outlives the trainer
   if (!pool.ok()) return Fail(pool.status());
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "dray/v1/node.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
@@ -27,10 +28,6 @@ namespace dray {
 namespace {
 
 using NodeStream = grpc::ServerReaderWriter<v1::ControllerToNode, v1::NodeToController>;
-
-void Log(const std::string& message) {
-  std::fprintf(stderr, "dray controller: %s\n", message.c_str());
-}
 
 // WriteOutput writes a worker's forwarded lines to this process's stdout or
 // stderr, whole, one chunk at a time.
@@ -258,8 +255,8 @@ grpc::Status NodePool::Impl::AttachNode(grpc::ServerContext* context, NodeStream
     node->last_heard = absl::Now();
     nodes_[node->id] = node;
   }
-  Log(absl::StrCat("node ", node->info.Describe(), " attached (", node->info.gpus.size(), " GPUs, ",
-                   node->info.cores, " cores)"));
+  Log("controller", absl::StrCat("node ", node->info.Describe(), " attached (",
+                                 node->info.gpus.size(), " GPUs, ", node->info.cores, " cores)"));
   while (stream->Read(&message)) Handle(node, message);
   LoseNode(node, "its agent's stream ended");
   {
@@ -348,7 +345,7 @@ void NodePool::Impl::LoseNode(const std::shared_ptr<Node>& node, const std::stri
   for (const auto& worker : lost) ranks.push_back(worker->rank);
   std::sort(ranks.begin(), ranks.end());
   const std::string what = absl::StrCat("node ", node->info.Describe(), " was lost: ", cause);
-  Log(what);
+  Log("controller", what);
   const absl::Status status = absl::UnavailableError(
       ranks.empty() ? what : absl::StrCat(what, "; ", RankList(ranks), " ran there"));
   for (const auto& worker : lost) {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "dray/v1/node.grpc.pb.h"
 #include "runtime/process/subprocess.h"
@@ -30,8 +31,6 @@ namespace {
 
 // How long workers get to exit on SIGTERM before SIGKILL.
 constexpr absl::Duration kWorkerTermGrace = absl::Seconds(1);
-
-void Log(const std::string& message) { std::fprintf(stderr, "dray node: %s\n", message.c_str()); }
 
 std::string Hostname() {
   char name[HOST_NAME_MAX + 1] = {};
@@ -113,8 +112,8 @@ absl::Status Agent::Run() {
   bool announced = false;
   while (stop_reason.empty() && stream_->Read(&message)) {
     if (!announced) {
-      Log(absl::StrCat("attached to the controller at ", options_.controller, " as ", hostname_,
-                       " (", address_, ")"));
+      Log("node", absl::StrCat("attached to the controller at ", options_.controller, " as ",
+                               hostname_, " (", address_, ")"));
       announced = true;
     }
     {
@@ -152,7 +151,7 @@ absl::Status Agent::Run() {
   if (!stop_reason.empty()) context_.TryCancel();
   const grpc::Status finished = stream_->Finish();
   if (!stop_reason.empty()) {
-    Log(absl::StrCat("stopped: ", stop_reason));
+    Log("node", absl::StrCat("stopped: ", stop_reason));
     return absl::OkStatus();
   }
   if (finished.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
@@ -288,7 +287,7 @@ void Agent::KillWorkers() {
     worker->Signal(SIGTERM);
     ++running;
   }
-  if (running > 0) Log(absl::StrCat("stopping ", running, " running workers"));
+  if (running > 0) Log("node", absl::StrCat("stopping ", running, " running workers"));
   const absl::Time deadline = absl::Now() + kWorkerTermGrace;
   for (auto& [pid, worker] : workers) worker->WaitFor(deadline - absl::Now());
   workers.clear();  // SIGKILL what is left, reap

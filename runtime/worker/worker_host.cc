@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/exception_message.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 
 namespace dray {
@@ -72,8 +73,8 @@ absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::stri
     // The caller gets the message; the full text (LibTorch's backtrace, with
     // addresses and build paths) stays in this worker's log under an id.
     const int64_t error_id = ++errors_;
-    std::fprintf(stderr, "dray worker rank %d: error %lld: %s threw: %s\n", rank_,
-                 static_cast<long long>(error_id), where.c_str(), e.what());
+    Log(absl::StrCat("worker rank ", rank_),
+        absl::StrCat("error ", error_id, ": ", where, " threw: ", e.what()));
     return absl::InternalError(absl::StrCat(where, " threw: ", ExceptionMessage(e), " (error ",
                                             error_id, " in rank ", rank_, "'s log)"));
   } catch (...) {

@@ -14,10 +14,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "base/stop_signals.h"
 #include "dray/v1/controller.grpc.pb.h"
@@ -40,9 +42,8 @@ constexpr absl::Duration kControllerSilenceLimit = absl::Seconds(5);
 // abandoned: the process exits without waiting for it.
 constexpr absl::Duration kDrainGrace = absl::Seconds(1);
 
-void Log(int rank, const std::string& message) {
-  std::fprintf(stderr, "dray worker rank %d (pid %d): %s\n", rank, getpid(), message.c_str());
-}
+// Speaker: who a worker's log lines say they come from.
+std::string Speaker(int rank) { return absl::StrFormat("worker rank %d (pid %d)", rank, getpid()); }
 
 // StopOnSignals notifies `stop` on SIGTERM or SIGINT. The signals must be
 // blocked in every thread first (BlockStopSignals), so only this thread sees them.
@@ -89,13 +90,14 @@ void Heartbeat(v1::ControllerService::Stub* controller, int rank, const std::str
     AttachJobSecret(&rpc, job_secret);
     if (controller->Heartbeat(&rpc, request, &response).ok()) {
       if (!response.keep_running()) {
-        Log(rank, "the controller is shutting down; exiting");
+        Log(Speaker(rank), "the controller is shutting down; exiting");
         return;
       }
       last_answer = absl::Now();
     } else if (absl::Now() - last_answer > kControllerSilenceLimit) {
-      Log(rank, absl::StrCat("the controller has not answered for ",
-                             absl::FormatDuration(absl::Now() - last_answer), "; exiting"));
+      Log(Speaker(rank),
+          absl::StrCat("the controller has not answered for ",
+                       absl::FormatDuration(absl::Now() - last_answer), "; exiting"));
       return;
     }
   }
@@ -206,7 +208,7 @@ int WorkerMain(const WorkerClassRegistry& classes, int argc, char** argv) {
       ParseWorkerProcessFlags(std::vector<std::string>(argv + 1, argv + argc));
   absl::Status status = options.ok() ? UseTlsFromEnvironment() : options.status();
   if (status.ok()) status = RunWorkerProcess(classes, *options);
-  if (!status.ok()) std::fprintf(stderr, "dray worker: %s\n", status.ToString().c_str());
+  if (!status.ok()) Log("worker", status.ToString());
   // Exit now: a method that is still running (it cannot be interrupted) must
   // not hold the process, nor must destructors of servers waiting for it.
   std::fflush(stdout);

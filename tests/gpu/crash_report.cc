@@ -47,8 +47,8 @@ bool WriteAddress(const char* label, uintptr_t address) {
 
 void Report(int signal, siginfo_t* info, void* context) {
   char line[160];
-  std::snprintf(line, sizeof(line), "\n*** crash report: %s at address 0x%zx\n",
-                strsignal(signal), reinterpret_cast<size_t>(info->si_addr));
+  std::snprintf(line, sizeof(line), "\n*** crash report: %s at address 0x%zx\n", strsignal(signal),
+                reinterpret_cast<size_t>(info->si_addr));
   Write(line);
 #if defined(__x86_64__)
   const auto* registers = static_cast<ucontext_t*>(context)->uc_mcontext.gregs;

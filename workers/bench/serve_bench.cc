@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/process/subprocess.h"
@@ -187,7 +188,7 @@ class Load {
       ++exhausted_;
     } else {
       ++failed_;
-      std::fprintf(stderr, "dray bench: a request failed: %s\n", status.error_message().c_str());
+      Log("bench", absl::StrCat("a request failed: ", status.error_message()));
     }
   }
 

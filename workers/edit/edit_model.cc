@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/replicate.h"
 #include "workers/models/qwen_image/embedded_model.h"
@@ -120,9 +122,8 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
   DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
   const at::ScalarType dtype = ParseDtype(config.torch_dtype);
   auto log = [&](const char* phase, int64_t parameter_bytes) {
-    std::fprintf(stderr, "init_model: %-26s resident %8.1f MiB, parameters %8.1f MiB\n", phase,
-                 MiB(ResidentBytes()), MiB(parameter_bytes));
-    std::fflush(stderr);
+    Log("worker", absl::StrFormat("init_model: %-26s resident %8.1f MiB, parameters %8.1f MiB",
+                                  phase, MiB(ResidentBytes()), MiB(parameter_bytes)));
   };
   log("start", 0);
 

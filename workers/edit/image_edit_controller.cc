@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
@@ -16,11 +17,6 @@ namespace dray {
 namespace {
 
 constexpr absl::Duration kMaxRestartBackoff = absl::Minutes(1);
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "dray controller: %s\n", line.c_str());
-  std::fflush(stderr);
-}
 
 }  // namespace
 
@@ -116,7 +112,7 @@ void ImageEditController::Supervise() {
       cause = *failure_;
       failed = std::move(group_);
     }
-    Log(absl::StrCat("the worker group failed: ", cause.message()));
+    Log("controller", absl::StrCat("the worker group failed: ", cause.message()));
     failed->Shutdown();  // reaps every process, stopped ones included
     failed.reset();
     while (true) {
@@ -127,7 +123,7 @@ void ImageEditController::Supervise() {
           unavailable_ = absl::UnavailableError(
               absl::StrCat("the workers failed and all ", options_.max_restarts,
                            " restarts are used up; last cause: ", cause.message()));
-          Log(std::string(unavailable_.message()));
+          Log("controller", std::string(unavailable_.message()));
           given_up_.Notify();
           return;
         }
@@ -135,8 +131,8 @@ void ImageEditController::Supervise() {
       }
       const absl::Duration backoff = std::min(
           options_.restart_backoff * (int64_t{1} << std::min(restart - 1, 20)), kMaxRestartBackoff);
-      Log(absl::StrCat("restart ", restart, " of ", options_.max_restarts, " in ",
-                       absl::FormatDuration(backoff)));
+      Log("controller", absl::StrCat("restart ", restart, " of ", options_.max_restarts, " in ",
+                                     absl::FormatDuration(backoff)));
       {
         absl::MutexLock lock(&mu_);
         if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), backoff)) return;
@@ -144,11 +140,11 @@ void ImageEditController::Supervise() {
       }
       absl::Status started = StartGroup();
       if (started.ok()) {
-        Log(absl::StrCat("restart ", restart, ": the workers serve again"));
+        Log("controller", absl::StrCat("restart ", restart, ": the workers serve again"));
         break;
       }
       cause = started;
-      Log(absl::StrCat("restart ", restart, " failed: ", started.message()));
+      Log("controller", absl::StrCat("restart ", restart, " failed: ", started.message()));
     }
   }
 }

@@ -21,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
@@ -173,8 +174,7 @@ grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::s
                             : CheckBearerToken(*context, options_.bearer_token);
   if (status.ok()) status = handle();
   if (status.ok()) return grpc::Status::OK;
-  std::fprintf(stderr, "dray serve: request %s (%s): %s\n", id.c_str(), std::string(method).c_str(),
-               status.ToString().c_str());
+  Log("serve", absl::StrCat("request ", id, " (", method, "): ", status.ToString()));
   return ToGrpcStatus(
       absl::Status(status.code(), absl::StrCat(status.message(), " [request ", id, "]")));
 }
