@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/image/image_codec.h"
@@ -30,15 +31,6 @@ namespace dray {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Seed mixes a job seed with step-local numbers (splitmix64), so that
-// every random choice depends on the seed and the step alone.
-uint64_t Seed(uint64_t seed, uint64_t a, uint64_t b = 0) {
-  uint64_t z = seed * 0x9E3779B97F4A7C15ULL + a * 0xBF58476D1CE4E5B9ULL + b * 0x94D049BB133111EBULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
 
 std::string Duration(double seconds) {
   const int64_t s = std::llround(seconds);
@@ -127,8 +119,8 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
     DRAY_ASSIGN_OR_RETURN(data, config.paired() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
                                                 : WriteEmbeddedTask(task));
   }
-  DRAY_ASSIGN_OR_RETURN(trainer->prompts_, ReadTrainPrompts(data, config.paired()));
-  trainer->BucketBySize();
+  DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts(data, config.paired()));
+  trainer->sampler_.emplace(config, std::move(prompts));
   DRAY_ASSIGN_OR_RETURN(trainer->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
   if (!config.remote_rewards.empty() && !config.paired()) {
     DRAY_ASSIGN_OR_RETURN(trainer->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
@@ -193,62 +185,8 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
   return absl::OkStatus();
 }
 
-void FlowGrpoTrainer::BucketBySize() {
-  std::map<std::pair<int64_t, int64_t>, size_t> bucket_of_size;
-  for (size_t i = 0; i < prompts_.size(); ++i) {
-    const std::pair<int64_t, int64_t> size = {prompts_[i].pixels.size(0),
-                                              prompts_[i].pixels.size(1)};
-    const auto [it, added] = bucket_of_size.emplace(size, buckets_.size());
-    if (added) buckets_.emplace_back();
-    buckets_[it->second].push_back(i);
-    bucket_of_.push_back(it->second);
-  }
-}
-
-std::vector<size_t> FlowGrpoTrainer::PromptsOf(int64_t step) const {
-  std::vector<size_t> chosen;
-  const int64_t count = static_cast<int64_t>(prompts_.size());
-  for (int64_t k = step * config_.prompts_per_step; k < (step + 1) * config_.prompts_per_step;
-       ++k) {
-    std::vector<size_t> order(prompts_.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), std::mt19937_64(Seed(config_.seed, 1, k / count)));
-    chosen.push_back(order[k % count]);
-  }
-  if (buckets_.size() < 2) return chosen;
-  std::vector<size_t> bucket = buckets_[bucket_of_[chosen.front()]];
-  std::shuffle(bucket.begin(), bucket.end(), std::mt19937_64(Seed(config_.seed, 7, step)));
-  for (size_t i = 1; i < chosen.size(); ++i) chosen[i] = bucket[(i - 1) % bucket.size()];
-  return chosen;
-}
-
-absl::StatusOr<DataProto> FlowGrpoTrainer::EditRows(int64_t step, int64_t copies) const {
-  std::vector<Bytes> images;
-  std::vector<std::string> instructions;
-  std::vector<int64_t> seeds;
-  for (size_t prompt : PromptsOf(step)) {
-    for (int64_t g = 0; g < copies; ++g) {
-      images.push_back(prompts_[prompt].image);
-      instructions.push_back(prompts_[prompt].instruction);
-      seeds.push_back(
-          static_cast<int64_t>(Seed(config_.seed, 2, step * 1000003 + seeds.size()) >> 2));
-    }
-  }
-  return MakeEditBatch(images, instructions, seeds);
-}
-
 absl::StatusOr<DataProto> FlowGrpoTrainer::PairedBatch(int64_t step) const {
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
-  std::vector<Image> targets;
-  std::vector<double> draws;
-  for (size_t prompt : PromptsOf(step)) {
-    targets.push_back(EncodedImageRow(prompts_[prompt].target));
-    draws.push_back(
-        static_cast<double>(Seed(config_.seed, 6, step * 1000003 + draws.size()) >> 11) /
-        static_cast<double>(uint64_t{1} << 53));  // uniform in [0, 1)
-  }
-  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(targets)));
-  DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, at::tensor(draws, at::kDouble)));
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, sampler_->PairedRows(step));
   batch.SetMeta("lr", LearningRate(step));
   return batch;
 }
@@ -260,20 +198,7 @@ double FlowGrpoTrainer::LearningRate(int64_t step) const {
 }
 
 absl::StatusOr<DataProto> FlowGrpoTrainer::RolloutBatch(int64_t step) const {
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, config_.group_size));
-  // The SDE window: every step but the last, or a seeded window of the given size.
-  const int64_t steps = config_.num_inference_steps;
-  int64_t begin = 0, end = steps - 1;
-  if (config_.sde_window_size > 0) {
-    const int64_t lo = config_.sde_window_range[0];
-    const int64_t hi = config_.sde_window_range[1] > 0 ? config_.sde_window_range[1] : steps - 1;
-    const int64_t starts = std::max<int64_t>(1, hi - config_.sde_window_size - lo + 1);
-    begin = lo + static_cast<int64_t>(Seed(config_.seed, 3, step) % starts);
-    end = begin + config_.sde_window_size;
-  }
-  batch.SetMeta("sde_window_begin", begin);
-  batch.SetMeta("sde_window_end", end);
-  return batch;
+  return sampler_->RolloutRows(step);
 }
 
 absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
@@ -282,13 +207,11 @@ absl::StatusOr<std::vector<double>> FlowGrpoTrainer::Rewards(
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
   DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
                         rows.GetRows<std::string>(kInstructionsColumn));
-  std::vector<size_t> prompt_of;
-  for (size_t prompt : PromptsOf(step))
-    prompt_of.insert(prompt_of.end(), config_.group_size, prompt);
+  const std::vector<const TrainPrompt*> prompts = sampler_->PromptsOf(step);
   std::vector<RewardInput> samples;
   for (size_t i = 0; i < outputs->size(); ++i) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow((*outputs)[i]));
-    const TrainPrompt& prompt = prompts_[prompt_of[i]];
+    const TrainPrompt& prompt = *prompts[i / config_.group_size];
     samples.push_back({std::move(pixels), prompt.pixels, (*instructions)[i], prompt.fields});
   }
   // The remote scorers work while the built-in functions run here.
@@ -350,7 +273,7 @@ absl::StatusOr<at::Tensor> FlowGrpoTrainer::FunctionScores(int64_t step,
   }
   at::Tensor scores = at::empty(
       {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
-  const std::vector<size_t> prompts = PromptsOf(step);
+  const std::vector<const TrainPrompt*> prompts = sampler_->PromptsOf(step);
   for (size_t f = 0; f < names.size(); ++f) {
     DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(names[f]));
     for (size_t i = 0; i < samples.size(); ++i) {
@@ -358,7 +281,7 @@ absl::StatusOr<at::Tensor> FlowGrpoTrainer::FunctionScores(int64_t step,
       if (!value.ok()) {
         return absl::Status(value.status().code(),
                             absl::StrCat("reward ", names[f], ", sample ", i, " (",
-                                         prompts_[prompts[i / config_.group_size]].image_path,
+                                         prompts[i / config_.group_size]->image_path,
                                          "): ", value.status().message()));
       }
       scores[i][f] = *value;
@@ -400,10 +323,10 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::PairedStep(int64_
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs,
                         edited.front().GetRows<Image>(kEditedColumn));
   std::vector<SampleRow> grid;
-  const std::vector<size_t> prompts = PromptsOf(step);
+  const std::vector<const TrainPrompt*> prompts = sampler_->PromptsOf(step);
   for (size_t p = 0; p < prompts.size(); ++p) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[p]));
-    const TrainPrompt& prompt = prompts_[prompts[p]];
+    const TrainPrompt& prompt = *prompts[p];
     grid.push_back(
         vae ? SampleRow{prompt.pixels, {output}, {"reconstruction"}}
             : SampleRow{prompt.pixels, {prompt.target_pixels, output}, {"target", "model"}});
@@ -426,8 +349,8 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
   const absl::Time rewarding = absl::Now();
   DRAY_ASSIGN_OR_RETURN(std::vector<double> rewards, Rewards(step, rollout, rows, metrics));
   std::vector<std::string> groups;
-  for (size_t prompt : PromptsOf(step))
-    groups.insert(groups.end(), config_.group_size, prompts_[prompt].group());
+  for (const TrainPrompt* prompt : sampler_->PromptsOf(step))
+    groups.insert(groups.end(), config_.group_size, prompt->group());
   const at::Tensor reward_tensor = at::tensor(rewards, at::kDouble);
   DRAY_ASSIGN_OR_RETURN(at::Tensor advantages,
                         advantages_(groups, reward_tensor, {config_.global_std}));
@@ -445,12 +368,7 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
   // The trained window steps: a seeded timestep_fraction of them.
   DRAY_ASSIGN_OR_RETURN(at::Tensor timesteps, rollout.GetTensor(kTimestepsColumn));
   const int64_t window = timesteps.size(1);
-  std::vector<int64_t> train_steps(window);
-  std::iota(train_steps.begin(), train_steps.end(), 0);
-  std::shuffle(train_steps.begin(), train_steps.end(),
-               std::mt19937_64(Seed(config_.seed, 4, step)));
-  train_steps.resize(std::max<int64_t>(1, std::llround(config_.timestep_fraction * window)));
-  std::sort(train_steps.begin(), train_steps.end());
+  const std::vector<int64_t> train_steps = sampler_->TrainedSteps(step, window);
   const double lr = LearningRate(step);
   metrics["lr"] = lr;
 
@@ -463,17 +381,12 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
     // Shuffled within each rank's share, as flow_grpo shuffles within each
     // process: a row stays where it was sampled, whose encodings it reuses.
-    std::vector<int64_t> order(batch.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937_64 random(Seed(config_.seed, 5, step * 1000 + epoch));
-    const int64_t share = batch.size() / group_->world_size();
-    for (int64_t begin = 0; begin < batch.size(); begin += share)
-      std::shuffle(order.begin() + begin, order.begin() + begin + share, random);
-    DRAY_ASSIGN_OR_RETURN(DataProto shuffled, batch.Reorder(order));
+    DRAY_ASSIGN_OR_RETURN(
+        DataProto shuffled,
+        batch.Reorder(sampler_->UpdateOrder(step, epoch, batch.size(), group_->world_size())));
     absl::StatusOr<std::vector<DataProto>> updated = group_->Call("update_actor", {shuffled});
     if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {
-      std::fprintf(stderr, "dray train: skipping step %lld: %s\n", static_cast<long long>(step),
-                   std::string(updated.status().message()).c_str());
+      Log("train", absl::StrCat("skipping step ", step, ": ", updated.status().message()));
       metrics["skipped"] = 1;
       break;
     }
@@ -545,9 +458,9 @@ absl::Status FlowGrpoTrainer::WriteRolloutSamples(int64_t step, const DataProto&
                                                   const std::vector<double>& rewards) {
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
   std::vector<SampleRow> grid;
-  const std::vector<size_t> prompts = PromptsOf(step);
+  const std::vector<const TrainPrompt*> prompts = sampler_->PromptsOf(step);
   for (size_t p = 0; p < prompts.size(); ++p) {
-    SampleRow row{prompts_[prompts[p]].pixels, {}, {}};
+    SampleRow row{prompts[p]->pixels, {}, {}};
     for (int64_t g = 0; g < config_.group_size; ++g) {
       const size_t i = p * config_.group_size + g;
       DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
@@ -641,8 +554,7 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
   std::string lines;
   for (const auto& metrics : history_) absl::StrAppend(&lines, MetricsLine(metrics), "\n");
   DRAY_RETURN_IF_ERROR(WriteFileAtomically(config_.save_dir + "/metrics.jsonl", lines));
-  std::fprintf(stderr, "dray train: resumed from %s (after step %zu)\n", checkpoint.c_str(),
-               history_.size());
+  Log("train", absl::StrCat("resumed from ", checkpoint, " (after step ", history_.size(), ")"));
   return absl::OkStatus();
 }
 
@@ -658,8 +570,8 @@ absl::Status FlowGrpoTrainer::SetAsideLaterCheckpoints(const std::string& checkp
       return absl::DataLossError(absl::StrCat("cannot set ", later.string(), " aside into ",
                                               aside.string(), ": ", error.message()));
     }
-    std::fprintf(stderr, "dray train: %s is after the resumed step: moved into %s\n",
-                 later.string().c_str(), aside.string().c_str());
+    Log("train",
+        absl::StrCat(later.string(), " is after the resumed step: moved into ", aside.string()));
   }
   return absl::OkStatus();
 }
@@ -698,9 +610,8 @@ absl::Status FlowGrpoTrainer::SaveCheckpoint() {
 
 absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
   ++restarts_;
-  std::fprintf(stderr, "dray train: the worker group failed: %s\ndray train: restart %d of %lld\n",
-               std::string(cause.message()).c_str(), restarts_,
-               static_cast<long long>(config_.max_restarts));
+  Log("train", absl::StrCat("the worker group failed: ", cause.message()));
+  Log("train", absl::StrCat("restart ", restarts_, " of ", config_.max_restarts));
   DRAY_RETURN_IF_ERROR(StartWorkers());
   const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
   if (!checkpoints.empty()) return Restore(checkpoints.back().string());
@@ -776,10 +687,10 @@ void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metric
     std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),
                  std::string(width - filled, '.').c_str(), line.c_str());
     if (done == config_.total_steps) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
   } else {
-    std::fprintf(stderr, "dray train: %s\n", line.c_str());
+    Log("train", line);
   }
-  std::fflush(stderr);
 }
 
 }  // namespace dray

@@ -28,11 +28,12 @@
 //   DRAY_RETURN_IF_ERROR(trainer->Run());
 //
 // Seeds, windows, timesteps, prompts and row shuffles come from
-// trainer.seed and the step alone, so the result does not depend on the
-// number of workers (rows_per_step must divide by it) beyond the order of
-// sums, and a checkpoint's step count is all the random and data position
-// a resumed run needs. A loss that is not finite stops the
-// run naming the step, or with on_nan: skip skips that step's update.
+// trainer.seed and the step alone (workers/train/prompt_sampler.h), so the
+// result does not depend on the number of workers (rows_per_step must
+// divide by it) beyond the order of sums, and a checkpoint's step count is
+// all the random and data position a resumed run needs. A loss that is not
+// finite stops the run naming the step, or with on_nan: skip skips that
+// step's update.
 //
 // Thread-safety: not thread-safe.
 #ifndef DRAY_WORKERS_TRAIN_TRAINER_H_
@@ -55,6 +56,7 @@
 #include "runtime/controller/worker_group.h"
 #include "workers/rl/advantages.h"
 #include "workers/train/plot.h"
+#include "workers/train/prompt_sampler.h"
 #include "workers/train/remote_reward.h"
 #include "workers/train/rewards.h"
 #include "workers/train/train_config.h"
@@ -123,15 +125,6 @@ class FlowGrpoTrainer {
  private:
   FlowGrpoTrainer(TrainConfig config, Options options);
 
-  // PromptsOf: the indices of the prompts step `step` draws: epochs over
-  // the prompts, each in its own seeded order, the step's first prompt
-  // choosing its size bucket when the images differ in size (a batch is of
-  // one size); the rest are then drawn from that bucket.
-  std::vector<size_t> PromptsOf(int64_t step) const;
-  // BucketBySize fills buckets_ and bucket_of_ from prompts_.
-  void BucketBySize();
-  // EditRows: step `step`'s prompts, `copies` times each, with their seeds.
-  absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies) const;
   double LearningRate(int64_t step) const;
   absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
   // PairedStep: an SFT or VAE step (one optimizer step on the workers) and
@@ -176,11 +169,9 @@ class FlowGrpoTrainer {
 
   TrainConfig config_;
   Options options_;
-  std::optional<ScratchDir> scratch_;  // the embedded model and task
-  std::string model_path_;             // what the workers load
-  std::vector<TrainPrompt> prompts_;
-  std::vector<std::vector<size_t>> buckets_;  // prompts by input image size
-  std::vector<size_t> bucket_of_;             // each prompt's bucket
+  std::optional<ScratchDir> scratch_;     // the embedded model and task
+  std::string model_path_;                // what the workers load
+  std::optional<PromptSampler> sampler_;  // what each step works on
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
   std::shared_ptr<WorkerGroup> group_;

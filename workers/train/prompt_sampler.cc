@@ -1,0 +1,133 @@
+#include "workers/train/prompt_sampler.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <utility>
+
+#include "base/status_macros.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/train/flow_grpo_worker.h"
+
+namespace dray {
+
+uint64_t StreamSeed(uint64_t seed, SeedStream stream, uint64_t index) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL +
+               static_cast<uint64_t>(stream) * 0xBF58476D1CE4E5B9ULL +
+               index * 0x94D049BB133111EBULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+PromptSampler::PromptSampler(const TrainConfig& config, std::vector<TrainPrompt> prompts)
+    : config_(config), prompts_(std::move(prompts)) {
+  std::map<std::pair<int64_t, int64_t>, size_t> bucket_of_size;
+  for (size_t i = 0; i < prompts_.size(); ++i) {
+    const std::pair<int64_t, int64_t> size = {prompts_[i].pixels.size(0),
+                                              prompts_[i].pixels.size(1)};
+    const auto [it, added] = bucket_of_size.emplace(size, buckets_.size());
+    if (added) buckets_.emplace_back();
+    buckets_[it->second].push_back(i);
+    bucket_of_.push_back(it->second);
+  }
+}
+
+uint64_t PromptSampler::Seed(SeedStream stream, uint64_t index) const {
+  return StreamSeed(config_.seed, stream, index);
+}
+
+std::vector<const TrainPrompt*> PromptSampler::PromptsOf(int64_t step) const {
+  std::vector<size_t> chosen;
+  const int64_t count = static_cast<int64_t>(prompts_.size());
+  for (int64_t k = step * config_.prompts_per_step; k < (step + 1) * config_.prompts_per_step;
+       ++k) {
+    std::vector<size_t> order(prompts_.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(),
+                 std::mt19937_64(Seed(SeedStream::kPromptOrder, k / count)));
+    chosen.push_back(order[k % count]);
+  }
+  if (buckets_.size() > 1) {
+    std::vector<size_t> bucket = buckets_[bucket_of_[chosen.front()]];
+    std::shuffle(bucket.begin(), bucket.end(),
+                 std::mt19937_64(Seed(SeedStream::kSameSizePrompts, step)));
+    for (size_t i = 1; i < chosen.size(); ++i) chosen[i] = bucket[(i - 1) % bucket.size()];
+  }
+  std::vector<const TrainPrompt*> prompts;
+  for (size_t i : chosen) prompts.push_back(&prompts_[i]);
+  return prompts;
+}
+
+absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies) const {
+  std::vector<Bytes> images;
+  std::vector<std::string> instructions;
+  std::vector<int64_t> seeds;
+  for (const TrainPrompt* prompt : PromptsOf(step)) {
+    for (int64_t g = 0; g < copies; ++g) {
+      images.push_back(prompt->image);
+      instructions.push_back(prompt->instruction);
+      seeds.push_back(
+          static_cast<int64_t>(Seed(SeedStream::kSampleSeed, step * 1000003 + seeds.size()) >> 2));
+    }
+  }
+  return MakeEditBatch(images, instructions, seeds);
+}
+
+absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, config_.group_size));
+  // The SDE window: every step but the last, or a seeded window of the given size.
+  const int64_t steps = config_.num_inference_steps;
+  int64_t begin = 0, end = steps - 1;
+  if (config_.sde_window_size > 0) {
+    const int64_t lo = config_.sde_window_range[0];
+    const int64_t hi = config_.sde_window_range[1] > 0 ? config_.sde_window_range[1] : steps - 1;
+    const int64_t starts = std::max<int64_t>(1, hi - config_.sde_window_size - lo + 1);
+    begin = lo + static_cast<int64_t>(Seed(SeedStream::kSdeWindow, step) % starts);
+    end = begin + config_.sde_window_size;
+  }
+  batch.SetMeta("sde_window_begin", begin);
+  batch.SetMeta("sde_window_end", end);
+  return batch;
+}
+
+absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
+  std::vector<Image> targets;
+  std::vector<double> draws;
+  for (const TrainPrompt* prompt : PromptsOf(step)) {
+    targets.push_back(EncodedImageRow(prompt->target));
+    draws.push_back(
+        static_cast<double>(Seed(SeedStream::kSigmaDraw, step * 1000003 + draws.size()) >> 11) /
+        static_cast<double>(uint64_t{1} << 53));  // uniform in [0, 1)
+  }
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(targets)));
+  DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, at::tensor(draws, at::kDouble)));
+  return batch;
+}
+
+std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {
+  std::vector<int64_t> steps(window);
+  std::iota(steps.begin(), steps.end(), 0);
+  std::shuffle(steps.begin(), steps.end(), std::mt19937_64(Seed(SeedStream::kTrainedSteps, step)));
+  steps.resize(std::max<int64_t>(1, std::llround(config_.timestep_fraction * window)));
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::vector<int64_t> PromptSampler::UpdateOrder(int64_t step, int64_t epoch, int64_t rows,
+                                                int ranks) const {
+  std::vector<int64_t> order(rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 random(Seed(SeedStream::kUpdateOrder, step * 1000 + epoch));
+  const int64_t share = std::max<int64_t>(1, rows / ranks);
+  for (int64_t begin = 0; begin < rows; begin += share)
+    std::shuffle(order.begin() + begin, order.begin() + begin + share, random);
+  return order;
+}
+
+}  // namespace dray

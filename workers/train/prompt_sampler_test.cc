@@ -1,0 +1,151 @@
+#include "workers/train/prompt_sampler.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/testing/status_matchers.h"
+#include "gtest/gtest.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/image/image_codec.h"
+#include "workers/train/flow_grpo_worker.h"
+
+namespace dray {
+namespace {
+
+// Prompts: `count` prompts named "p0", "p1", ..., the first `small` of them
+// 8x8 images and the rest 16x8, each with a target.
+std::vector<TrainPrompt> Prompts(int count, int small = 0) {
+  std::vector<TrainPrompt> prompts;
+  for (int i = 0; i < count; ++i) {
+    TrainPrompt prompt;
+    prompt.pixels = at::full({i < small ? 8 : 16, 8, 3}, i, at::kByte);
+    prompt.image = EncodePng(prompt.pixels).value();
+    prompt.target = prompt.image;
+    prompt.instruction = "p" + std::to_string(i);
+    prompt.image_path = prompt.instruction + ".png";
+    prompts.push_back(std::move(prompt));
+  }
+  return prompts;
+}
+
+TrainConfig Config(int64_t prompts_per_step, int64_t group_size = 2, uint64_t seed = 7) {
+  TrainConfig config;
+  config.prompts_per_step = prompts_per_step;
+  config.group_size = group_size;
+  config.seed = seed;
+  return config;
+}
+
+std::vector<std::string> InstructionsOf(const PromptSampler& sampler, int64_t step) {
+  std::vector<std::string> names;
+  for (const TrainPrompt* prompt : sampler.PromptsOf(step)) names.push_back(prompt->instruction);
+  return names;
+}
+
+TEST(StreamSeedTest, KeepsEveryRunsDrawsAsTheyWere) {
+  // splitmix64 of (seed, stream, index): pinned, since every run's results
+  // follow from these numbers.
+  EXPECT_EQ(StreamSeed(42, SeedStream::kPromptOrder, 3), 0x47c89d334f282abeULL);
+  EXPECT_EQ(StreamSeed(42, SeedStream::kSampleSeed, 1000003), 0xd4e074f27094cc2ULL);
+}
+
+TEST(PromptSamplerTest, EachPassOverTheDataDrawsEveryPromptOnce) {
+  const PromptSampler sampler(Config(/*prompts_per_step=*/2), Prompts(5));
+  std::vector<std::string> drawn;
+  for (int64_t step = 0; step < 5; ++step) {
+    for (const std::string& name : InstructionsOf(sampler, step)) drawn.push_back(name);
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::set<std::string> seen(drawn.begin() + pass * 5, drawn.begin() + pass * 5 + 5);
+    EXPECT_EQ(seen.size(), 5u) << "pass " << pass;
+  }
+  EXPECT_NE(std::vector<std::string>(drawn.begin(), drawn.begin() + 5),
+            std::vector<std::string>(drawn.begin() + 5, drawn.end()))
+      << "each pass has an order of its own";
+}
+
+TEST(PromptSamplerTest, DrawsFollowTheSeedAndTheStepAlone) {
+  const PromptSampler one(Config(3), Prompts(6)), again(Config(3), Prompts(6));
+  const PromptSampler other(Config(3, 2, /*seed=*/8), Prompts(6));
+  bool differs = false;
+  for (int64_t step : {0, 1, 5, 4}) {
+    EXPECT_EQ(InstructionsOf(one, step), InstructionsOf(again, step));
+    EXPECT_EQ(one.TrainedSteps(step, 9), again.TrainedSteps(step, 9));
+    differs |= InstructionsOf(one, step) != InstructionsOf(other, step);
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(PromptSamplerTest, AStepsPromptsShareTheFirstOnesImageSize) {
+  const PromptSampler sampler(Config(4), Prompts(6, /*small=*/3));
+  for (int64_t step = 0; step < 8; ++step) {
+    const std::vector<const TrainPrompt*> prompts = sampler.PromptsOf(step);
+    ASSERT_EQ(prompts.size(), 4u);
+    for (const TrainPrompt* prompt : prompts)
+      EXPECT_EQ(prompt->pixels.sizes(), prompts.front()->pixels.sizes()) << "step " << step;
+  }
+}
+
+TEST(PromptSamplerTest, RolloutRowsRepeatEachPromptWithSeedsOfTheirOwn) {
+  TrainConfig config = Config(/*prompts_per_step=*/2, /*group_size=*/3);
+  config.num_inference_steps = 10;
+  config.sde_window_size = 2;
+  config.sde_window_range = {0, 5};
+  const PromptSampler sampler(config, Prompts(4));
+  for (int64_t step = 0; step < 6; ++step) {
+    DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.RolloutRows(step));
+    ASSERT_EQ(rows.size(), 6);
+    DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<std::string>* instructions,
+                              rows.GetRows<std::string>(kInstructionsColumn));
+    const std::vector<std::string> prompts = InstructionsOf(sampler, step);
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ((*instructions)[i], prompts[i / 3]);
+    DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t>* seeds,
+                              rows.GetRows<int64_t>(kSeedsColumn));
+    EXPECT_EQ(std::set<int64_t>(seeds->begin(), seeds->end()).size(), 6u) << "a seed per row";
+    const int64_t begin = rows.GetMeta<int64_t>("sde_window_begin").value();
+    EXPECT_EQ(rows.GetMeta<int64_t>("sde_window_end").value(), begin + 2);
+    EXPECT_GE(begin, 0);
+    EXPECT_LE(begin + 2, 5);
+  }
+}
+
+TEST(PromptSamplerTest, PairedRowsCarryTargetsAndSigmaDraws) {
+  const PromptSampler sampler(Config(3), Prompts(3));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.PairedRows(0));
+  ASSERT_EQ(rows.size(), 3);
+  DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<Image>* targets, rows.GetRows<Image>(kTargetsColumn));
+  EXPECT_EQ(targets->size(), 3u);
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor draws, rows.GetTensor(kSigmaDrawsColumn));
+  EXPECT_TRUE((draws >= 0).all().item<bool>() && (draws < 1).all().item<bool>());
+}
+
+TEST(PromptSamplerTest, TrainedStepsAreASortedShareOfTheWindow) {
+  TrainConfig config = Config(2);
+  config.timestep_fraction = 0.5;
+  const PromptSampler sampler(config, Prompts(2));
+  const std::vector<int64_t> steps = sampler.TrainedSteps(3, 9);
+  EXPECT_EQ(steps.size(), 5u);  // round(4.5)
+  EXPECT_TRUE(std::is_sorted(steps.begin(), steps.end()));
+  EXPECT_EQ(std::set<int64_t>(steps.begin(), steps.end()).size(), steps.size());
+  config.timestep_fraction = 0.01;
+  EXPECT_EQ(PromptSampler(config, Prompts(2)).TrainedSteps(3, 9).size(), 1u) << "at least one";
+}
+
+TEST(PromptSamplerTest, UpdateOrderShufflesWithinEachRanksShare) {
+  const PromptSampler sampler(Config(4), Prompts(4));
+  const std::vector<int64_t> order = sampler.UpdateOrder(2, 1, /*rows=*/12, /*ranks=*/3);
+  ASSERT_EQ(order.size(), 12u);
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(order[i] / 4, i / 4) << "row " << i;
+  std::vector<int64_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(sorted[i], i);
+  EXPECT_NE(order, sampler.UpdateOrder(2, 2, 12, 3)) << "each inner epoch its own order";
+}
+
+}  // namespace
+}  // namespace dray
