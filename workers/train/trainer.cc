@@ -54,38 +54,14 @@ constexpr int64_t kEmbeddedScenes = 8;
 
 namespace {
 
-constexpr char kStateFile[] = "trainer_state.json";
 // How long a failed step waits to hear whether a worker died (the others'
 // broken collectives may report first).
 constexpr absl::Duration kFailureNoticeWait = absl::Seconds(2);
 
-// CheckpointStep: N for a complete checkpoint folder named step_N, else -1.
-int64_t CheckpointStep(const fs::path& folder) {
-  const std::string name = folder.filename().string();
-  std::error_code error;
-  if (name.rfind("step_", 0) != 0 || !fs::exists(folder / kStateFile, error)) return -1;
-  int64_t step = -1;
-  return absl::SimpleAtoi(name.substr(5), &step) ? step : -1;
-}
-
-// Checkpoints lists the complete checkpoints under `root`, oldest first.
-std::vector<fs::path> Checkpoints(const fs::path& root) {
-  std::vector<std::pair<int64_t, fs::path>> found;
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(root, error)) {
-    const int64_t step = CheckpointStep(entry.path());
-    if (step >= 0) found.emplace_back(step, entry.path());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<fs::path> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
-  return paths;
-}
-
 }  // namespace
 
 FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
-    : config_(std::move(config)), options_(std::move(options)) {}
+    : config_(std::move(config)), options_(std::move(options)), checkpoints_(config_) {}
 
 FlowGrpoTrainer::~FlowGrpoTrainer() {
   for (const auto& group : {group_, reward_group_}) {
@@ -134,14 +110,9 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
         absl::StrCat("cannot create trainer.save_dir ", config.save_dir, ": ", error.message()));
   }
 
-  DRAY_ASSIGN_OR_RETURN(std::optional<std::string> checkpoint, trainer->CheckpointToResume());
-  if (!checkpoint.has_value() && !Checkpoints(trainer->CheckpointRoot()).empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(config.save_dir,
-                     " holds checkpoints of an earlier run: continue it with "
-                     "trainer.resume=auto, or use another trainer.save_dir"));
-  }
-  if (checkpoint.has_value()) DRAY_RETURN_IF_ERROR(trainer->SetAsideLaterCheckpoints(*checkpoint));
+  DRAY_ASSIGN_OR_RETURN(std::optional<std::string> checkpoint, trainer->checkpoints_.ToResume());
+  if (checkpoint.has_value())
+    DRAY_RETURN_IF_ERROR(trainer->checkpoints_.SetAsideLaterThan(*checkpoint));
   DRAY_RETURN_IF_ERROR(WriteFile(config.save_dir + "/config.yaml", config.ToYaml()));
   DRAY_RETURN_IF_ERROR(trainer->StartWorkers());
   if (checkpoint.has_value()) {
@@ -498,39 +469,8 @@ absl::Status FlowGrpoTrainer::SaveFinal() {
   return absl::OkStatus();
 }
 
-fs::path FlowGrpoTrainer::CheckpointRoot() const {
-  return fs::path(config_.save_dir) / "checkpoints";
-}
-
-absl::StatusOr<std::optional<std::string>> FlowGrpoTrainer::CheckpointToResume() const {
-  if (config_.resume == "never") return std::nullopt;
-  if (config_.resume != "auto") {
-    std::error_code error;
-    if (!fs::is_directory(config_.resume, error)) {
-      return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
-                                              " is not a directory (never, auto, or a "
-                                              "checkpoint directory such as ",
-                                              (CheckpointRoot() / "step_000010").string(), ")"));
-    }
-    if (!fs::exists(fs::path(config_.resume) / kStateFile, error)) {
-      return absl::NotFoundError(absl::StrCat("trainer.resume: ", config_.resume,
-                                              " is not a complete checkpoint (no ", kStateFile,
-                                              ")"));
-    }
-    return config_.resume;
-  }
-  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
-  if (checkpoints.empty()) return std::nullopt;  // a first run
-  return checkpoints.back().string();
-}
-
 absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
-  DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(checkpoint + "/" + kStateFile));
-  const nlohmann::json state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!state.is_object() || !state.contains("history") || !state["history"].is_array()) {
-    return absl::DataLossError(
-        absl::StrCat(checkpoint, "/", kStateFile, " is not a trainer state"));
-  }
+  DRAY_ASSIGN_OR_RETURN(const nlohmann::json state, CheckpointManager::ReadState(checkpoint));
   if (static_cast<int64_t>(state["history"].size()) > config_.total_steps) {
     return absl::InvalidArgumentError(
         absl::StrCat(checkpoint, " is after step ", state["history"].size(),
@@ -544,8 +484,9 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
         saved["step"].get<double>() != static_cast<double>(history_.size())) {
       const size_t entry = history_.size();
       history_.clear();
-      return absl::DataLossError(absl::StrCat(checkpoint, "/", kStateFile, ": history entry ",
-                                              entry, " is not step ", entry, "'s metrics"));
+      return absl::DataLossError(absl::StrCat(checkpoint, "/", kTrainerStateFile,
+                                              ": history entry ", entry, " is not step ", entry,
+                                              "'s metrics"));
     }
     std::map<std::string, double>& metrics = history_.emplace_back();
     for (const auto& [key, value] : saved.items())  // JSON writes NaN as null
@@ -558,54 +499,14 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
   return absl::OkStatus();
 }
 
-absl::Status FlowGrpoTrainer::SetAsideLaterCheckpoints(const std::string& checkpoint) {
-  const int64_t resumed = CheckpointStep(checkpoint);
-  std::error_code error;
-  for (const fs::path& later : Checkpoints(CheckpointRoot())) {
-    if (CheckpointStep(later) <= resumed || fs::equivalent(later, checkpoint, error)) continue;
-    const fs::path aside = CheckpointRoot() / absl::StrCat("abandoned_after_step_", resumed);
-    fs::create_directories(aside, error);
-    fs::rename(later, aside / later.filename(), error);
-    if (error) {
-      return absl::DataLossError(absl::StrCat("cannot set ", later.string(), " aside into ",
-                                              aside.string(), ": ", error.message()));
-    }
-    Log("train",
-        absl::StrCat(later.string(), " is after the resumed step: moved into ", aside.string()));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status FlowGrpoTrainer::SaveCheckpoint() {
-  const int64_t steps = static_cast<int64_t>(history_.size());
-  const fs::path root = CheckpointRoot();
-  const fs::path complete = root / absl::StrFormat("step_%06d", steps);
-  std::error_code exists_error;
-  if (fs::exists(complete / kStateFile, exists_error))
-    return absl::OkStatus();  // this run's own, saved before a restart
-  const fs::path partial = root / absl::StrFormat(".step_%06d.partial", steps);
-  std::error_code error;
-  fs::remove_all(partial, error);
-  fs::create_directories(partial, error);
-  if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", partial.string(), ": ", error.message()));
-  }
-  DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", partial.string()}}));
-  DRAY_RETURN_IF_ERROR(group_->Call("save_checkpoint", {save}).status());
   const nlohmann::json state = {
-      {"step", steps}, {"history", history_}, {"config", config_.ToYaml()}};
-  DRAY_RETURN_IF_ERROR(WriteFileAtomically((partial / kStateFile).string(), state.dump()));
-  DRAY_RETURN_IF_ERROR(SyncToDisk(partial.string()));
-  fs::rename(partial, complete, error);  // complete all at once, or not at all
-  if (error) {
-    return absl::DataLossError(absl::StrCat("cannot rename ", partial.string(), " to ",
-                                            complete.string(), ": ", error.message()));
-  }
-  DRAY_RETURN_IF_ERROR(SyncToDisk(root.string()));  // the rename too, before older ones go
-  std::vector<fs::path> kept = Checkpoints(root);
-  for (size_t i = 0; i + config_.keep_last < kept.size(); ++i) fs::remove_all(kept[i], error);
-  return absl::OkStatus();
+      {"step", history_.size()}, {"history", history_}, {"config", config_.ToYaml()}};
+  return checkpoints_.Save(
+      static_cast<int64_t>(history_.size()), state, [this](const std::string& dir) {
+        DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", dir}}));
+        return group_->Call("save_checkpoint", {save}).status();
+      });
 }
 
 absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
@@ -613,17 +514,14 @@ absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
   Log("train", absl::StrCat("the worker group failed: ", cause.message()));
   Log("train", absl::StrCat("restart ", restarts_, " of ", config_.max_restarts));
   DRAY_RETURN_IF_ERROR(StartWorkers());
-  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
-  if (!checkpoints.empty()) return Restore(checkpoints.back().string());
+  const std::string newest = checkpoints_.NewestComplete();
+  if (!newest.empty()) return Restore(newest);
   history_.clear();  // no checkpoint yet: from the start, as the new workers are
   return WriteFileAtomically(config_.save_dir + "/metrics.jsonl", "");
 }
 
 absl::Status FlowGrpoTrainer::Run() {
-  std::error_code ignored;
-  for (const auto& entry : fs::directory_iterator(CheckpointRoot(), ignored)) {
-    if (entry.path().extension() == ".partial") fs::remove_all(entry.path(), ignored);
-  }
+  checkpoints_.RemovePartial();
   const absl::Time started = absl::Now();
   const int64_t first = static_cast<int64_t>(history_.size());
   while (static_cast<int64_t>(history_.size()) < config_.total_steps) {
@@ -663,10 +561,7 @@ absl::Status FlowGrpoTrainer::Stopped() {
                                            ": continue with trainer.resume=auto"));
 }
 
-std::string FlowGrpoTrainer::NewestCheckpoint() const {
-  const std::vector<fs::path> checkpoints = Checkpoints(CheckpointRoot());
-  return checkpoints.empty() ? "" : checkpoints.back().string();
-}
+std::string FlowGrpoTrainer::NewestCheckpoint() const { return checkpoints_.NewestComplete(); }
 
 void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
                                      absl::Time started) const {

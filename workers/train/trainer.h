@@ -55,6 +55,7 @@
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/rl/advantages.h"
+#include "workers/train/checkpoint_manager.h"
 #include "workers/train/plot.h"
 #include "workers/train/prompt_sampler.h"
 #include "workers/train/remote_reward.h"
@@ -140,18 +141,10 @@ class FlowGrpoTrainer {
                                               std::map<std::string, double>& metrics) const;
   // StartWorkers starts a worker group (replacing any) and loads the model.
   absl::Status StartWorkers();
-  std::filesystem::path CheckpointRoot() const;
-  // CheckpointToResume: what trainer.resume names (auto: the newest
-  // complete checkpoint, none on a first run).
-  absl::StatusOr<std::optional<std::string>> CheckpointToResume() const;
   // Restore loads a checkpoint into the workers and the metrics so far.
   absl::Status Restore(const std::string& checkpoint);
-  // SetAsideLaterCheckpoints moves the checkpoints after `checkpoint`'s step
-  // (an abandoned continuation) into checkpoints/abandoned_after_step_K/, so
-  // that they never mix with the resumed run's.
-  absl::Status SetAsideLaterCheckpoints(const std::string& checkpoint);
-  // SaveCheckpoint writes checkpoints/step_N (N steps done) atomically: into
-  // a .partial folder, renamed when complete; keeps the keep_last newest.
+  // SaveCheckpoint saves the workers' shards and the metrics so far as
+  // checkpoints/step_N, N steps done (checkpoints_ says how).
   absl::Status SaveCheckpoint();
   absl::Status RestartWorkers(const absl::Status& cause);
   // Stopped ends a run stopped on request: a checkpoint, and the error saying so.
@@ -172,6 +165,7 @@ class FlowGrpoTrainer {
   std::optional<ScratchDir> scratch_;     // the embedded model and task
   std::string model_path_;                // what the workers load
   std::optional<PromptSampler> sampler_;  // what each step works on
+  CheckpointManager checkpoints_;
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
   std::shared_ptr<WorkerGroup> group_;
