@@ -13,7 +13,7 @@
 #include "base/status_macros.h"
 #include "runtime/node/node_agent.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 namespace dray {
 namespace {

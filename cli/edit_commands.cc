@@ -24,7 +24,7 @@
 #include "cli/cluster_commands.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 #include "workers/edit/edit_batch.h"
 #include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"

@@ -20,9 +20,9 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "dray/v1/node.grpc.pb.h"
+#include "runtime/net/host_address.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/host_address.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 namespace dray {
 namespace {

@@ -8,10 +8,10 @@
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/raw_bidi_call.h"
 #include "runtime/rpc/session_stream.h"
-#include "runtime/rpc/socket_session.h"
+#include "runtime/security/job_secret.h"
+#include "runtime/transport/socket_session.h"
 
 namespace dray {
 namespace {

@@ -39,8 +39,8 @@
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
 #include "runtime/controller/worker_connection.h"
-#include "runtime/rpc/segment_passage.h"
 #include "runtime/rpc/session_stream.h"
+#include "runtime/transport/segment_passage.h"
 
 namespace dray {
 

@@ -26,7 +26,7 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
-#include "runtime/rpc/segment_passage.h"
+#include "runtime/transport/segment_passage.h"
 
 namespace dray {
 

@@ -20,11 +20,11 @@
 #include "dray/v1/controller.grpc.pb.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/controller/worker_client.h"
+#include "runtime/net/host_address.h"
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/host_address.h"
-#include "runtime/rpc/job_secret.h"
-#include "runtime/rpc/segment_passage.h"
+#include "runtime/security/job_secret.h"
+#include "runtime/transport/segment_passage.h"
 
 namespace dray {
 namespace {

@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "dispatch/wire.h"
 #include "dray/v1/worker.pb.h"
-#include "runtime/rpc/segment_passage.h"
+#include "runtime/transport/segment_passage.h"
 
 namespace dray {
 

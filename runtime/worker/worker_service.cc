@@ -12,8 +12,8 @@
 #include "absl/time/clock.h"
 #include "dispatch/wire.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
 #include "runtime/rpc/session_stream.h"
+#include "runtime/security/job_secret.h"
 
 namespace dray {
 namespace {

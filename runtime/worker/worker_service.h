@@ -39,7 +39,7 @@
 #include "dispatch/wire.h"
 #include "dray/v1/worker.grpc.pb.h"
 #include "runtime/rpc/session_stream.h"
-#include "runtime/rpc/socket_session.h"
+#include "runtime/transport/socket_session.h"
 #include "runtime/worker/worker_host.h"
 
 namespace dray {

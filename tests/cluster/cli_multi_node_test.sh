@@ -96,7 +96,7 @@ grep -q "could not reach the controller" "$out/plain.log" || fail "the plaintext
 start_agents "$out/nodes.log" "${mutual_tls[@]}"
 wait $controller || fail "the multi-node run failed"
 for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
-grep -q "^\[rank 1 node2\] init_model" "$out/nodes.log" || fail "rank 1's output did not come from node2"
+grep -q "^\[rank 1 node2\] dray worker: init_model" "$out/nodes.log" || fail "rank 1's output did not come from node2"
 cmp "$out/local/final/pytorch_lora_weights.safetensors" \
   "$out/nodes/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"
 /usr/bin/python3 - "$out/local/metrics.jsonl" "$out/nodes/metrics.jsonl" <<'PY' || fail "the metrics differ"

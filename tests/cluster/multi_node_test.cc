@@ -26,7 +26,7 @@
 #include "runtime/controller/node_pool.h"
 #include "runtime/controller/worker_group.h"
 #include "runtime/process/subprocess.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 #include "tests/runtime/test_util.h"
 
 namespace dray {

@@ -88,7 +88,7 @@ job=(trainer.total_steps=2 data.prompts_per_step=2 algorithm.group_size=2
 timeout 600 sbatch -N 2 --wait --no-requeue --output="$out/job.out" "$sbatch_script" \
   train trainer.save_dir="$out/slurm" "${job[@]}" >"$out/sbatch.log" 2>&1 ||
   fail "the Slurm job failed"
-grep -q "^\[rank 1 node2\] init_model" "$out/job.out" || fail "rank 1 did not run on node2"
+grep -q "^\[rank 1 node2\] dray worker: init_model" "$out/job.out" || fail "rank 1 did not run on node2"
 [[ $(stat -c %a "$out/token") == 600 ]] || fail "the token file is readable by others"
 cmp "$out/local/final/pytorch_lora_weights.safetensors" \
   "$out/slurm/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "runtime/node/node_agent.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 int main(int argc, char** argv) {
   dray::NodeAgentOptions options;

@@ -99,7 +99,7 @@ for service in controller node1 node2; do
   podman logs "${project}_${service}_1" >"$out/$service.log" 2>&1
   [[ $status == 0 ]] || fail "the $service container exited with $status"
 done
-grep -q "^\[rank 1 node2\] init_model" "$out/controller.log" || fail "rank 1 did not run on node2"
+grep -q "^\[rank 1 node2\] dray worker: init_model" "$out/controller.log" || fail "rank 1 did not run on node2"
 grep -q "node node2 (node2) attached" "$out/controller.log" || fail "node2 did not attach by its name"
 cmp "$out/plain/final/pytorch_lora_weights.safetensors" \
   "$data/train/final/pytorch_lora_weights.safetensors" || fail "the adapters differ"

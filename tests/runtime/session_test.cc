@@ -19,8 +19,8 @@
 #include "gtest/gtest.h"
 #include "runtime/controller/worker_client.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
-#include "runtime/rpc/socket_session.h"
+#include "runtime/security/job_secret.h"
+#include "runtime/transport/socket_session.h"
 #include "runtime/worker/worker_host.h"
 #include "runtime/worker/worker_service.h"
 

@@ -16,7 +16,7 @@
 #include "dispatch/data_proto.h"
 #include "runtime/controller/node_pool.h"
 #include "runtime/controller/worker_group.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 namespace {
 

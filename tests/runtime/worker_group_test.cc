@@ -31,7 +31,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 #include "tests/runtime/test_util.h"
 
 namespace dray {

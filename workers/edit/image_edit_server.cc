@@ -25,7 +25,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 #include "workers/edit/edit_batch.h"
 
 namespace dray {

@@ -15,7 +15,7 @@
 #include "base/status_macros.h"
 #include "dray/v1/reward.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 namespace dray {
 namespace {

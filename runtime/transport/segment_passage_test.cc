@@ -1,4 +1,4 @@
-#include "runtime/rpc/segment_passage.h"
+#include "runtime/transport/segment_passage.h"
 
 #include <sys/stat.h>
 

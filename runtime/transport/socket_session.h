@@ -25,8 +25,8 @@
 //
 // Thread-safety: as ClientSession: one thread reads, writers are serialized
 // by the caller; Cancel and End from any thread.
-#ifndef DRAY_RUNTIME_RPC_SOCKET_SESSION_H_
-#define DRAY_RUNTIME_RPC_SOCKET_SESSION_H_
+#ifndef DRAY_RUNTIME_TRANSPORT_SOCKET_SESSION_H_
+#define DRAY_RUNTIME_TRANSPORT_SOCKET_SESSION_H_
 
 #include <cstddef>
 #include <deque>
@@ -44,8 +44,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "runtime/rpc/abstract_socket.h"
 #include "runtime/rpc/session_stream.h"
+#include "runtime/transport/abstract_socket.h"
 
 namespace dray {
 
@@ -141,4 +141,4 @@ class SessionListener {
 
 }  // namespace dray
 
-#endif  // DRAY_RUNTIME_RPC_SOCKET_SESSION_H_
+#endif  // DRAY_RUNTIME_TRANSPORT_SOCKET_SESSION_H_

@@ -7,8 +7,8 @@
 //   DRAY_ASSIGN_OR_RETURN(Fd peer, ConnectAbstract(name, SOCK_STREAM));
 //
 // Thread-safety: the functions are thread-safe; an Fd is a value.
-#ifndef DRAY_RUNTIME_RPC_ABSTRACT_SOCKET_H_
-#define DRAY_RUNTIME_RPC_ABSTRACT_SOCKET_H_
+#ifndef DRAY_RUNTIME_TRANSPORT_ABSTRACT_SOCKET_H_
+#define DRAY_RUNTIME_TRANSPORT_ABSTRACT_SOCKET_H_
 
 #include <string>
 #include <utility>
@@ -52,4 +52,4 @@ absl::StatusOr<Fd> ConnectAbstract(const std::string& name, int type);
 
 }  // namespace dray
 
-#endif  // DRAY_RUNTIME_RPC_ABSTRACT_SOCKET_H_
+#endif  // DRAY_RUNTIME_TRANSPORT_ABSTRACT_SOCKET_H_

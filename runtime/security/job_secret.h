@@ -10,8 +10,8 @@
 //   DRAY_RETURN_IF_ERROR(CheckJobSecret(*server_context, secret));  // servers
 //
 // Thread-safety: stateless functions.
-#ifndef DRAY_RUNTIME_RPC_JOB_SECRET_H_
-#define DRAY_RUNTIME_RPC_JOB_SECRET_H_
+#ifndef DRAY_RUNTIME_SECURITY_JOB_SECRET_H_
+#define DRAY_RUNTIME_SECURITY_JOB_SECRET_H_
 
 #include <string>
 
@@ -61,4 +61,4 @@ bool ShowsSecret(absl::string_view shown, absl::string_view secret);
 
 }  // namespace dray
 
-#endif  // DRAY_RUNTIME_RPC_JOB_SECRET_H_
+#endif  // DRAY_RUNTIME_SECURITY_JOB_SECRET_H_

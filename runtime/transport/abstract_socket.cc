@@ -1,4 +1,4 @@
-#include "runtime/rpc/abstract_socket.h"
+#include "runtime/transport/abstract_socket.h"
 
 #include <sys/socket.h>
 #include <sys/un.h>

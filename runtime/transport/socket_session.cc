@@ -1,4 +1,4 @@
-#include "runtime/rpc/socket_session.h"
+#include "runtime/transport/socket_session.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -15,7 +15,7 @@
 #include "absl/time/time.h"
 #include "base/status_macros.h"
 #include "dray/v1/worker.pb.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 namespace dray {
 namespace {

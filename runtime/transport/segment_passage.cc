@@ -1,4 +1,4 @@
-#include "runtime/rpc/segment_passage.h"
+#include "runtime/transport/segment_passage.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -22,8 +22,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
-#include "runtime/rpc/abstract_socket.h"
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
+#include "runtime/transport/abstract_socket.h"
 
 namespace dray {
 namespace {

@@ -33,8 +33,8 @@
 //   DRAY_ASSIGN_OR_RETURN(Bytes payload, passage->Receive(number, size));
 //
 // Thread-safety: thread-safe.
-#ifndef DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_
-#define DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_
+#ifndef DRAY_RUNTIME_TRANSPORT_SEGMENT_PASSAGE_H_
+#define DRAY_RUNTIME_TRANSPORT_SEGMENT_PASSAGE_H_
 
 #include <cstdint>
 #include <memory>
@@ -47,7 +47,7 @@
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
 #include "dispatch/wire.h"
-#include "runtime/rpc/abstract_socket.h"
+#include "runtime/transport/abstract_socket.h"
 
 namespace dray {
 
@@ -149,4 +149,4 @@ class SegmentPassage {
 
 }  // namespace dray
 
-#endif  // DRAY_RUNTIME_RPC_SEGMENT_PASSAGE_H_
+#endif  // DRAY_RUNTIME_TRANSPORT_SEGMENT_PASSAGE_H_

@@ -1,4 +1,4 @@
-#include "runtime/rpc/job_secret.h"
+#include "runtime/security/job_secret.h"
 
 #include <errno.h>
 #include <string.h>

@@ -2,8 +2,8 @@
 // address that other machines reach (a controller's --listen may name its own
 // host, as `controller:29400` in a compose network or a pod's DNS name), and
 // the local address on the route toward a peer (what a node agent announces).
-#ifndef DRAY_RUNTIME_RPC_HOST_ADDRESS_H_
-#define DRAY_RUNTIME_RPC_HOST_ADDRESS_H_
+#ifndef DRAY_RUNTIME_NET_HOST_ADDRESS_H_
+#define DRAY_RUNTIME_NET_HOST_ADDRESS_H_
 
 #include <string>
 
@@ -31,4 +31,4 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host_port);
 
 }  // namespace dray
 
-#endif  // DRAY_RUNTIME_RPC_HOST_ADDRESS_H_
+#endif  // DRAY_RUNTIME_NET_HOST_ADDRESS_H_

@@ -1,4 +1,4 @@
-#include "runtime/rpc/host_address.h"
+#include "runtime/net/host_address.h"
 
 #include <algorithm>
 #include <string>

@@ -1,4 +1,4 @@
-#include "runtime/rpc/socket_session.h"
+#include "runtime/transport/socket_session.h"
 
 #include <atomic>
 #include <memory>
