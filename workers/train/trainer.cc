@@ -63,11 +63,7 @@ constexpr absl::Duration kFailureNoticeWait = absl::Seconds(2);
 FlowGrpoTrainer::FlowGrpoTrainer(TrainConfig config, Options options)
     : config_(std::move(config)), options_(std::move(options)), checkpoints_(config_) {}
 
-FlowGrpoTrainer::~FlowGrpoTrainer() {
-  for (const auto& group : {group_, reward_group_}) {
-    if (group != nullptr) group->Shutdown();
-  }
-}
+FlowGrpoTrainer::~FlowGrpoTrainer() = default;
 
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainConfig config,
                                                                         Options options) {
@@ -124,35 +120,20 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
 }
 
 absl::Status FlowGrpoTrainer::StartWorkers() {
-  for (std::shared_ptr<WorkerGroup>* group : {&group_, &reward_group_}) {
-    if (*group != nullptr) (*group)->Shutdown();
-    group->reset();
+  workers_.reset();  // the failed ones first: their processes are reaped
+  if (options_.start_workers) {
+    DRAY_ASSIGN_OR_RETURN(workers_, options_.start_workers(config_));
+    return absl::OkStatus();
   }
-  WorkerGroupOptions group_options;
-  group_options.command = options_.worker_command;
-  group_options.roles = {kFlowGrpoRole};
-  const std::string placement = config_.paired() ? "controller" : config_.reward_placement;
-  if (placement == "colocated") group_options.roles.push_back(kRewardRole);
-  group_options.env = options_.env;
-  group_options.call_timeout = options_.call_timeout;
-  group_options.stall_timeout = absl::Minutes(1);
-  group_options.nodes = options_.node_pool;
-  DRAY_ASSIGN_OR_RETURN(group_,
-                        WorkerGroup::Create({options_.nodes, options_.workers}, group_options));
-  if (placement == "separate") {  // on the first node, on the GPUs after the model's
-    group_options.roles = {kRewardRole};
-    group_options.first_gpu = static_cast<int>(options_.workers);
-    DRAY_ASSIGN_OR_RETURN(
-        reward_group_,
-        WorkerGroup::Create({1, static_cast<int>(config_.reward_workers)}, group_options));
-  }
-  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", config_.ToYaml()}}));
-  CallOptions call;
-  call.timeout = options_.init_timeout;
-  absl::Status initialized = group_->Call("init_model", {init}, call).status();
-  if (!initialized.ok()) {
-    return absl::Status(initialized.code(), absl::StrCat("init_model: ", initialized.message()));
-  }
+  TrainingLaunch launch;
+  launch.workers = options_.workers;
+  launch.nodes = options_.nodes;
+  launch.node_pool = options_.node_pool;
+  launch.worker_command = options_.worker_command;
+  launch.env = options_.env;
+  launch.init_timeout = options_.init_timeout;
+  launch.call_timeout = options_.call_timeout;
+  DRAY_ASSIGN_OR_RETURN(workers_, StartTrainingWorkers(config_, launch));
   return absl::OkStatus();
 }
 
@@ -238,9 +219,7 @@ absl::StatusOr<at::Tensor> FlowGrpoTrainer::FunctionScores(int64_t step,
     for (const RewardInput& sample : samples) fields.push_back({sample.fields.dump()});
     DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRewardFieldsColumn, std::move(fields)));
     batch.SetMeta("functions", Json{nlohmann::json(names).dump()});
-    WorkerGroup& scorers = reward_group_ != nullptr ? *reward_group_ : *group_;
-    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> scored, scorers.Call("compute_reward", {batch}));
-    return scored.front().GetTensor(kRewardScoresColumn);
+    return workers_->ComputeReward(batch);
   }
   at::Tensor scores = at::empty(
       {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
@@ -270,8 +249,7 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::PairedStep(int64_
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto batch, PairedBatch(step));
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated,
-                        group_->Call(vae ? "vae_update" : "sft_update", {batch}));
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, workers_->PairedUpdate(batch, vae));
   const std::vector<const char*> keys =
       vae ? std::vector<const char*>{"loss", "reconstruction_rmse", "kl", "latent_std", "grad_norm"}
           : std::vector<const char*>{"loss", "grad_norm"};
@@ -289,10 +267,8 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::PairedStep(int64_
   if (!SamplesDue(step)) return metrics;
   // The inputs, what they should become, and what the model makes of them
   // now (VAE: the inputs and their reconstructions).
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
-                        group_->Call(vae ? "reconstruct" : "edit", {batch}));
-  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs,
-                        edited.front().GetRows<Image>(kEditedColumn));
+  DRAY_ASSIGN_OR_RETURN(DataProto edited, workers_->Edit(batch, vae));
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, edited.GetRows<Image>(kEditedColumn));
   std::vector<SampleRow> grid;
   const std::vector<const TrainPrompt*> prompts = sampler_->PromptsOf(step);
   for (size_t p = 0; p < prompts.size(); ++p) {
@@ -310,11 +286,7 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
   std::map<std::string, double> metrics = {{"step", static_cast<double>(step)}};
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto rows, RolloutBatch(step));
-  CallOptions rollout_call;
-  rollout_call.on_progress = options_.on_rollout_progress;
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled,
-                        group_->Call("rollout", {rows}, rollout_call));
-  DataProto rollout = std::move(rolled.front());
+  DRAY_ASSIGN_OR_RETURN(DataProto rollout, workers_->Rollout(rows, options_.on_rollout_progress));
   metrics["rollout_s"] = Seconds(started);
 
   const absl::Time rewarding = absl::Now();
@@ -354,8 +326,8 @@ absl::StatusOr<std::map<std::string, double>> FlowGrpoTrainer::GrpoStep(int64_t 
     // process: a row stays where it was sampled, whose encodings it reuses.
     DRAY_ASSIGN_OR_RETURN(
         DataProto shuffled,
-        batch.Reorder(sampler_->UpdateOrder(step, epoch, batch.size(), group_->world_size())));
-    absl::StatusOr<std::vector<DataProto>> updated = group_->Call("update_actor", {shuffled});
+        batch.Reorder(sampler_->UpdateOrder(step, epoch, batch.size(), workers_->world_size())));
+    absl::StatusOr<std::vector<DataProto>> updated = workers_->UpdateActor(shuffled);
     if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {
       Log("train", absl::StrCat("skipping step ", step, ": ", updated.status().message()));
       metrics["skipped"] = 1;
@@ -445,8 +417,7 @@ absl::Status FlowGrpoTrainer::WriteRolloutSamples(int64_t step, const DataProto&
 
 absl::Status FlowGrpoTrainer::SaveFinal() {
   const std::string final_dir = config_.save_dir + "/final";
-  DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", final_dir}}));
-  DRAY_RETURN_IF_ERROR(group_->Call("save", {save}).status());
+  DRAY_RETURN_IF_ERROR(workers_->Save(final_dir));
   if (config_.lora_rank > 0 && !config_.vae()) return absl::OkStatus();
   // A trained component (the transformer, or the VAE): the others beside it.
   const std::string trained = config_.vae() ? "vae" : "transformer";
@@ -476,8 +447,7 @@ absl::Status FlowGrpoTrainer::Restore(const std::string& checkpoint) {
         absl::StrCat(checkpoint, " is after step ", state["history"].size(),
                      ", beyond trainer.total_steps ", config_.total_steps));
   }
-  DRAY_ASSIGN_OR_RETURN(DataProto load, DataProto::Make({}, {}, {{"dir", checkpoint}}));
-  DRAY_RETURN_IF_ERROR(group_->Call("load_checkpoint", {load}).status());
+  DRAY_RETURN_IF_ERROR(workers_->LoadCheckpoint(checkpoint));
   history_.clear();
   for (const nlohmann::json& saved : state["history"]) {
     if (!saved.is_object() || !saved.contains("step") || !saved["step"].is_number() ||
@@ -503,10 +473,8 @@ absl::Status FlowGrpoTrainer::SaveCheckpoint() {
   const nlohmann::json state = {
       {"step", history_.size()}, {"history", history_}, {"config", config_.ToYaml()}};
   return checkpoints_.Save(
-      static_cast<int64_t>(history_.size()), state, [this](const std::string& dir) {
-        DRAY_ASSIGN_OR_RETURN(DataProto save, DataProto::Make({}, {}, {{"dir", dir}}));
-        return group_->Call("save_checkpoint", {save}).status();
-      });
+      static_cast<int64_t>(history_.size()), state,
+      [this](const std::string& dir) { return workers_->SaveCheckpoint(dir); });
 }
 
 absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
@@ -533,8 +501,7 @@ absl::Status FlowGrpoTrainer::Run() {
       if (!saved.ok()) metrics = saved;
     }
     if (!metrics.ok()) {
-      absl::Status health = group_->HealthAfterFailure(kFailureNoticeWait);
-      if (health.ok() && reward_group_ != nullptr) health = reward_group_->Health();
+      const absl::Status health = workers_->HealthAfterFailure(kFailureNoticeWait);
       if (!health.ok() && restarts_ < config_.max_restarts) {
         DRAY_RETURN_IF_ERROR(RestartWorkers(health));
         continue;

@@ -62,6 +62,7 @@
 #include "workers/train/rewards.h"
 #include "workers/train/train_config.h"
 #include "workers/train/train_data.h"
+#include "workers/train/training_workers.h"
 
 namespace dray {
 
@@ -84,6 +85,10 @@ class FlowGrpoTrainer {
     // Receives every rank's progress within a step's rollout ("denoising",
     // step k of n), on the group's reading threads: keep it short.
     GroupProgressFn on_rollout_progress;
+    // Starts the workers (again, after a failure); empty: worker processes,
+    // as the fields above say (StartTrainingWorkers). Tests pass a fake.
+    std::function<absl::StatusOr<std::unique_ptr<TrainingWorkers>>(const TrainConfig&)>
+        start_workers;
   };
 
   // Start checks the configuration and every data row, writes the embedded
@@ -119,7 +124,10 @@ class FlowGrpoTrainer {
   absl::StatusOr<DataProto> PairedBatch(int64_t step) const;
 
   const TrainConfig& config() const { return config_; }
-  WorkerGroup& group() { return *group_; }
+  // workers: what the loop calls; group: their processes (a trainer with
+  // real workers only: tests act on them).
+  TrainingWorkers& workers() { return *workers_; }
+  WorkerGroup& group() { return *workers_->group(); }
   // restarts: how many times Run has restarted a failed worker group.
   int restarts() const { return restarts_; }
 
@@ -168,8 +176,7 @@ class FlowGrpoTrainer {
   CheckpointManager checkpoints_;
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
-  std::shared_ptr<WorkerGroup> group_;
-  std::shared_ptr<WorkerGroup> reward_group_;           // worker.reward.placement: separate
+  std::unique_ptr<TrainingWorkers> workers_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   int restarts_ = 0;
   std::atomic<bool> stop_requested_{false};

@@ -1,0 +1,105 @@
+#include "workers/train/fake_training_workers.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "base/files.h"
+#include "base/status_macros.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/train/flow_grpo_worker.h"
+
+namespace dray {
+namespace {
+
+constexpr char kMarker[] = "/fake_workers_saved";
+
+// Unedited: `rows`' input images as their edits.
+absl::StatusOr<DataProto> Unedited(const DataProto& rows) {
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, rows.GetRows<Image>(kImagesColumn));
+  DataProto out;
+  DRAY_RETURN_IF_ERROR(out.AddNonTensor(kEditedColumn, *images));
+  return out;
+}
+
+}  // namespace
+
+std::function<absl::StatusOr<std::unique_ptr<TrainingWorkers>>(const TrainConfig&)>
+FakeTrainingWorkers::Starter(std::shared_ptr<State> state) {
+  return [state](const TrainConfig&) -> absl::StatusOr<std::unique_ptr<TrainingWorkers>> {
+    ++state->started;
+    return std::make_unique<FakeTrainingWorkers>(state);
+  };
+}
+
+absl::StatusOr<DataProto> FakeTrainingWorkers::Rollout(const DataProto& rows,
+                                                       const GroupProgressFn&) {
+  state_->calls.push_back("rollout");
+  DRAY_ASSIGN_OR_RETURN(DataProto out, Unedited(rows));
+  DRAY_ASSIGN_OR_RETURN(int64_t begin, rows.GetMeta<int64_t>("sde_window_begin"));
+  DRAY_ASSIGN_OR_RETURN(int64_t end, rows.GetMeta<int64_t>("sde_window_end"));
+  const at::Tensor steps = at::zeros({rows.size(), end - begin});
+  for (const char* column : {kLogProbsColumn, kTimestepsColumn})
+    DRAY_RETURN_IF_ERROR(out.AddTensor(column, steps.clone()));
+  for (const char* column : {kLatentsColumn, kNextLatentsColumn})
+    DRAY_RETURN_IF_ERROR(out.AddTensor(column, at::zeros({rows.size(), end - begin, 4})));
+  return out;
+}
+
+absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::UpdateActor(const DataProto& batch) {
+  state_->calls.push_back("update_actor");
+  state_->updates.push_back(batch);
+  if (static_cast<int>(state_->updates.size()) == state_->fail_update_call) {
+    if (state_->update_failure.code() == absl::StatusCode::kUnavailable)
+      health_ = state_->update_failure;
+    return state_->update_failure;
+  }
+  return RankMetrics({"loss", "policy_loss", "approx_kl", "clipfrac", "grad_norm"});
+}
+
+absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::PairedUpdate(const DataProto& batch,
+                                                                         bool vae) {
+  state_->calls.push_back(vae ? "vae_update" : "sft_update");
+  return vae ? RankMetrics({"loss", "reconstruction_rmse", "kl", "latent_std", "grad_norm"})
+             : RankMetrics({"loss", "grad_norm"});
+}
+
+absl::StatusOr<DataProto> FakeTrainingWorkers::Edit(const DataProto& rows, bool vae) {
+  state_->calls.push_back(vae ? "reconstruct" : "edit");
+  return Unedited(rows);
+}
+
+absl::StatusOr<at::Tensor> FakeTrainingWorkers::ComputeReward(const DataProto& samples) {
+  state_->calls.push_back("compute_reward");
+  return at::zeros({samples.size(), 1}, at::kDouble);
+}
+
+absl::Status FakeTrainingWorkers::Save(const std::string& dir) {
+  state_->calls.push_back("save " + dir);
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  return WriteFile(dir + kMarker, "");
+}
+
+absl::Status FakeTrainingWorkers::SaveCheckpoint(const std::string& dir) {
+  state_->calls.push_back("save_checkpoint");
+  return WriteFile(dir + kMarker, "");
+}
+
+absl::Status FakeTrainingWorkers::LoadCheckpoint(const std::string& dir) {
+  state_->calls.push_back("load_checkpoint " + dir);
+  DRAY_RETURN_IF_ERROR(ReadFile(dir + kMarker).status());
+  return absl::OkStatus();
+}
+
+std::vector<DataProto> FakeTrainingWorkers::RankMetrics(
+    const std::vector<const char*>& metrics) const {
+  std::vector<DataProto> ranks(state_->world_size);
+  for (DataProto& rank : ranks) {
+    for (const char* name : metrics) rank.SetMeta(name, 0.25);
+  }
+  return ranks;
+}
+
+}  // namespace dray
