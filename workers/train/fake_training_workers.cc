@@ -77,8 +77,9 @@ absl::StatusOr<at::Tensor> FakeTrainingWorkers::ComputeReward(const DataProto& s
 
 absl::Status FakeTrainingWorkers::Save(const std::string& dir) {
   state_->calls.push_back("save " + dir);
-  std::error_code error;
-  std::filesystem::create_directories(dir, error);
+  std::error_code error;  // the folders a trained component's weights go in, as a real save's
+  for (const char* component : {"transformer", "vae"})
+    std::filesystem::create_directories(dir + "/" + component, error);
   return WriteFile(dir + kMarker, "");
 }
 

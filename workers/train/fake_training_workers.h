@@ -2,7 +2,8 @@
 // unit tests of the training loop. Rollout "edits" each row into its input
 // image with an all-zero trajectory over the row's SDE window; updates
 // answer fixed metrics; the save methods write a marker file that
-// LoadCheckpoint looks for. Every call is recorded in the shared
+// LoadCheckpoint looks for (Save also the folders of the components a real
+// save fills). Every call is recorded in the shared
 // FakeTrainingWorkers::State, which outlives the workers a trainer
 // restarts, and the state can make a call fail.
 //

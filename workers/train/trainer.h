@@ -1,20 +1,10 @@
-// FlowGrpoTrainer: the controller of a Flow-GRPO training job. It starts a
-// group of FlowGrpoWorker processes and runs the algorithm's loop, each
-// phase timed and logged (verl's fit loop):
-//
-//   rollout    prompts_per_step prompts x group_size samples, drawn with the
-//              SDE sampler on the workers (DP_COMPUTE_PROTO)
-//   reward     every configured reward function on each sample (here, or in
-//              reward workers: workers/train/reward_worker.h), and every
-//              remote scorer (workers/train/remote_reward.h) meanwhile
-//   advantage  the registered estimator over each prompt's group (here)
-//   update     num_inner_epochs optimizer steps on the workers (sharded
-//              backward, clipping, AdamW), on a random timestep_fraction
-//              of the SDE window's steps
-//
-// With algorithm.name sft or vae, a step is one optimizer step on a batch
-// of pairs instead (sft_update or vae_update on the workers), with the
-// model's current edits (or the VAE's reconstructions) as samples.
+// FlowGrpoTrainer: the controller of a training job (verl's fit loop). It
+// starts the workers (TrainingWorkers: FlowGrpoWorker processes) and runs
+// total_steps steps of the algorithm algorithm.name names
+// (TrainingAlgorithm: Flow-GRPO's rollout -> reward -> advantage -> update,
+// or an SFT or VAE step on pairs), each step's data from a PromptSampler;
+// it records every step's metrics, draws curves and samples, saves
+// checkpoints (CheckpointManager), resumes, and restarts failed workers.
 //
 // It writes to trainer.save_dir: config.yaml (the resolved configuration),
 // metrics.jsonl (a line per step), curves.png (reward and loss, redrawn
@@ -54,14 +44,12 @@
 #include "base/files.h"
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
-#include "workers/rl/advantages.h"
 #include "workers/train/checkpoint_manager.h"
 #include "workers/train/plot.h"
 #include "workers/train/prompt_sampler.h"
-#include "workers/train/remote_reward.h"
-#include "workers/train/rewards.h"
 #include "workers/train/train_config.h"
 #include "workers/train/train_data.h"
+#include "workers/train/training_algorithm.h"
 #include "workers/train/training_workers.h"
 
 namespace dray {
@@ -114,7 +102,7 @@ class FlowGrpoTrainer {
   std::string NewestCheckpoint() const;
 
   // Step runs one training step and returns its metrics (metrics.jsonl's keys).
-  absl::StatusOr<std::map<std::string, double>> Step(int64_t step);
+  absl::StatusOr<Metrics> Step(int64_t step);
 
   // RolloutBatch: the rows step `step` samples (its prompts, group_size
   // times each, with their seeds and SDE window).
@@ -135,18 +123,6 @@ class FlowGrpoTrainer {
   FlowGrpoTrainer(TrainConfig config, Options options);
 
   double LearningRate(int64_t step) const;
-  absl::StatusOr<std::map<std::string, double>> GrpoStep(int64_t step);
-  // PairedStep: an SFT or VAE step (one optimizer step on the workers) and
-  // its sample grid when due.
-  absl::StatusOr<std::map<std::string, double>> PairedStep(int64_t step);
-  // FunctionScores: each built-in function's score of each sample [B, F],
-  // where worker.reward.placement runs them.
-  absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const std::vector<RewardInput>& samples,
-                                            const DataProto& rollout, const DataProto& rows) const;
-  // Rewards scores step `step`'s samples (each function's mean into `metrics`).
-  absl::StatusOr<std::vector<double>> Rewards(int64_t step, const DataProto& rollout,
-                                              const DataProto& rows,
-                                              std::map<std::string, double>& metrics) const;
   // StartWorkers starts a worker group (replacing any) and loads the model.
   absl::Status StartWorkers();
   // Restore loads a checkpoint into the workers and the metrics so far.
@@ -161,11 +137,6 @@ class FlowGrpoTrainer {
                       absl::Time started) const;
   // WriteMetrics appends to metrics.jsonl and redraws curves.png (every log_every steps).
   absl::Status WriteMetrics(int64_t step, const std::map<std::string, double>& metrics);
-  // SamplesDue: whether step `step` writes samples/step_N.png.
-  bool SamplesDue(int64_t step) const;
-  absl::Status WriteSamples(int64_t step, const std::vector<SampleRow>& grid);
-  absl::Status WriteRolloutSamples(int64_t step, const DataProto& rollout,
-                                   const std::vector<double>& rewards);
   absl::Status SaveFinal();
 
   TrainConfig config_;
@@ -174,8 +145,7 @@ class FlowGrpoTrainer {
   std::string model_path_;                // what the workers load
   std::optional<PromptSampler> sampler_;  // what each step works on
   CheckpointManager checkpoints_;
-  rl::AdvantageEstimator advantages_;
-  std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
+  std::unique_ptr<TrainingAlgorithm> algorithm_;  // algorithm.name's step
   std::unique_ptr<TrainingWorkers> workers_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   int restarts_ = 0;

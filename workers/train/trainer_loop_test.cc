@@ -82,6 +82,15 @@ TEST_F(TrainerLoopTest, SftStepsUpdateOnPairsAndDrawSamples) {
   EXPECT_EQ(MetricsLines(), 3);
 }
 
+TEST_F(TrainerLoopTest, VaeStepsUpdateTheVaeAndDrawReconstructions) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, Start(Config({"algorithm.name=vae"})));
+  DRAY_ASSERT_OK(trainer->Run());
+  EXPECT_EQ(Count("vae_update"), 3);
+  EXPECT_GE(Count("reconstruct"), 1) << "the sample grid";
+  EXPECT_THAT(ReadFile(dir_.path() + "/run/metrics.jsonl").value(),
+              HasSubstr("\"reconstruction_rmse\""));
+}
+
 TEST_F(TrainerLoopTest, AFailedWorkerRestartsTheGroupFromTheNewestCheckpoint) {
   state_->fail_update_call = 3;  // step 2's update
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer,

@@ -1,0 +1,222 @@
+#include "workers/train/grpo_algorithm.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <future>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "workers/edit/edit_batch.h"
+#include "workers/train/flow_grpo_worker.h"
+#include "workers/train/reward_worker.h"
+
+namespace dray {
+namespace {
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpoAlgorithm>> GrpoAlgorithm::Create(const TrainConfig& config) {
+  std::unique_ptr<GrpoAlgorithm> grpo(new GrpoAlgorithm(config));
+  DRAY_ASSIGN_OR_RETURN(grpo->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
+  if (!config.remote_rewards.empty()) {
+    DRAY_ASSIGN_OR_RETURN(grpo->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
+    DRAY_RETURN_IF_ERROR(grpo->remote_scorers_->Score({}).get().status());  // each one answers
+  }
+  return grpo;
+}
+
+std::vector<ChartSpec> GrpoAlgorithm::Charts() const {
+  return {{"reward", {{"reward_mean", "mean", {200, 50, 40}}}},
+          {"loss",
+           {{"policy_loss", "policy", {40, 90, 200}}, {"approx_kl", "approx_kl", {60, 160, 60}}}}};
+}
+
+absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& context) {
+  Metrics metrics;
+  const absl::Time started = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(DataProto rows, context.sampler.RolloutRows(step));
+  DRAY_ASSIGN_OR_RETURN(DataProto rollout,
+                        context.workers.Rollout(rows, context.on_rollout_progress));
+  metrics["rollout_s"] = Seconds(started);
+
+  const absl::Time rewarding = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(std::vector<double> rewards,
+                        Rewards(step, context, rollout, rows, metrics));
+  std::vector<std::string> groups;
+  for (const TrainPrompt* prompt : context.sampler.PromptsOf(step))
+    groups.insert(groups.end(), config_.group_size, prompt->group());
+  const at::Tensor reward_tensor = at::tensor(rewards, at::kDouble);
+  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages,
+                        advantages_(groups, reward_tensor, {config_.global_std}));
+  metrics["reward_mean"] = reward_tensor.mean().item<double>();
+  metrics["reward_std"] = reward_tensor.std(/*unbiased=*/false).item<double>();
+  metrics["advantage_abs_mean"] = advantages.abs().mean().item<double>();
+  int64_t tied = 0;
+  for (int64_t g = 0; g < config_.prompts_per_step; ++g) {
+    const at::Tensor group = reward_tensor.narrow(0, g * config_.group_size, config_.group_size);
+    tied += (group == group[0]).all().item<bool>() ? 1 : 0;
+  }
+  metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
+  metrics["reward_s"] = Seconds(rewarding);
+
+  // The trained window steps: a seeded timestep_fraction of them.
+  DRAY_ASSIGN_OR_RETURN(at::Tensor timesteps, rollout.GetTensor(kTimestepsColumn));
+  const int64_t window = timesteps.size(1);
+  const std::vector<int64_t> train_steps = context.sampler.TrainedSteps(step, window);
+  metrics["lr"] = context.lr;
+
+  const absl::Time updating = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, rows.Union(rollout));
+  DRAY_RETURN_IF_ERROR(batch.AddTensor(kAdvantagesColumn, advantages));
+  batch.SetMeta("train_steps", Json{nlohmann::json(train_steps).dump()});
+  batch.SetMeta("lr", context.lr);
+  std::map<std::string, double> update_sums;
+  for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
+    // Shuffled within each rank's share, as flow_grpo shuffles within each
+    // process: a row stays where it was sampled, whose encodings it reuses.
+    DRAY_ASSIGN_OR_RETURN(DataProto shuffled,
+                          batch.Reorder(context.sampler.UpdateOrder(step, epoch, batch.size(),
+                                                                    context.workers.world_size())));
+    absl::StatusOr<std::vector<DataProto>> updated = context.workers.UpdateActor(shuffled);
+    if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {
+      Log("train", absl::StrCat("skipping step ", step, ": ", updated.status().message()));
+      metrics["skipped"] = 1;
+      break;
+    }
+    DRAY_RETURN_IF_ERROR(updated.status());
+    for (const DataProto& rank : *updated) {
+      for (const auto& [key, value] : rank.meta_info()) {
+        if (const double* number = std::get_if<double>(&value))
+          update_sums[key] +=
+              *number / static_cast<double>(updated->size() * config_.num_inner_epochs);
+      }
+    }
+  }
+  for (const auto& [key, value] : update_sums) metrics[key] = value;
+  metrics["update_s"] = Seconds(updating);
+  metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+  if (context.samples_due) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<SampleRow> grid, Samples(step, context, rollout, rewards));
+    DRAY_RETURN_IF_ERROR(context.write_samples(grid));
+  }
+  return metrics;
+}
+
+absl::StatusOr<std::vector<double>> GrpoAlgorithm::Rewards(int64_t step, const StepContext& context,
+                                                           const DataProto& rollout,
+                                                           const DataProto& rows,
+                                                           Metrics& metrics) const {
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+  DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
+                        rows.GetRows<std::string>(kInstructionsColumn));
+  const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
+  std::vector<RewardInput> samples;
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow((*outputs)[i]));
+    const TrainPrompt& prompt = *prompts[i / config_.group_size];
+    samples.push_back({std::move(pixels), prompt.pixels, (*instructions)[i], prompt.fields});
+  }
+  // The remote scorers work while the built-in functions run here.
+  std::future<absl::StatusOr<std::vector<RemoteScores>>> remote;
+  if (remote_scorers_ != nullptr) remote = remote_scorers_->Score(samples);
+  const double n = static_cast<double>(samples.size());
+  std::vector<double> total(samples.size(), 0.0);
+  DRAY_ASSIGN_OR_RETURN(at::Tensor scores, FunctionScores(step, context, samples, rollout, rows));
+  for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
+    const at::Tensor column = scores.select(1, static_cast<int64_t>(f));
+    for (size_t i = 0; i < samples.size(); ++i)
+      total[i] += config_.reward_weights[f] * column[i].item<double>();
+    metrics["reward/" + config_.reward_functions[f]] = column.mean().item<double>();
+  }
+  if (!remote.valid()) return total;
+  DRAY_ASSIGN_OR_RETURN(std::vector<RemoteScores> scored, remote.get());
+  for (size_t r = 0; r < scored.size(); ++r) {
+    const RemoteRewardConfig& scorer = config_.remote_rewards[r];
+    double sum = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      total[i] += scorer.weight * scored[r].scores[i];
+      sum += scored[r].scores[i];
+    }
+    metrics["reward/" + scorer.name] = sum / n;
+    for (const auto& [part, values] : scored[r].components) {
+      double part_sum = 0, scored_rows = 0;  // over the rows the part was given for
+      for (double value : values) {
+        if (!std::isfinite(value)) continue;
+        part_sum += value;
+        scored_rows += 1;
+      }
+      metrics[absl::StrCat("reward/", scorer.name, "/", part)] = part_sum / scored_rows;
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<at::Tensor> GrpoAlgorithm::FunctionScores(int64_t step, const StepContext& context,
+                                                         const std::vector<RewardInput>& samples,
+                                                         const DataProto& rollout,
+                                                         const DataProto& rows) const {
+  const std::vector<std::string>& names = config_.reward_functions;
+  if (config_.reward_placement != "controller") {
+    DRAY_ASSIGN_OR_RETURN(DataProto batch,
+                          rows.Select({{},
+                                       std::vector<std::string>{kImagesColumn, kInstructionsColumn},
+                                       std::vector<std::string>{}}));
+    DRAY_ASSIGN_OR_RETURN(DataProto edited, rollout.Select({std::vector<std::string>{},
+                                                            std::vector<std::string>{kEditedColumn},
+                                                            std::vector<std::string>{}}));
+    DRAY_ASSIGN_OR_RETURN(batch, batch.Union(edited));
+    std::vector<Json> fields;
+    for (const RewardInput& sample : samples) fields.push_back({sample.fields.dump()});
+    DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRewardFieldsColumn, std::move(fields)));
+    batch.SetMeta("functions", Json{nlohmann::json(names).dump()});
+    return context.workers.ComputeReward(batch);
+  }
+  at::Tensor scores = at::empty(
+      {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
+  const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
+  for (size_t f = 0; f < names.size(); ++f) {
+    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(names[f]));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      absl::StatusOr<double> value = reward(samples[i]);
+      if (!value.ok()) {
+        return absl::Status(value.status().code(),
+                            absl::StrCat("reward ", names[f], ", sample ", i, " (",
+                                         prompts[i / config_.group_size]->image_path,
+                                         "): ", value.status().message()));
+      }
+      scores[i][f] = *value;
+    }
+  }
+  return scores;
+}
+
+absl::StatusOr<std::vector<SampleRow>> GrpoAlgorithm::Samples(
+    int64_t step, const StepContext& context, const DataProto& rollout,
+    const std::vector<double>& rewards) const {
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+  std::vector<SampleRow> grid;
+  const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    SampleRow row{prompts[p]->pixels, {}, {}};
+    for (int64_t g = 0; g < config_.group_size; ++g) {
+      const size_t i = p * config_.group_size + g;
+      DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
+      row.outputs.push_back(output);
+      row.captions.push_back(absl::StrFormat("%.3f", rewards[i]));
+    }
+    grid.push_back(std::move(row));
+  }
+  return grid;
+}
+
+}  // namespace dray

@@ -1,0 +1,56 @@
+// GrpoAlgorithm: Flow-GRPO's step (algorithm.name grpo): the step's rows
+// rolled out with the SDE sampler, every sample scored (the built-in
+// functions where worker.reward.placement runs them, the remote scorers
+// meanwhile), group advantages from the registered estimator, and
+// num_inner_epochs updates of the clipped surrogate on a seeded share of
+// the window's steps, the rows shuffled within each rank's share.
+// docs/training.md walks through it.
+//
+// Thread-safety: not thread-safe.
+#ifndef DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_
+#define DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_
+
+#include <memory>
+#include <vector>
+
+#include "workers/rl/advantages.h"
+#include "workers/train/remote_reward.h"
+#include "workers/train/rewards.h"
+#include "workers/train/training_algorithm.h"
+
+namespace dray {
+
+class GrpoAlgorithm : public TrainingAlgorithm {
+ public:
+  // Create finds the advantage estimator and connects to the remote
+  // scorers (each must answer an empty request).
+  static absl::StatusOr<std::unique_ptr<GrpoAlgorithm>> Create(const TrainConfig& config);
+
+  absl::StatusOr<Metrics> Step(int64_t step, const StepContext& context) override;
+  std::vector<ChartSpec> Charts() const override;
+
+ private:
+  explicit GrpoAlgorithm(const TrainConfig& config) : config_(config) {}
+
+  // Rewards scores the step's samples (each function's mean into `metrics`).
+  absl::StatusOr<std::vector<double>> Rewards(int64_t step, const StepContext& context,
+                                              const DataProto& rollout, const DataProto& rows,
+                                              Metrics& metrics) const;
+  // FunctionScores: each built-in function's score of each sample [B, F],
+  // where worker.reward.placement runs them.
+  absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const StepContext& context,
+                                            const std::vector<RewardInput>& samples,
+                                            const DataProto& rollout, const DataProto& rows) const;
+  // Samples: the step's prompts, each with its samples captioned by reward.
+  absl::StatusOr<std::vector<SampleRow>> Samples(int64_t step, const StepContext& context,
+                                                 const DataProto& rollout,
+                                                 const std::vector<double>& rewards) const;
+
+  TrainConfig config_;
+  rl::AdvantageEstimator advantages_;
+  std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
+};
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_

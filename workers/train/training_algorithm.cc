@@ -1,0 +1,22 @@
+#include "workers/train/training_algorithm.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "workers/train/grpo_algorithm.h"
+#include "workers/train/paired_algorithm.h"
+
+namespace dray {
+
+absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(
+    const TrainConfig& config) {
+  if (config.name == "grpo") {
+    DRAY_ASSIGN_OR_RETURN(std::unique_ptr<GrpoAlgorithm> grpo, GrpoAlgorithm::Create(config));
+    return grpo;
+  }
+  if (config.name == "sft") return std::make_unique<PairedAlgorithm>(/*vae=*/false);
+  if (config.name == "vae") return std::make_unique<PairedAlgorithm>(/*vae=*/true);
+  return absl::InvalidArgumentError(
+      absl::StrCat("algorithm.name: unknown algorithm '", config.name, "' (grpo, sft or vae)"));
+}
+
+}  // namespace dray
