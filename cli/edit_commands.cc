@@ -25,10 +25,10 @@
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

@@ -1,6 +1,6 @@
 // ImageEditConfig: the seeds' YAML layout, dotted overrides, and errors
 // that name the key (listing the valid ones for an unknown key).
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_config.h"
 
 #include <cstdlib>
 #include <filesystem>

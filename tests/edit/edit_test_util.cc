@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/runtime/test_util.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 

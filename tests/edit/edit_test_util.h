@@ -12,8 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
-#include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

@@ -25,10 +25,10 @@
 #include "tests/edit/edit_test_util.h"
 #include "tests/edit/serving.h"
 #include "tests/runtime/test_util.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/bpe_tokenizer.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 namespace {

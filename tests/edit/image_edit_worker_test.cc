@@ -14,9 +14,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/edit/edit_test_util.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 namespace {

@@ -16,9 +16,9 @@
 #include "dray/v1/image_edit.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "workers/edit/edit_config.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

@@ -27,12 +27,12 @@
 #include "gtest/gtest.h"
 #include "runtime/worker/worker.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
-#include "workers/edit/edit_model.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
+#include "workers/pipeline/edit_model.h"
 
 namespace dray {
 namespace {

@@ -21,7 +21,7 @@
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/train_config.h"
 

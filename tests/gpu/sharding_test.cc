@@ -29,11 +29,11 @@
 #include "runtime/sharding/tensor_storage.h"
 #include "runtime/worker/worker.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "workers/edit/edit_config.h"
-#include "workers/edit/edit_model.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
+#include "workers/pipeline/edit_config.h"
+#include "workers/pipeline/edit_model.h"
 
 namespace dray {
 namespace {

@@ -3,7 +3,7 @@
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
 // advantages, the GRPO loss with KL and gradients, and two toy rollouts with
 // their training steps, within each case's tolerance.
-#include "workers/rl/flow_grpo_parity.h"
+#include "workers/parity/flow_grpo_parity.h"
 
 #include <cctype>
 #include <map>

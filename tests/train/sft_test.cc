@@ -16,9 +16,9 @@
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "tests/train/train_test_util.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/train_data.h"
 

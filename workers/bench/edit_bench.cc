@@ -7,10 +7,10 @@
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

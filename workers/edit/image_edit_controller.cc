@@ -8,9 +8,9 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/embedded_model.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 

@@ -44,8 +44,8 @@
 #include "dispatch/data_proto.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/edit/edit_backend.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

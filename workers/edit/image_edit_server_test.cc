@@ -18,8 +18,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/rpc/grpc_util.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/image/image_codec.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 namespace {

@@ -6,12 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
-#include "workers/edit/edit_model.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/lora.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
+#include "workers/pipeline/edit_model.h"
 
 namespace dray {
 

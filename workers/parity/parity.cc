@@ -4,9 +4,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "workers/models/qwen2_vl/parity.h"
-#include "workers/models/qwen_image/parity.h"
-#include "workers/rl/flow_grpo_parity.h"
+#include "workers/parity/flow_grpo_parity.h"
+#include "workers/parity/qwen2_vl_parity.h"
+#include "workers/parity/qwen_image_parity.h"
 
 namespace dray {
 namespace {

@@ -1,7 +1,7 @@
 // Every reference case under a folder: diffusers' Qwen-Image components
-// (workers/models/qwen_image/parity.h), transformers' Qwen2.5-VL text
-// encoder and image processor (workers/models/qwen2_vl/parity.h) and
-// flow_grpo's RL numerics (workers/rl/flow_grpo_parity.h), recognized by content in the folder
+// (workers/parity/qwen_image_parity.h), transformers' Qwen2.5-VL text
+// encoder and image processor (workers/parity/qwen2_vl_parity.h) and
+// flow_grpo's RL numerics (workers/parity/flow_grpo_parity.h), recognized by content in the folder
 // itself and in every folder below it. What `dray parity --reference DIR` runs.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::vector<ParityCase> cases, ListParityCases(dir));

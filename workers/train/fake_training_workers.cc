@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 
 namespace dray {

@@ -14,7 +14,7 @@
 #include "absl/time/clock.h"
 #include "base/log.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
 

@@ -2,7 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 

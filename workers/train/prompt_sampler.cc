@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 
 namespace dray {

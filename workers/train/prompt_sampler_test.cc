@@ -10,8 +10,8 @@
 
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
-#include "workers/edit/edit_batch.h"
 #include "workers/image/image_codec.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/flow_grpo_worker.h"
 
 namespace dray {

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/rewards.h"
 
 namespace dray {

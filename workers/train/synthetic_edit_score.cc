@@ -5,8 +5,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "base/status_macros.h"
-#include "workers/edit/edit_batch.h"
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_config.h"
 #include "workers/train/train_data.h"
 
 namespace dray {

@@ -7,7 +7,7 @@
 //   adv_clip_max,
 //              beta, timestep_fraction, num_inner_epochs, noise_level, sde_type,
 //              sde_window_size, sde_window_range
-//   worker.image_edit: the model and its sharding (workers/edit/edit_config.h)
+//   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
 //   worker.rollout: num_inference_steps, resolution
@@ -38,7 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "workers/config/cluster_config.h"
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 

@@ -10,7 +10,7 @@
 // directory loads as-is; checkpoints saved by transformers >= 4.52
 // (`model.language_model.*`, `model.visual.*`) load too. Every case of
 // transformers' own outputs in tests/data/reference/qwen2_vl matches
-// (workers/models/qwen2_vl/parity.h).
+// (workers/parity/qwen2_vl_parity.h).
 //
 //   DRAY_ASSIGN_OR_RETURN(Qwen25VLTextEncoder encoder,
 //                         LoadTextEncoder("text_encoder", at::TensorOptions().dtype(at::kFloat)));

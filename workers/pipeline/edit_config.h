@@ -18,8 +18,8 @@
 //
 // An unknown key, a wrong type or an out-of-range value is INVALID_ARGUMENT
 // naming the key (and, for unknown keys, listing the valid ones).
-#ifndef DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
-#define DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
+#ifndef DRAY_WORKERS_PIPELINE_EDIT_CONFIG_H_
+#define DRAY_WORKERS_PIPELINE_EDIT_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -86,4 +86,4 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& config);
 
 }  // namespace dray
 
-#endif  // DRAY_WORKERS_EDIT_EDIT_CONFIG_H_
+#endif  // DRAY_WORKERS_PIPELINE_EDIT_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "workers/edit/edit_model.h"
+#include "workers/pipeline/edit_model.h"
 
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/grad_mode.h>

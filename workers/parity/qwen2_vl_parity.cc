@@ -1,4 +1,4 @@
-#include "workers/models/qwen2_vl/parity.h"
+#include "workers/parity/qwen2_vl_parity.h"
 
 #include <ATen/ATen.h>
 

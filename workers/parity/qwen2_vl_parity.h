@@ -15,8 +15,8 @@
 // 1 (what a padded query computes is each implementation's own); position
 // ids, rope deltas, grids, window order and lengths, sizes and the resized
 // pixels exact; pixel values 1e-6.
-#ifndef DRAY_WORKERS_MODELS_QWEN2_VL_PARITY_H_
-#define DRAY_WORKERS_MODELS_QWEN2_VL_PARITY_H_
+#ifndef DRAY_WORKERS_PARITY_QWEN2_VL_PARITY_H_
+#define DRAY_WORKERS_PARITY_QWEN2_VL_PARITY_H_
 
 #include <string>
 #include <vector>
@@ -31,4 +31,4 @@ std::vector<ParityCase> Qwen2VlParityCases(const std::string& folder);
 
 }  // namespace dray::qwen2_vl
 
-#endif  // DRAY_WORKERS_MODELS_QWEN2_VL_PARITY_H_
+#endif  // DRAY_WORKERS_PARITY_QWEN2_VL_PARITY_H_

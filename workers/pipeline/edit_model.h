@@ -14,8 +14,8 @@
 //   model->pipeline->Edit(...);
 //
 // Thread-safety: not thread-safe (the models are not).
-#ifndef DRAY_WORKERS_EDIT_EDIT_MODEL_H_
-#define DRAY_WORKERS_EDIT_EDIT_MODEL_H_
+#ifndef DRAY_WORKERS_PIPELINE_EDIT_MODEL_H_
+#define DRAY_WORKERS_PIPELINE_EDIT_MODEL_H_
 
 #include <cstdint>
 #include <functional>
@@ -29,8 +29,8 @@
 #include "dispatch/data_proto.h"
 #include "runtime/sharding/fully_sharded.h"
 #include "runtime/worker/worker.h"
-#include "workers/edit/edit_config.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 
@@ -75,4 +75,4 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(
 
 }  // namespace dray
 
-#endif  // DRAY_WORKERS_EDIT_EDIT_MODEL_H_
+#endif  // DRAY_WORKERS_PIPELINE_EDIT_MODEL_H_

@@ -1,4 +1,4 @@
-#include "workers/edit/edit_config.h"
+#include "workers/pipeline/edit_config.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/cpu_bfloat16.h"

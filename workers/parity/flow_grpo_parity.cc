@@ -1,4 +1,4 @@
-#include "workers/rl/flow_grpo_parity.h"
+#include "workers/parity/flow_grpo_parity.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -12,8 +12,8 @@
 // Tolerances are the reference README's: transformer and VAE outputs
 // atol = rtol = 1e-5; scheduler sigmas atol 1e-7, timesteps 1e-4, Euler steps
 // 1e-6; helpers exact.
-#ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_PARITY_H_
-#define DRAY_WORKERS_MODELS_QWEN_IMAGE_PARITY_H_
+#ifndef DRAY_WORKERS_PARITY_QWEN_IMAGE_PARITY_H_
+#define DRAY_WORKERS_PARITY_QWEN_IMAGE_PARITY_H_
 
 #include <string>
 #include <vector>
@@ -28,4 +28,4 @@ std::vector<ParityCase> QwenImageParityCases(const std::string& folder);
 
 }  // namespace dray::qwen_image
 
-#endif  // DRAY_WORKERS_MODELS_QWEN_IMAGE_PARITY_H_
+#endif  // DRAY_WORKERS_PARITY_QWEN_IMAGE_PARITY_H_

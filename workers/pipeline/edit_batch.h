@@ -14,8 +14,8 @@
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
 //   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, config, tokens));  // headers only, no pixels
 //   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, seed));  // a worker
-#ifndef DRAY_WORKERS_EDIT_EDIT_BATCH_H_
-#define DRAY_WORKERS_EDIT_EDIT_BATCH_H_
+#ifndef DRAY_WORKERS_PIPELINE_EDIT_BATCH_H_
+#define DRAY_WORKERS_PIPELINE_EDIT_BATCH_H_
 
 #include <cstdint>
 #include <functional>
@@ -28,9 +28,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "dispatch/data_proto.h"
-#include "workers/edit/edit_config.h"
 #include "workers/models/bpe_tokenizer.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/pipeline/edit_config.h"
 
 namespace dray {
 
@@ -99,4 +99,4 @@ absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& co
 
 }  // namespace dray
 
-#endif  // DRAY_WORKERS_EDIT_EDIT_BATCH_H_
+#endif  // DRAY_WORKERS_PIPELINE_EDIT_BATCH_H_

@@ -1,4 +1,4 @@
-#include "workers/edit/edit_batch.h"
+#include "workers/pipeline/edit_batch.h"
 
 #include <ATen/ops/from_blob.h>
 

@@ -1,4 +1,4 @@
-#include "workers/models/qwen_image/parity.h"
+#include "workers/parity/qwen_image_parity.h"
 
 #include <ATen/ATen.h>
 

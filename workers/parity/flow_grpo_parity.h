@@ -10,8 +10,8 @@
 //   for (const ParityCase& c : FlowGrpoParityCases("tests/data/reference/flow_grpo")) ...
 //
 // Tolerances are each case's own (cases.json `tolerance`).
-#ifndef DRAY_WORKERS_RL_FLOW_GRPO_PARITY_H_
-#define DRAY_WORKERS_RL_FLOW_GRPO_PARITY_H_
+#ifndef DRAY_WORKERS_PARITY_FLOW_GRPO_PARITY_H_
+#define DRAY_WORKERS_PARITY_FLOW_GRPO_PARITY_H_
 
 #include <string>
 #include <vector>
@@ -26,4 +26,4 @@ std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder);
 
 }  // namespace dray::rl
 
-#endif  // DRAY_WORKERS_RL_FLOW_GRPO_PARITY_H_
+#endif  // DRAY_WORKERS_PARITY_FLOW_GRPO_PARITY_H_
