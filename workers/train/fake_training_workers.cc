@@ -8,7 +8,7 @@
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
-#include "workers/train/flow_grpo_worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
@@ -37,8 +37,8 @@ absl::StatusOr<DataProto> FakeTrainingWorkers::Rollout(const DataProto& rows,
                                                        const GroupProgressFn&) {
   state_->calls.push_back("rollout");
   DRAY_ASSIGN_OR_RETURN(DataProto out, Unedited(rows));
-  DRAY_ASSIGN_OR_RETURN(int64_t begin, rows.GetMeta<int64_t>("sde_window_begin"));
-  DRAY_ASSIGN_OR_RETURN(int64_t end, rows.GetMeta<int64_t>("sde_window_end"));
+  DRAY_ASSIGN_OR_RETURN(int64_t begin, rows.GetMeta<int64_t>(kSdeWindowBeginKey));
+  DRAY_ASSIGN_OR_RETURN(int64_t end, rows.GetMeta<int64_t>(kSdeWindowEndKey));
   const at::Tensor steps = at::zeros({rows.size(), end - begin});
   for (const char* column : {kLogProbsColumn, kTimestepsColumn})
     DRAY_RETURN_IF_ERROR(out.AddTensor(column, steps.clone()));

@@ -363,8 +363,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
 absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "rollout");
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before rollout");
-  DRAY_ASSIGN_OR_RETURN(int64_t begin, batch.GetMeta<int64_t>("sde_window_begin"));
-  DRAY_ASSIGN_OR_RETURN(int64_t end, batch.GetMeta<int64_t>("sde_window_end"));
+  DRAY_ASSIGN_OR_RETURN(int64_t begin, batch.GetMeta<int64_t>(kSdeWindowBeginKey));
+  DRAY_ASSIGN_OR_RETURN(int64_t end, batch.GetMeta<int64_t>(kSdeWindowEndKey));
   rl::SdeSamplerOptions sampler = state_->sampler;
   sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
@@ -455,8 +455,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before update_actor");
   const TrainConfig& config = state_->config;
-  DRAY_ASSIGN_OR_RETURN(Json steps_json, batch.GetMeta<Json>("train_steps"));
-  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  DRAY_ASSIGN_OR_RETURN(Json steps_json, batch.GetMeta<Json>(kTrainStepsKey));
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   const std::vector<int64_t> train_steps =
       nlohmann::json::parse(steps_json.text, nullptr, false).get<std::vector<int64_t>>();
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
@@ -513,7 +513,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
 absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "sft_update");
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before sft_update");
-  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   state_->BeginUpdate(lr);
@@ -549,7 +549,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::VaeUpdate(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "vae_update");
   if (state_ == nullptr || !state_->vae_shards)
     return absl::FailedPreconditionError("vae_update needs init_model with algorithm.name vae");
-  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>("lr"));
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   state_->BeginUpdate(lr);
@@ -602,7 +602,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Reconstruct(const DataProto& batch) {
 
 absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before save");
-  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>(kDirKey));
   const TrainConfig& config = state_->config;
   DRAY_ASSIGN_OR_RETURN(auto parameters, state_->trained().FullParameters());
   const std::string component = config.vae() ? "vae" : "transformer";
@@ -641,7 +641,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Save(const DataProto& input) {
 absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before save_checkpoint");
-  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>(kDirKey));
   FullyShardedModule& sharded = state_->trained();
   DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
   DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
@@ -651,7 +651,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
 absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before load_checkpoint");
-  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>("dir"));
+  DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>(kDirKey));
   FullyShardedModule& sharded = state_->trained();
   absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
   if (loaded.ok()) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);

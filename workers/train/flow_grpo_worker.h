@@ -61,22 +61,12 @@
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
 #include "runtime/worker/worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 
 // kFlowGrpoRole: the role FlowGrpoWorker is registered under.
 inline constexpr char kFlowGrpoRole[] = "flow_grpo";
-
-// Trajectory columns of rollout's output (and update_actor's input).
-inline constexpr char kLatentsColumn[] = "latents";
-inline constexpr char kNextLatentsColumn[] = "next_latents";
-inline constexpr char kLogProbsColumn[] = "log_probs";
-inline constexpr char kTimestepsColumn[] = "timesteps";
-inline constexpr char kAdvantagesColumn[] = "advantages";
-// SFT's columns: the edited image each row asks for, and a draw in [0, 1)
-// picking the row's noise level from the schedule (workers/train/sft.h).
-inline constexpr char kTargetsColumn[] = "target_images";
-inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
 
 class FlowGrpoWorker : public Worker {
  public:

@@ -15,8 +15,8 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
-#include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
@@ -78,8 +78,8 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   const absl::Time updating = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto batch, rows.Union(rollout));
   DRAY_RETURN_IF_ERROR(batch.AddTensor(kAdvantagesColumn, advantages));
-  batch.SetMeta("train_steps", Json{nlohmann::json(train_steps).dump()});
-  batch.SetMeta("lr", context.lr);
+  batch.SetMeta(kTrainStepsKey, Json{nlohmann::json(train_steps).dump()});
+  batch.SetMeta(kLearningRateKey, context.lr);
   std::map<std::string, double> update_sums;
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
     // Shuffled within each rank's share, as flow_grpo shuffles within each

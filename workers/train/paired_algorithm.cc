@@ -3,6 +3,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 
@@ -10,7 +11,7 @@ absl::StatusOr<Metrics> PairedAlgorithm::Step(int64_t step, const StepContext& c
   Metrics metrics;
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto batch, context.sampler.PairedRows(step));
-  batch.SetMeta("lr", context.lr);
+  batch.SetMeta(kLearningRateKey, context.lr);
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, context.workers.PairedUpdate(batch, vae_));
   const std::vector<const char*> keys =
       vae_

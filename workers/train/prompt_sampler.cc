@@ -11,7 +11,7 @@
 
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
-#include "workers/train/flow_grpo_worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 
@@ -90,8 +90,8 @@ absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
     begin = lo + static_cast<int64_t>(Seed(SeedStream::kSdeWindow, step) % starts);
     end = begin + config_.sde_window_size;
   }
-  batch.SetMeta("sde_window_begin", begin);
-  batch.SetMeta("sde_window_end", end);
+  batch.SetMeta(kSdeWindowBeginKey, begin);
+  batch.SetMeta(kSdeWindowEndKey, end);
   return batch;
 }
 

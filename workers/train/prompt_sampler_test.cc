@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "workers/image/image_codec.h"
 #include "workers/pipeline/edit_batch.h"
-#include "workers/train/flow_grpo_worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
@@ -107,8 +107,8 @@ TEST(PromptSamplerTest, RolloutRowsRepeatEachPromptWithSeedsOfTheirOwn) {
     DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t>* seeds,
                               rows.GetRows<int64_t>(kSeedsColumn));
     EXPECT_EQ(std::set<int64_t>(seeds->begin(), seeds->end()).size(), 6u) << "a seed per row";
-    const int64_t begin = rows.GetMeta<int64_t>("sde_window_begin").value();
-    EXPECT_EQ(rows.GetMeta<int64_t>("sde_window_end").value(), begin + 2);
+    const int64_t begin = rows.GetMeta<int64_t>(kSdeWindowBeginKey).value();
+    EXPECT_EQ(rows.GetMeta<int64_t>(kSdeWindowEndKey).value(), begin + 2);
     EXPECT_GE(begin, 0);
     EXPECT_LE(begin + 2, 5);
   }

@@ -17,6 +17,7 @@
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/embedded_model.h"
 #include "workers/train/plot.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
@@ -122,7 +123,7 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
 
 absl::StatusOr<DataProto> FlowGrpoTrainer::PairedBatch(int64_t step) const {
   DRAY_ASSIGN_OR_RETURN(DataProto batch, sampler_->PairedRows(step));
-  batch.SetMeta("lr", LearningRate(step));
+  batch.SetMeta(kLearningRateKey, LearningRate(step));
   return batch;
 }
 

@@ -13,8 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "workers/train/fake_training_workers.h"
-#include "workers/train/flow_grpo_worker.h"
 #include "workers/train/trainer.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
@@ -66,7 +66,7 @@ TEST_F(TrainerLoopTest, EachGrpoStepRollsOutThenUpdatesWithAdvantages) {
   for (const DataProto& update : state_->updates) {
     EXPECT_EQ(update.size(), 4);
     EXPECT_TRUE(update.GetTensor(kAdvantagesColumn).ok());
-    EXPECT_TRUE(update.GetMeta<double>("lr").ok());
+    EXPECT_TRUE(update.GetMeta<double>(kLearningRateKey).ok());
   }
   EXPECT_EQ(MetricsLines(), 3);
   EXPECT_TRUE(fs::exists(dir_.path() + "/run/curves.png"));

@@ -4,13 +4,14 @@
 #include "base/status_macros.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
+#include "workers/train/training_protocol.h"
 
 namespace dray {
 namespace {
 
 // DirMeta: a call's input naming folder `dir`.
 absl::StatusOr<DataProto> DirMeta(const std::string& dir) {
-  return DataProto::Make({}, {}, {{"dir", dir}});
+  return DataProto::Make({}, {}, {{kDirKey, dir}});
 }
 
 // GroupTrainingWorkers: the workers as processes: the model's group, and

@@ -1,0 +1,35 @@
+// The columns and meta keys a training job's controller (FlowGrpoTrainer,
+// its PromptSampler and algorithms) and its workers (FlowGrpoWorker)
+// exchange, in one place: TrainingWorkers' calls carry them
+// (training_workers.h), the workers read them. Names only: it depends on
+// nothing.
+#ifndef DRAY_WORKERS_TRAIN_TRAINING_PROTOCOL_H_
+#define DRAY_WORKERS_TRAIN_TRAINING_PROTOCOL_H_
+
+namespace dray {
+
+// Trajectory columns of rollout's output (and update_actor's input).
+inline constexpr char kLatentsColumn[] = "latents";
+inline constexpr char kNextLatentsColumn[] = "next_latents";
+inline constexpr char kLogProbsColumn[] = "log_probs";
+inline constexpr char kTimestepsColumn[] = "timesteps";
+inline constexpr char kAdvantagesColumn[] = "advantages";
+// SFT's columns: the edited image each row asks for, and a draw in [0, 1)
+// picking the row's noise level from the schedule (workers/train/sft.h).
+inline constexpr char kTargetsColumn[] = "target_images";
+inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
+
+// Meta keys. rollout: the SDE window's first step and the step after its
+// last (int64).
+inline constexpr char kSdeWindowBeginKey[] = "sde_window_begin";
+inline constexpr char kSdeWindowEndKey[] = "sde_window_end";
+// update_actor: the window's trained steps (a JSON list of int64).
+inline constexpr char kTrainStepsKey[] = "train_steps";
+// update_actor, sft_update, vae_update: this step's learning rate (double).
+inline constexpr char kLearningRateKey[] = "lr";
+// save, save_checkpoint, load_checkpoint: the folder (string).
+inline constexpr char kDirKey[] = "dir";
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_TRAINING_PROTOCOL_H_
