@@ -12,7 +12,7 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "workers/train/fake_training_workers.h"
+#include "workers/train/testing/fake_training_workers.h"
 #include "workers/train/trainer.h"
 #include "workers/train/training_protocol.h"
 

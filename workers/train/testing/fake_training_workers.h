@@ -12,8 +12,8 @@
 //   state->fail_update_call = 3;  // the 3rd update_actor: UNAVAILABLE, unhealthy
 //
 // Thread-safety: not thread-safe (the trainer calls from one thread).
-#ifndef DRAY_WORKERS_TRAIN_FAKE_TRAINING_WORKERS_H_
-#define DRAY_WORKERS_TRAIN_FAKE_TRAINING_WORKERS_H_
+#ifndef DRAY_WORKERS_TRAIN_TESTING_FAKE_TRAINING_WORKERS_H_
+#define DRAY_WORKERS_TRAIN_TESTING_FAKE_TRAINING_WORKERS_H_
 
 #include <functional>
 #include <memory>
@@ -67,4 +67,4 @@ class FakeTrainingWorkers : public TrainingWorkers {
 
 }  // namespace dray
 
-#endif  // DRAY_WORKERS_TRAIN_FAKE_TRAINING_WORKERS_H_
+#endif  // DRAY_WORKERS_TRAIN_TESTING_FAKE_TRAINING_WORKERS_H_

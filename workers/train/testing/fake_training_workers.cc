@@ -1,4 +1,4 @@
-#include "workers/train/fake_training_workers.h"
+#include "workers/train/testing/fake_training_workers.h"
 
 #include <ATen/ATen.h>
 
