@@ -112,9 +112,8 @@ class FlowGrpoTrainer {
   absl::StatusOr<DataProto> PairedBatch(int64_t step) const;
 
   const TrainConfig& config() const { return config_; }
-  // workers: what the loop calls; group: their processes (a trainer with
-  // real workers only: tests act on them).
-  TrainingWorkers& workers() { return *workers_; }
+  // group: the workers' processes (a trainer with real workers only: tests
+  // act on them).
   WorkerGroup& group() { return *workers_->group(); }
   // restarts: how many times Run has restarted a failed worker group.
   int restarts() const { return restarts_; }
