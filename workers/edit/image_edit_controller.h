@@ -15,13 +15,14 @@
 // `dray init-model --preset tiny` writes to a scratch folder, kept until the
 // controller goes (a restart loads it again).
 //
-// Self-healing: when the worker group fails (a worker dies, stalls or
-// becomes unreachable: WorkerGroup's failures), the controller logs the rank
-// and cause, answers UNAVAILABLE while it restarts the whole group (after a
-// backoff that doubles each time) and loads the model again, then serves as
-// before. After max_restarts restarts in all it gives up: Health stays
-// UNAVAILABLE and WaitUntilGivenUp returns true, so that `dray serve` exits
-// non-zero for its supervisor to notice.
+// Self-healing: the workers are a SupervisedGroup restarted in the
+// background: when the group fails (a worker dies, stalls or becomes
+// unreachable), the controller logs the rank and cause, answers UNAVAILABLE
+// while it restarts the whole group (after a backoff that doubles each time)
+// and loads the model again, then serves as before. After max_restarts
+// restarts in all it gives up: Health stays UNAVAILABLE and
+// WaitUntilGivenUp returns true, so that `dray serve` exits non-zero for
+// its supervisor to notice.
 //
 // Thread-safety: thread-safe; calls are answered in the order they are made.
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_CONTROLLER_H_
@@ -32,16 +33,15 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "base/files.h"
 #include "dispatch/data_proto.h"
+#include "runtime/controller/supervised_group.h"
 #include "runtime/controller/worker_group.h"
 #include "workers/edit/edit_backend.h"
 #include "workers/pipeline/edit_batch.h"
@@ -124,28 +124,13 @@ class ImageEditController final : public EditBackend {
  private:
   ImageEditController(ImageEditConfig config, Options options);
 
-  // StartGroup starts the workers and loads the model into them.
-  absl::Status StartGroup();
-  // Supervise restarts the group after each failure until the controller
-  // stops or gives up.
-  void Supervise();
-  void OnGroupFailure(const WorkerGroup* group, const absl::Status& cause);
-
   const ImageEditConfig config_;
   const Options options_;
   std::optional<ScratchDir> embedded_;  // the tiny model, when no model_path
-  std::string worker_config_yaml_;      // init_model's configuration
   PromptTokenCounter count_tokens_;     // the model's tokenizer, for admission
-  std::thread supervisor_;
-  absl::Notification given_up_;
+  std::unique_ptr<SupervisedGroup> workers_;
 
   mutable absl::Mutex mu_;
-  std::shared_ptr<WorkerGroup> group_ ABSL_GUARDED_BY(mu_);
-  std::vector<DataProto> init_results_ ABSL_GUARDED_BY(mu_);
-  absl::Status unavailable_ ABSL_GUARDED_BY(mu_);             // OK while serving
-  std::optional<absl::Status> failure_ ABSL_GUARDED_BY(mu_);  // to restart after
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int restarts_ ABSL_GUARDED_BY(mu_) = 0;
   int calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

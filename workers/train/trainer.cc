@@ -104,7 +104,6 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
 }
 
 absl::Status FlowGrpoTrainer::StartWorkers() {
-  workers_.reset();  // the failed ones first: their processes are reaped
   if (options_.start_workers) {
     DRAY_ASSIGN_OR_RETURN(workers_, options_.start_workers(config_));
     return absl::OkStatus();
@@ -245,11 +244,7 @@ absl::Status FlowGrpoTrainer::SaveCheckpoint() {
       [this](const std::string& dir) { return workers_->SaveCheckpoint(dir); });
 }
 
-absl::Status FlowGrpoTrainer::RestartWorkers(const absl::Status& cause) {
-  ++restarts_;
-  Log("train", absl::StrCat("the worker group failed: ", cause.message()));
-  Log("train", absl::StrCat("restart ", restarts_, " of ", config_.max_restarts));
-  DRAY_RETURN_IF_ERROR(StartWorkers());
+absl::Status FlowGrpoTrainer::RestoreAfterRestart() {
   const std::string newest = checkpoints_.NewestComplete();
   if (!newest.empty()) return Restore(newest);
   history_.clear();  // no checkpoint yet: from the start, as the new workers are
@@ -270,8 +265,8 @@ absl::Status FlowGrpoTrainer::Run() {
     }
     if (!metrics.ok()) {
       const absl::Status health = workers_->HealthAfterFailure(kFailureNoticeWait);
-      if (!health.ok() && restarts_ < config_.max_restarts) {
-        DRAY_RETURN_IF_ERROR(RestartWorkers(health));
+      if (!health.ok() && workers_->Restart(health).ok()) {
+        DRAY_RETURN_IF_ERROR(RestoreAfterRestart());
         continue;
       }
       return absl::Status(metrics.status().code(),

@@ -116,20 +116,22 @@ class FlowGrpoTrainer {
   // act on them).
   WorkerGroup& group() { return *workers_->group(); }
   // restarts: how many times Run has restarted a failed worker group.
-  int restarts() const { return restarts_; }
+  int restarts() const { return workers_->restarts(); }
 
  private:
   FlowGrpoTrainer(TrainConfig config, Options options);
 
   double LearningRate(int64_t step) const;
-  // StartWorkers starts a worker group (replacing any) and loads the model.
+  // StartWorkers starts the workers and loads the model.
   absl::Status StartWorkers();
   // Restore loads a checkpoint into the workers and the metrics so far.
   absl::Status Restore(const std::string& checkpoint);
   // SaveCheckpoint saves the workers' shards and the metrics so far as
   // checkpoints/step_N, N steps done (checkpoints_ says how).
   absl::Status SaveCheckpoint();
-  absl::Status RestartWorkers(const absl::Status& cause);
+  // RestoreAfterRestart brings restarted workers and the metrics back to
+  // the newest checkpoint (none: to the start).
+  absl::Status RestoreAfterRestart();
   // Stopped ends a run stopped on request: a checkpoint, and the error saying so.
   absl::Status Stopped();
   void ReportProgress(const std::map<std::string, double>& metrics, int64_t first,
@@ -147,7 +149,6 @@ class FlowGrpoTrainer {
   std::unique_ptr<TrainingAlgorithm> algorithm_;  // algorithm.name's step
   std::unique_ptr<TrainingWorkers> workers_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
-  int restarts_ = 0;
   std::atomic<bool> stop_requested_{false};
 };
 

@@ -1,7 +1,7 @@
 #include "workers/train/training_workers.h"
 
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "runtime/controller/supervised_group.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
@@ -18,42 +18,37 @@ absl::StatusOr<DataProto> DirMeta(const std::string& dir) {
 // the reward functions' own where they run apart.
 class GroupTrainingWorkers : public TrainingWorkers {
  public:
-  GroupTrainingWorkers(std::shared_ptr<WorkerGroup> model, std::shared_ptr<WorkerGroup> rewards)
+  GroupTrainingWorkers(std::unique_ptr<SupervisedGroup> model,
+                       std::unique_ptr<SupervisedGroup> rewards)
       : model_(std::move(model)), rewards_(std::move(rewards)) {}
 
-  ~GroupTrainingWorkers() override {
-    for (const auto& group : {model_, rewards_}) {
-      if (group != nullptr) group->Shutdown();
-    }
-  }
-
-  int world_size() const override { return model_->world_size(); }
+  int world_size() const override { return model_->group()->world_size(); }
 
   absl::StatusOr<DataProto> Rollout(const DataProto& rows,
                                     const GroupProgressFn& on_progress) override {
     CallOptions call;
     call.on_progress = on_progress;
-    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, model_->Call("rollout", {rows}, call));
+    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, Call(*model_, "rollout", rows, call));
     return std::move(rolled.front());
   }
 
   absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) override {
-    return model_->Call("update_actor", {batch});
+    return Call(*model_, "update_actor", batch);
   }
 
   absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch, bool vae) override {
-    return model_->Call(vae ? "vae_update" : "sft_update", {batch});
+    return Call(*model_, vae ? "vae_update" : "sft_update", batch);
   }
 
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override {
     DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
-                          model_->Call(vae ? "reconstruct" : "edit", {rows}));
+                          Call(*model_, vae ? "reconstruct" : "edit", rows));
     return std::move(edited.front());
   }
 
   absl::StatusOr<at::Tensor> ComputeReward(const DataProto& samples) override {
-    WorkerGroup& scorers = rewards_ != nullptr ? *rewards_ : *model_;
-    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> scored, scorers.Call("compute_reward", {samples}));
+    SupervisedGroup& scorers = rewards_ != nullptr ? *rewards_ : *model_;
+    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> scored, Call(scorers, "compute_reward", samples));
     return scored.front().GetTensor(kRewardScoresColumn);
   }
 
@@ -67,52 +62,72 @@ class GroupTrainingWorkers : public TrainingWorkers {
 
   absl::Status HealthAfterFailure(absl::Duration wait) override {
     DRAY_RETURN_IF_ERROR(model_->HealthAfterFailure(wait));
-    return rewards_ != nullptr ? rewards_->Health() : absl::OkStatus();
+    return rewards_ != nullptr ? rewards_->HealthAfterFailure(absl::ZeroDuration())
+                               : absl::OkStatus();
   }
 
-  WorkerGroup* group() override { return model_.get(); }
+  absl::Status Restart(const absl::Status& cause) override {
+    for (SupervisedGroup* group : {model_.get(), rewards_.get()}) {
+      if (group != nullptr && !group->Health().ok()) DRAY_RETURN_IF_ERROR(group->RestartNow(cause));
+    }
+    return absl::OkStatus();
+  }
+
+  int restarts() const override {
+    return model_->restarts() + (rewards_ != nullptr ? rewards_->restarts() : 0);
+  }
+
+  WorkerGroup* group() override { return model_->group().get(); }
 
  private:
-  absl::Status CallWithDir(const char* method, const std::string& dir) {
-    DRAY_ASSIGN_OR_RETURN(DataProto input, DirMeta(dir));
-    return model_->Call(method, {input}).status();
+  static absl::StatusOr<std::vector<DataProto>> Call(const SupervisedGroup& workers,
+                                                     const char* method, const DataProto& input,
+                                                     const CallOptions& options = {}) {
+    DRAY_ASSIGN_OR_RETURN(std::shared_ptr<WorkerGroup> group, workers.Serving());
+    return group->Call(method, {input}, options);
   }
 
-  std::shared_ptr<WorkerGroup> model_;
-  std::shared_ptr<WorkerGroup> rewards_;  // reward_placement: separate
+  absl::Status CallWithDir(const char* method, const std::string& dir) {
+    DRAY_ASSIGN_OR_RETURN(DataProto input, DirMeta(dir));
+    return Call(*model_, method, input).status();
+  }
+
+  std::unique_ptr<SupervisedGroup> model_;
+  std::unique_ptr<SupervisedGroup> rewards_;  // reward_placement: separate
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainingWorkers>> StartTrainingWorkers(
     const TrainConfig& config, const TrainingLaunch& launch) {
-  WorkerGroupOptions options;
-  options.command = launch.worker_command;
-  options.roles = {kFlowGrpoRole};
+  SupervisedGroup::Options model;
+  model.resources = {launch.nodes, launch.workers};
+  model.group.command = launch.worker_command;
+  model.group.roles = {kFlowGrpoRole};
   const std::string placement = config.paired() ? "controller" : config.reward_placement;
-  if (placement == "colocated") options.roles.push_back(kRewardRole);
-  options.env = launch.env;
-  options.call_timeout = launch.call_timeout;
-  options.stall_timeout = absl::Minutes(1);
-  options.nodes = launch.node_pool;
-  DRAY_ASSIGN_OR_RETURN(std::shared_ptr<WorkerGroup> model,
-                        WorkerGroup::Create({launch.nodes, launch.workers}, options));
-  std::shared_ptr<WorkerGroup> rewards;
-  if (placement == "separate") {  // on the first node, on the GPUs after the model's
-    options.roles = {kRewardRole};
-    options.first_gpu = launch.workers;
-    DRAY_ASSIGN_OR_RETURN(
-        rewards, WorkerGroup::Create({1, static_cast<int>(config.reward_workers)}, options));
+  if (placement == "colocated") model.group.roles.push_back(kRewardRole);
+  model.group.env = launch.env;
+  model.group.call_timeout = launch.call_timeout;
+  model.group.stall_timeout = absl::Minutes(1);
+  model.group.nodes = launch.node_pool;
+  model.restart = SupervisedGroup::Restart::kWhenAsked;  // the trainer restores a checkpoint first
+  model.max_restarts = static_cast<int>(config.max_restarts);
+  model.restart_backoff = launch.restart_backoff;
+  model.log_name = "train";
+  // reward_placement separate: the reward functions' own group, on the
+  // first node, on the GPUs after the model's.
+  SupervisedGroup::Options scorers = model;
+  scorers.resources = {1, static_cast<int>(config.reward_workers)};
+  scorers.group.roles = {kRewardRole};
+  scorers.group.first_gpu = launch.workers;
+  model.initialize = InitModel(config.ToYaml(), launch.init_timeout);
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<SupervisedGroup> model_workers,
+                        SupervisedGroup::Start(std::move(model)));
+  std::unique_ptr<SupervisedGroup> rewards;
+  if (placement == "separate") {
+    DRAY_ASSIGN_OR_RETURN(rewards, SupervisedGroup::Start(std::move(scorers)));
   }
-  auto workers = std::make_unique<GroupTrainingWorkers>(model, rewards);
-  DRAY_ASSIGN_OR_RETURN(DataProto init, DataProto::Make({}, {}, {{"config", config.ToYaml()}}));
-  CallOptions call;
-  call.timeout = launch.init_timeout;
-  absl::Status initialized = model->Call("init_model", {init}, call).status();
-  if (!initialized.ok()) {
-    return absl::Status(initialized.code(), absl::StrCat("init_model: ", initialized.message()));
-  }
-  return workers;
+  return std::make_unique<GroupTrainingWorkers>(std::move(model_workers), std::move(rewards));
 }
 
 }  // namespace dray

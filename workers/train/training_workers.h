@@ -63,6 +63,13 @@ class TrainingWorkers {
   // HealthAfterFailure: OK while every worker works; otherwise UNAVAILABLE
   // naming the failed rank (after waiting up to `wait` to hear of one).
   virtual absl::Status HealthAfterFailure(absl::Duration wait) = 0;
+  // Restart replaces the failed workers after `cause` with new ones that
+  // have loaded the model as at the start (SupervisedGroup::RestartNow):
+  // at most config.max_restarts times, each after a backoff; UNAVAILABLE
+  // once they are used up.
+  virtual absl::Status Restart(const absl::Status& cause) = 0;
+  // restarts: how many restarts have begun.
+  virtual int restarts() const = 0;
 
   // group: the model's worker group, where there are processes behind
   // these workers (nullptr for a fake): for tests that act on them.
@@ -78,10 +85,12 @@ struct TrainingLaunch {
   std::vector<std::pair<std::string, std::string>> env;
   absl::Duration init_timeout = absl::Minutes(30);
   absl::Duration call_timeout = absl::Hours(4);
+  absl::Duration restart_backoff = absl::Seconds(1);  // before the first restart, doubling
 };
 
 // StartTrainingWorkers starts the model's workers (and the reward workers
-// config.reward_placement asks for) and loads the model into them.
+// config.reward_placement asks for) as SupervisedGroups that restart when
+// asked, and loads the model into them.
 absl::StatusOr<std::unique_ptr<TrainingWorkers>> StartTrainingWorkers(const TrainConfig& config,
                                                                       const TrainingLaunch& launch);
 

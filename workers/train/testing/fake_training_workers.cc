@@ -27,10 +27,22 @@ absl::StatusOr<DataProto> Unedited(const DataProto& rows) {
 
 std::function<absl::StatusOr<std::unique_ptr<TrainingWorkers>>(const TrainConfig&)>
 FakeTrainingWorkers::Starter(std::shared_ptr<State> state) {
-  return [state](const TrainConfig&) -> absl::StatusOr<std::unique_ptr<TrainingWorkers>> {
+  return [state](const TrainConfig& config) -> absl::StatusOr<std::unique_ptr<TrainingWorkers>> {
     ++state->started;
-    return std::make_unique<FakeTrainingWorkers>(state);
+    return std::make_unique<FakeTrainingWorkers>(state, static_cast<int>(config.max_restarts));
   };
+}
+
+absl::Status FakeTrainingWorkers::Restart(const absl::Status& cause) {
+  state_->calls.push_back("restart");
+  if (restarts_ == max_restarts_) {
+    return absl::UnavailableError(absl::StrCat(
+        "all ", max_restarts_, " restarts are used up; last cause: ", cause.message()));
+  }
+  ++restarts_;
+  ++state_->started;
+  health_ = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<DataProto> FakeTrainingWorkers::Rollout(const DataProto& rows,

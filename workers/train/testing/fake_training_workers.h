@@ -3,9 +3,9 @@
 // image with an all-zero trajectory over the row's SDE window; updates
 // answer fixed metrics; the save methods write a marker file that
 // LoadCheckpoint looks for (Save also the folders of the components a real
-// save fills). Every call is recorded in the shared
-// FakeTrainingWorkers::State, which outlives the workers a trainer
-// restarts, and the state can make a call fail.
+// save fills); Restart heals them, trainer.max_restarts times. Every call
+// is recorded in the shared FakeTrainingWorkers::State, and the state can
+// make a call fail.
 //
 //   auto state = std::make_shared<FakeTrainingWorkers::State>();
 //   options.start_workers = FakeTrainingWorkers::Starter(state);
@@ -29,7 +29,7 @@ class FakeTrainingWorkers : public TrainingWorkers {
  public:
   struct State {
     int world_size = 1;
-    int started = 0;                 // how many times workers were started
+    int started = 0;                 // how many times workers were started or restarted
     std::vector<std::string> calls;  // "rollout", "update_actor", "save_checkpoint DIR", ...
     std::vector<DataProto> updates;  // every update_actor batch
     // The update_actor call (1-based, over the whole run) that fails with
@@ -43,7 +43,9 @@ class FakeTrainingWorkers : public TrainingWorkers {
   static std::function<absl::StatusOr<std::unique_ptr<TrainingWorkers>>(const TrainConfig&)>
   Starter(std::shared_ptr<State> state);
 
-  explicit FakeTrainingWorkers(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  // `max_restarts`: how many times Restart succeeds (trainer.max_restarts).
+  FakeTrainingWorkers(std::shared_ptr<State> state, int max_restarts)
+      : state_(std::move(state)), max_restarts_(max_restarts) {}
 
   int world_size() const override { return state_->world_size; }
   absl::StatusOr<DataProto> Rollout(const DataProto& rows,
@@ -56,12 +58,16 @@ class FakeTrainingWorkers : public TrainingWorkers {
   absl::Status SaveCheckpoint(const std::string& dir) override;
   absl::Status LoadCheckpoint(const std::string& dir) override;
   absl::Status HealthAfterFailure(absl::Duration wait) override { return health_; }
+  absl::Status Restart(const absl::Status& cause) override;
+  int restarts() const override { return restarts_; }
 
  private:
   // Answers: `world_size` rank results with `metrics` in meta.
   std::vector<DataProto> RankMetrics(const std::vector<const char*>& metrics) const;
 
   std::shared_ptr<State> state_;
+  const int max_restarts_;
+  int restarts_ = 0;
   absl::Status health_;
 };
 
