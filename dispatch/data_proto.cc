@@ -138,6 +138,30 @@ int64_t NonTensorColumnRows(const NonTensorColumn& column) {
   return std::visit([](const auto& rows) { return static_cast<int64_t>(rows.size()); }, column);
 }
 
+namespace {
+
+int64_t RowBytes(const std::string& row) { return static_cast<int64_t>(row.size()); }
+int64_t RowBytes(const Bytes& row) { return static_cast<int64_t>(row.view().size()); }
+int64_t RowBytes(const Image& row) { return static_cast<int64_t>(row.bytes.view().size()); }
+int64_t RowBytes(int64_t) { return sizeof(int64_t); }
+int64_t RowBytes(double) { return sizeof(double); }
+int64_t RowBytes(const Json& row) { return static_cast<int64_t>(row.text.size()); }
+
+}  // namespace
+
+int64_t ContentBytes(const DataProto& data) {
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : data.tensors()) bytes += tensor.nbytes();
+  for (const auto& [name, column] : data.non_tensors()) {
+    std::visit(
+        [&bytes](const auto& rows) {
+          for (const auto& row : rows) bytes += RowBytes(row);
+        },
+        column);
+  }
+  return bytes;
+}
+
 absl::string_view NonTensorColumnKind(const NonTensorColumn& column) {
   return kNonTensorKinds[column.index()];
 }

@@ -249,6 +249,11 @@ struct PaddedDataProto {
   int64_t pad_size = 0;
 };
 
+// ContentBytes: the bytes of `data`'s rows (tensor elements, strings,
+// bytes, image data, numbers): about what it costs to send, without the
+// names and shapes that describe them.
+int64_t ContentBytes(const DataProto& data);
+
 // SameTensor is true when `a` and `b` have the same dtype, shape and bytes
 // (so NaNs compare equal and -0.0 differs from 0.0).
 bool SameTensor(const at::Tensor& a, const at::Tensor& b);

@@ -285,5 +285,19 @@ TEST(DataProtoTest, SameTensorComparesBytes) {
   EXPECT_FALSE(SameTensor(at::zeros({1}), -at::zeros({1})));
 }
 
+TEST(DataProtoTest, ContentBytesCountsTheRowsOnly) {
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto batch,
+      DataProto::Make(
+          {{"latents", at::zeros({2, 3}, at::kFloat)}},
+          {{"prompts", std::vector<std::string>{"ab", "cde"}},
+           {"seeds", std::vector<int64_t>{1, 2}},
+           {"images", std::vector<Image>{Image{Image::Format::kRaw, 1, 2, 3, std::string(6, 'x')},
+                                         Image{Image::Format::kRaw, 1, 1, 1, "y"}}}},
+          {{"lr", 0.5}}));
+  EXPECT_EQ(ContentBytes(batch), 2 * 3 * 4 + 5 + 2 * 8 + 7);
+  EXPECT_EQ(ContentBytes(DataProto()), 0);
+}
+
 }  // namespace
 }  // namespace dray

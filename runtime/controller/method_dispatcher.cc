@@ -13,10 +13,16 @@
 
 namespace dray {
 
+struct MethodDispatcher::TrafficCounters {
+  std::atomic<int64_t> sent{0};
+  std::atomic<int64_t> received{0};
+};
+
 struct GroupFuture::State {
   std::vector<CallFuture> per_rank;  // of the ranks called, in rank order
   DispatchPlan plan;
   const DispatchMode* mode = nullptr;
+  std::shared_ptr<std::atomic<int64_t>> received_bytes;  // the dispatcher's count
   absl::Mutex mu;
   size_t remaining ABSL_GUARDED_BY(mu) = 0;
   std::optional<absl::Status> first_error ABSL_GUARDED_BY(mu);
@@ -73,7 +79,10 @@ absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
     state_->result = *state_->first_error;
   } else {
     std::vector<DataProto> outputs;
-    for (const CallFuture& call : state_->per_rank) outputs.push_back(*call->Wait());
+    for (const CallFuture& call : state_->per_rank) {
+      outputs.push_back(*call->Wait());
+      *state_->received_bytes += ContentBytes(outputs.back());
+    }
     state_->result = state_->mode->collect(std::move(outputs), state_->plan);
   }
   state_->plan.per_rank.clear();  // the inputs are no longer needed
@@ -100,7 +109,13 @@ GroupFuture GroupFuture::Failed(absl::Status status) {
 
 MethodDispatcher::MethodDispatcher(std::vector<v1::MethodInfo> methods,
                                    std::vector<WorkerConnection*> workers)
-    : methods_(std::move(methods)), workers_(std::move(workers)) {}
+    : methods_(std::move(methods)),
+      workers_(std::move(workers)),
+      traffic_(std::make_shared<TrafficCounters>()) {}
+
+GroupTraffic MethodDispatcher::traffic() const {
+  return {traffic_->sent.load(), traffic_->received.load()};
+}
 
 absl::StatusOr<const v1::MethodInfo*> MethodDispatcher::FindMethod(absl::string_view method) const {
   std::vector<const v1::MethodInfo*> matches;
@@ -163,6 +178,7 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
       if (!encoding.ok()) return GroupFuture::Failed(encoding.status());
       wire = *encoding;
     }
+    traffic_->sent += ContentBytes(*input);
     CallProgressFn rank_progress;
     if (options.on_progress) {
       rank_progress = [on_progress = options.on_progress, rank](const std::string& what,
@@ -175,6 +191,7 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
   }
   state.plan = std::move(plan).value();
   state.mode = *mode;
+  state.received_bytes = std::shared_ptr<std::atomic<int64_t>>(traffic_, &traffic_->received);
   {
     absl::MutexLock lock(&state.mu);
     state.remaining = state.per_rank.size();

@@ -74,6 +74,14 @@ struct CallOptions {
   bool equal_shards = false;
 };
 
+// GroupTraffic: the bytes (ContentBytes) a group's calls have moved so far:
+// each rank's input (an input several ranks share counts once per rank) and
+// each rank's result.
+struct GroupTraffic {
+  int64_t sent_bytes = 0;
+  int64_t received_bytes = 0;
+};
+
 class MethodDispatcher {
  public:
   // `methods`: the method table every rank published; `workers`: one
@@ -89,6 +97,9 @@ class MethodDispatcher {
 
   const std::vector<v1::MethodInfo>& methods() const { return methods_; }
   int world_size() const { return static_cast<int>(workers_.size()); }
+  // traffic: what the calls collected so far have moved (a result counts
+  // once a GroupFuture's Get has collected it).
+  GroupTraffic traffic() const;
 
  private:
   // FindMethod resolves "name" or "role.name"; NOT_FOUND / INVALID_ARGUMENT
@@ -99,8 +110,11 @@ class MethodDispatcher {
   absl::StatusOr<DispatchPlan> Plan(const v1::MethodInfo& info, const DispatchMode& mode,
                                     std::vector<DataProto> inputs, bool equal_shards) const;
 
+  struct TrafficCounters;
+
   const std::vector<v1::MethodInfo> methods_;
   const std::vector<WorkerConnection*> workers_;
+  const std::shared_ptr<TrafficCounters> traffic_;  // shared with the futures
 };
 
 }  // namespace dray

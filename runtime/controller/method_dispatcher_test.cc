@@ -65,6 +65,17 @@ TEST(MethodDispatcherTest, DpComputeProtoSplitsPadsAndJoinsInOrder) {
   EXPECT_EQ(rank0.calls()[0].role, "math");
 }
 
+TEST(MethodDispatcherTest, TrafficCountsEachRanksInputAndResult) {
+  FakeWorkerConnection rank0(Doubler(0)), rank1(Doubler(1));
+  MethodDispatcher dispatcher(kMethods, {&rank0, &rank1});
+  DRAY_ASSERT_OK(dispatcher.Invoke("double", {Rows(4)}, absl::InfiniteFuture()).Get().status());
+  EXPECT_EQ(dispatcher.traffic().sent_bytes, 4 * 8);          // two rows of int64 to each
+  EXPECT_EQ(dispatcher.traffic().received_bytes, 2 * 4 * 8);  // y and rank, by row
+  DRAY_ASSERT_OK(
+      dispatcher.Invoke("math.init_model", {Rows(1)}, absl::InfiniteFuture()).Get().status());
+  EXPECT_EQ(dispatcher.traffic().sent_bytes, 4 * 8 + 2 * 8) << "a shared input, once per rank";
+}
+
 TEST(MethodDispatcherTest, IndependentRowsSplitUnevenlyUnlessTheCallNeedsEqualShards) {
   std::vector<v1::MethodInfo> methods = kMethods;
   methods[0].set_rows_independent(true);

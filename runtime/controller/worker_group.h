@@ -162,6 +162,9 @@ class WorkerGroup {
   // (a collective broken by a dead peer) may arrive before the peer's death.
   absl::Status HealthAfterFailure(absl::Duration timeout) const;
 
+  // traffic: the bytes the group's calls have sent and received so far.
+  GroupTraffic traffic() const { return dispatcher_->traffic(); }
+
   // pids returns the worker processes' ids, by rank.
   std::vector<pid_t> pids() const;
 

@@ -47,6 +47,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, start));
     DRAY_RETURN_IF_ERROR(trainer->Step(0).status());  // warm-up
     DRAY_ASSIGN_OR_RETURN(const double busy_before, BusiestWorkerSeconds(trainer->group()));
+    const GroupTraffic traffic_before = trainer->group().traffic();
     std::map<std::string, double> phases;
     const absl::Time started = absl::Now();
     for (int step = 1; step <= steps; ++step) {
@@ -56,6 +57,10 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     }
     const double wall = absl::ToDoubleSeconds(absl::Now() - started);
     DRAY_ASSIGN_OR_RETURN(const double busy_after, BusiestWorkerSeconds(trainer->group()));
+    const GroupTraffic traffic = trainer->group().traffic();
+    const double moved =
+        static_cast<double>(traffic.sent_bytes - traffic_before.sent_bytes +
+                            traffic.received_bytes - traffic_before.received_bytes);
     const std::string w = absl::StrCat("_w", workers);
     step_seconds[workers] = wall / steps;
     emit("train_step_s" + w, wall / steps, "s");
@@ -64,6 +69,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     emit("train_update_s" + w, phases["update_s"], "s");
     emit("train_images_per_s" + w, static_cast<double>(config.rows_per_step() * steps) / wall,
          "images/s");
+    emit("train_moved_mb_per_step" + w, moved / steps / 1e6, "MB");
     emit("train_controller_share" + w, 100.0 * (wall - (busy_after - busy_before)) / wall, "%");
   }
   emit("train_speedup_w2", step_seconds[1] / step_seconds[2], "x");

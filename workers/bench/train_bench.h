@@ -7,6 +7,8 @@
 //   train_controller_share_wN    the step's time not spent inside the busiest
 //                                worker's methods (%): dispatch, transfers,
 //                                rewards, advantages, logging
+//   train_moved_mb_per_step_wN   what a step's calls move between the
+//                                controller and the model's workers, both ways
 //   train_speedup_w2             train_step_s_w1 / train_step_s_w2
 #ifndef DRAY_WORKERS_BENCH_TRAIN_BENCH_H_
 #define DRAY_WORKERS_BENCH_TRAIN_BENCH_H_
