@@ -68,8 +68,9 @@ TEST_F(FlowGrpoGpuTest, OneLoraStepInBfloat16IsFiniteAndMovesTheAdapters) {
                                            "make the sky purple", "make the sky purple"},
                                           {100, 101, 102, 103}));
   const int64_t window = config.num_inference_steps - 1;  // every step but the last is stochastic
-  rows.SetMeta("sde_window_begin", int64_t{0});
-  rows.SetMeta("sde_window_end", window);
+  rows.SetMeta(kSdeWindowBeginKey, int64_t{0});
+  rows.SetMeta(kSdeWindowEndKey, window);
+  rows.SetMeta(kReturnTrajectoryKey, true);
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rollout, worker->Rollout(rows));
   for (const char* column :
        {kLatentsColumn, kNextLatentsColumn, kLogProbsColumn, kTimestepsColumn}) {
@@ -79,25 +80,27 @@ TEST_F(FlowGrpoGpuTest, OneLoraStepInBfloat16IsFiniteAndMovesTheAdapters) {
   }
   DRAY_ASSERT_OK_AND_ASSIGN(const at::Tensor old_log_probs, rollout.GetTensor(kLogProbsColumn));
   EXPECT_EQ(old_log_probs.sizes(), (std::vector<int64_t>{4, window}));
-  DRAY_ASSERT_OK_AND_ASSIGN(const DataProto trajectory, rows.Union(rollout));
+  // The worker keeps its rollout; these name its rows.
+  DRAY_ASSERT_OK_AND_ASSIGN(const DataProto kept,
+                            DataProto::Make({{kRolloutRowColumn, at::arange(4, at::kLong)}}));
 
   // On-policy, the recomputed log-probabilities are the rollout's. Once a
   // ratio leaves [1 - clip_range, 1 + clip_range], the clipped GRPO loss has
   // no gradient there: training would stall without an error.
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto recomputed, worker->ComputeLogProb(trajectory));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto recomputed, worker->ComputeLogProb(kept));
   DRAY_ASSERT_OK_AND_ASSIGN(const at::Tensor log_probs, recomputed.GetTensor(kLogProbsColumn));
   ExpectErrorWithin("recomputed_ratio_error",
                     (at::exp(log_probs - old_log_probs) - 1).abs().max().item<double>(),
                     config.clip_range);
 
   const std::map<std::string, at::Tensor> initial = SavedLora(*worker, saves.path() + "/before");
-  DataProto update = trajectory;
+  DataProto update = kept;
   DRAY_ASSERT_OK(
       update.AddTensor(kAdvantagesColumn, at::tensor({1.0, -1.0, -1.0, 1.0}, at::kDouble)));
   std::vector<int64_t> train_steps(window);
   std::iota(train_steps.begin(), train_steps.end(), 0);
-  update.SetMeta("train_steps", Json{absl::StrCat("[", absl::StrJoin(train_steps, ","), "]")});
-  update.SetMeta("lr", config.lr);
+  update.SetMeta(kTrainStepsKey, Json{absl::StrCat("[", absl::StrJoin(train_steps, ","), "]")});
+  update.SetMeta(kLearningRateKey, config.lr);
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto metrics, worker->UpdateActor(update));
   for (const char* name :
        {"loss", "policy_loss", "kl", "approx_kl", "clipfrac", "ratio_mean", "grad_norm"}) {
@@ -130,7 +133,7 @@ TEST_F(FlowGrpoGpuTest, OneLoraStepInBfloat16IsFiniteAndMovesTheAdapters) {
   EXPECT_GT(moved, 0) << "the step changed no adapter";
 
   // The policy moved: other log-probabilities for the same trajectory, finite.
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto moved_policy, worker->ComputeLogProb(trajectory));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto moved_policy, worker->ComputeLogProb(kept));
   DRAY_ASSERT_OK_AND_ASSIGN(const at::Tensor new_log_probs,
                             moved_policy.GetTensor(kLogProbsColumn));
   EXPECT_TRUE(AllFinite(new_log_probs));

@@ -34,15 +34,26 @@ TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
   ASSERT_FALSE(config.model.negative_prompt.empty());
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 2));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, trainer->RolloutBatch(0));
+  rows.SetMeta(kReturnTrajectoryKey, true);
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> rollout,
                             trainer->group().Call("rollout", {rows}));
-  DRAY_ASSERT_OK_AND_ASSIGN(DataProto both, rows.Union(rollout.front()));
+  // Each rank recomputes its own rows: two ranks, two rows each.
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto kept, DataProto::Make({{kRolloutRowColumn, at::tensor({0, 1, 0, 1}, at::kLong)}}));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> again,
-                            trainer->group().Call("compute_log_prob", {both}));
+                            trainer->group().Call("compute_log_prob", {kept}));
   const at::Tensor old_log_probs = rollout.front().GetTensor(kLogProbsColumn).value();
   const at::Tensor new_log_probs = again.front().GetTensor(kLogProbsColumn).value();
   ASSERT_EQ(old_log_probs.sizes(), (std::vector<int64_t>{4, 3}));  // 4 rows, window [0, 3)
   EXPECT_LT((at::exp(new_log_probs - old_log_probs) - 1).abs().max().item<double>(), 1e-6);
+
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto beyond,
+      DataProto::Make({{kRolloutRowColumn, at::tensor({0, 1, 0, 2}, at::kLong)}}));
+  EXPECT_THAT(trainer->group().Call("compute_log_prob", {beyond}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank 1, flow_grpo.compute_log_prob: row 1: rollout_row 2 is not "
+                                 "among the 2 rows of this rank's last rollout")));
 }
 
 // In float64: two ranks sum gradients in another order than one

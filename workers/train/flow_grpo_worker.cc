@@ -92,6 +92,11 @@ struct FlowGrpoWorker::State {
   // The current step's prompt and image encodings on this rank: made by
   // rollout, reused by compute_log_prob and update_actor.
   qwen_image::ConditionCache conditions;
+  // The last rollout's rows on this rank, in order, and their trajectory
+  // (on the device; no final_latents): what compute_log_prob and
+  // update_actor pick rows of by kRolloutRowColumn.
+  std::vector<qwen_image::EditInput> rollout_inputs;
+  rl::Trajectory rollout;
 
   qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
   // trained: the sharded module the optimizer updates.
@@ -201,10 +206,9 @@ struct FlowGrpoWorker::State {
     return step;
   }
 
-  // MicroBatches splits a batch's rows (and trajectory, when it has one).
+  // MicroBatches splits a batch's rows (with SFT's columns, when it has them).
   absl::StatusOr<std::vector<MicroBatch>> MicroBatches(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, config.seed));
-    const bool has_trajectory = batch.HasColumn(kLatentsColumn);
     std::vector<MicroBatch> out;
     for (size_t start = 0; start < rows.size(); start += config.micro_batch_size) {
       const int64_t end = std::min<int64_t>(rows.size(), start + config.micro_batch_size);
@@ -215,15 +219,6 @@ struct FlowGrpoWorker::State {
         DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
         return all.slice(0, start, end).to(model->device);
       };
-      if (has_trajectory) {
-        DRAY_ASSIGN_OR_RETURN(micro.trajectory.latents, rows_of(kLatentsColumn));
-        DRAY_ASSIGN_OR_RETURN(micro.trajectory.next_latents, rows_of(kNextLatentsColumn));
-        DRAY_ASSIGN_OR_RETURN(micro.trajectory.log_probs, rows_of(kLogProbsColumn));
-        DRAY_ASSIGN_OR_RETURN(micro.trajectory.timesteps, rows_of(kTimestepsColumn));
-      }
-      if (batch.HasColumn(kAdvantagesColumn)) {
-        DRAY_ASSIGN_OR_RETURN(micro.advantages, rows_of(kAdvantagesColumn));
-      }
       if (batch.HasColumn(kTargetsColumn)) {
         DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* targets,
                               batch.GetRows<Image>(kTargetsColumn));
@@ -238,6 +233,46 @@ struct FlowGrpoWorker::State {
       }
       if (batch.HasColumn(kSigmaDrawsColumn)) {
         DRAY_ASSIGN_OR_RETURN(micro.sigma_draws, rows_of(kSigmaDrawsColumn));
+      }
+    }
+    return out;
+  }
+
+  // KeptMicroBatches: the rows of the last rollout that `batch`'s
+  // kRolloutRowColumn names, in that order, with their trajectory (and the
+  // batch's advantages, when it has them), split into micro-batches.
+  absl::StatusOr<std::vector<MicroBatch>> KeptMicroBatches(const DataProto& batch) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor picked, batch.GetTensor(kRolloutRowColumn));
+    const int64_t kept = static_cast<int64_t>(rollout_inputs.size());
+    if (picked.dim() != 1 || picked.scalar_type() != at::kLong) {
+      return absl::InvalidArgumentError(absl::StrCat(kRolloutRowColumn, " must be int64 [B]"));
+    }
+    for (int64_t i = 0; i < picked.size(0); ++i) {
+      const int64_t row = picked[i].item<int64_t>();
+      if (row < 0 || row >= kept) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("row ", i, ": ", kRolloutRowColumn, " ", row, " is not among the ", kept,
+                         " rows of this rank's last rollout",
+                         kept == 0 ? " (no rollout since init_model or a failed one)" : ""));
+      }
+    }
+    std::vector<MicroBatch> out;
+    for (int64_t start = 0; start < picked.size(0); start += config.micro_batch_size) {
+      const int64_t end = std::min<int64_t>(picked.size(0), start + config.micro_batch_size);
+      const at::Tensor rows = picked.slice(0, start, end);
+      MicroBatch& micro = out.emplace_back();
+      for (int64_t i = 0; i < rows.size(0); ++i)
+        micro.inputs.push_back(rollout_inputs[rows[i].item<int64_t>()]);
+      auto pick = [&](const at::Tensor& all) {
+        return all.index_select(0, rows.to(all.device())).to(model->device);
+      };
+      micro.trajectory.latents = pick(rollout.latents);
+      micro.trajectory.next_latents = pick(rollout.next_latents);
+      micro.trajectory.log_probs = pick(rollout.log_probs);
+      micro.trajectory.timesteps = pick(rollout.timesteps);
+      if (batch.HasColumn(kAdvantagesColumn)) {
+        DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, batch.GetTensor(kAdvantagesColumn));
+        micro.advantages = advantages.slice(0, start, end).to(model->device);
       }
     }
     return out;
@@ -369,6 +404,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   state_->conditions.Clear();  // a new step's prompts
+  state_->rollout_inputs.clear();
+  state_->rollout = {};
   const int64_t steps = state_->options.num_inference_steps;
   const int64_t total = steps * static_cast<int64_t>(micro_batches.size());
   std::vector<rl::Trajectory> trajectories;
@@ -406,14 +443,26 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   }
   auto joined = [&](at::Tensor rl::Trajectory::*part) {
     std::vector<at::Tensor> parts;
-    for (const rl::Trajectory& trajectory : trajectories) parts.push_back((trajectory.*part).cpu());
+    for (const rl::Trajectory& trajectory : trajectories) parts.push_back(trajectory.*part);
     return at::cat(parts);
   };
-  return DataProto::Make({{kLatentsColumn, joined(&rl::Trajectory::latents)},
-                          {kNextLatentsColumn, joined(&rl::Trajectory::next_latents)},
-                          {kLogProbsColumn, joined(&rl::Trajectory::log_probs)},
-                          {kTimestepsColumn, joined(&rl::Trajectory::timesteps)}},
-                         {{kEditedColumn, std::move(images)}});
+  rl::Trajectory& kept = state_->rollout;
+  kept.latents = joined(&rl::Trajectory::latents);
+  kept.next_latents = joined(&rl::Trajectory::next_latents);
+  kept.log_probs = joined(&rl::Trajectory::log_probs);
+  kept.timesteps = joined(&rl::Trajectory::timesteps);
+  for (MicroBatch& micro : micro_batches) {
+    for (qwen_image::EditInput& input : micro.inputs)
+      state_->rollout_inputs.push_back(std::move(input));
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto out, DataProto::Make({}, {{kEditedColumn, std::move(images)}}));
+  if (batch.GetMeta<bool>(kReturnTrajectoryKey).value_or(false)) {
+    DRAY_RETURN_IF_ERROR(out.AddTensor(kLatentsColumn, kept.latents.cpu()));
+    DRAY_RETURN_IF_ERROR(out.AddTensor(kNextLatentsColumn, kept.next_latents.cpu()));
+    DRAY_RETURN_IF_ERROR(out.AddTensor(kLogProbsColumn, kept.log_probs.cpu()));
+    DRAY_RETURN_IF_ERROR(out.AddTensor(kTimestepsColumn, kept.timesteps.cpu()));
+  }
+  return out;
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::Edit(const DataProto& batch) {
@@ -432,7 +481,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Edit(const DataProto& batch) {
 absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before compute_log_prob");
-  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->KeptMicroBatches(batch));
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> log_probs;
   for (const MicroBatch& micro : micro_batches) {
@@ -459,7 +508,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   const std::vector<int64_t> train_steps =
       nlohmann::json::parse(steps_json.text, nullptr, false).get<std::vector<int64_t>>();
-  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->KeptMicroBatches(batch));
   DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
   state_->BeginUpdate(lr);
 

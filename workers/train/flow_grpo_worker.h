@@ -9,19 +9,24 @@
 //   init_model        ONE_TO_ALL        meta "config": the resolved TrainConfig (ToYaml);
 //                                       returns the memory figures as meta
 //   rollout           DP_COMPUTE_PROTO  the edit batch columns (image, instruction,
-//                                       seed) and meta sde_window_begin/end in; out:
-//                                       the SDE window's trajectory (latents,
-//                                       next_latents [B, T, S, C], log_probs,
-//                                       timesteps [B, T]) and final_edited_images (raw RGB)
+//                                       seed) and meta sde_window_begin/end in;
+//                                       final_edited_images (raw RGB) out. The rank
+//                                       keeps its rows and their SDE window's
+//                                       trajectory (latents, next_latents [B, T, S, C],
+//                                       log_probs, timesteps [B, T]) until the next
+//                                       rollout; meta return_trajectory: true returns
+//                                       it too
 //   edit              DP_COMPUTE_PROTO  the edit batch columns in; final_edited_images
 //                                       (raw RGB) out: the current policy's deterministic
 //                                       edits (SFT's sample grids)
-//   compute_log_prob  DP_COMPUTE_PROTO  a rollout's rows and trajectory in; the log_probs
-//                                       [B, T] of its steps under the current policy
-//   update_actor      DP_COMPUTE_METRIC a rollout's rows, trajectory and advantages [B]
-//                                       in, meta train_steps (window steps to train,
-//                                       JSON list) and lr: one optimizer step; returns
-//                                       the step's metrics as meta
+//   compute_log_prob  DP_COMPUTE_PROTO  rollout_row [B] in (rows of the rank's last
+//                                       rollout); the log_probs [B, T] of their steps
+//                                       under the current policy
+//   update_actor      DP_COMPUTE_METRIC rollout_row and advantages [B] in, meta
+//                                       train_steps (window steps to train, JSON list)
+//                                       and lr: one optimizer step on those rows of the
+//                                       rank's last rollout; returns the step's
+//                                       metrics as meta
 //   sft_update        DP_COMPUTE_METRIC the edit columns, target_images and sigma_draws
 //                                       [B] in, meta lr: one optimizer step on the
 //                                       flow-matching loss (workers/train/sft.h); returns

@@ -70,14 +70,20 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   metrics["reward_s"] = Seconds(rewarding);
 
   // The trained window steps: a seeded timestep_fraction of them.
-  DRAY_ASSIGN_OR_RETURN(at::Tensor timesteps, rollout.GetTensor(kTimestepsColumn));
-  const int64_t window = timesteps.size(1);
-  const std::vector<int64_t> train_steps = context.sampler.TrainedSteps(step, window);
+  DRAY_ASSIGN_OR_RETURN(int64_t window_begin, rows.GetMeta<int64_t>(kSdeWindowBeginKey));
+  DRAY_ASSIGN_OR_RETURN(int64_t window_end, rows.GetMeta<int64_t>(kSdeWindowEndKey));
+  const std::vector<int64_t> train_steps =
+      context.sampler.TrainedSteps(step, window_end - window_begin);
   metrics["lr"] = context.lr;
 
+  // The trajectories stay where they were sampled: the update names each
+  // row by its place in its rank's share, with its advantage.
   const absl::Time updating = absl::Now();
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, rows.Union(rollout));
-  DRAY_RETURN_IF_ERROR(batch.AddTensor(kAdvantagesColumn, advantages));
+  const int64_t share = rows.size() / context.workers.world_size();
+  DRAY_ASSIGN_OR_RETURN(
+      DataProto batch,
+      DataProto::Make({{kRolloutRowColumn, at::arange(rows.size(), at::kLong).remainder(share)},
+                       {kAdvantagesColumn, advantages}}));
   batch.SetMeta(kTrainStepsKey, Json{nlohmann::json(train_steps).dump()});
   batch.SetMeta(kLearningRateKey, context.lr);
   std::map<std::string, double> update_sums;

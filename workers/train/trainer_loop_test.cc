@@ -2,6 +2,8 @@
 // workers step by step, what it writes, and how it saves, resumes, restarts
 // and skips, in milliseconds and without processes. (tests/train runs the
 // same trainer on real workers.)
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -12,6 +14,7 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "workers/pipeline/edit_batch.h"
 #include "workers/train/testing/fake_training_workers.h"
 #include "workers/train/trainer.h"
 #include "workers/train/training_protocol.h"
@@ -71,6 +74,22 @@ TEST_F(TrainerLoopTest, EachGrpoStepRollsOutThenUpdatesWithAdvantages) {
   EXPECT_EQ(MetricsLines(), 3);
   EXPECT_TRUE(fs::exists(dir_.path() + "/run/curves.png"));
   EXPECT_TRUE(fs::exists(dir_.path() + "/run/samples/step_0.png"));
+}
+
+// The trajectories stay on the ranks: an update names each row by its place
+// in its rank's share of the rollout, shuffled within that share only.
+TEST_F(TrainerLoopTest, UpdatesNameTheRowsOfEachRanksRollout) {
+  state_->world_size = 2;
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, Start(Config({"trainer.total_steps=1"})));
+  DRAY_ASSERT_OK(trainer->Run());
+  ASSERT_EQ(state_->updates.size(), 1u);
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor rows, state_->updates[0].GetTensor(kRolloutRowColumn));
+  ASSERT_EQ(rows.size(0), 4);
+  for (int rank = 0; rank < 2; ++rank) {
+    const at::Tensor share = std::get<0>(rows.slice(0, 2 * rank, 2 * rank + 2).sort());
+    EXPECT_TRUE(at::equal(share, at::arange(2, at::kLong))) << "rank " << rank;
+  }
+  EXPECT_FALSE(state_->updates[0].HasColumn(kImagesColumn)) << "nothing of the rows travels";
 }
 
 TEST_F(TrainerLoopTest, SftStepsUpdateOnPairsAndDrawSamples) {

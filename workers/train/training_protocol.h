@@ -8,11 +8,17 @@
 
 namespace dray {
 
-// Trajectory columns of rollout's output (and update_actor's input).
+// A rollout's trajectory stays on the rank that sampled it; rollout
+// returns it only when asked (kReturnTrajectoryKey), in these columns.
 inline constexpr char kLatentsColumn[] = "latents";
 inline constexpr char kNextLatentsColumn[] = "next_latents";
 inline constexpr char kLogProbsColumn[] = "log_probs";
 inline constexpr char kTimestepsColumn[] = "timesteps";
+// compute_log_prob's and update_actor's rows: each one's index among the
+// rows of its rank's last rollout (int64 [B]; DP_COMPUTE_PROTO gave rank r
+// rows [r * B / W, (r + 1) * B / W) of a rollout of B rows on W ranks), and
+// update_actor's advantages (double [B]).
+inline constexpr char kRolloutRowColumn[] = "rollout_row";
 inline constexpr char kAdvantagesColumn[] = "advantages";
 // SFT's columns: the edited image each row asks for, and a draw in [0, 1)
 // picking the row's noise level from the schedule (workers/train/sft.h).
@@ -23,6 +29,8 @@ inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
 // last (int64).
 inline constexpr char kSdeWindowBeginKey[] = "sde_window_begin";
 inline constexpr char kSdeWindowEndKey[] = "sde_window_end";
+// rollout: true to return the trajectory too (bool; for tests and tools).
+inline constexpr char kReturnTrajectoryKey[] = "return_trajectory";
 // update_actor: the window's trained steps (a JSON list of int64).
 inline constexpr char kTrainStepsKey[] = "train_steps";
 // update_actor, sft_update, vae_update: this step's learning rate (double).

@@ -48,15 +48,7 @@ absl::Status FakeTrainingWorkers::Restart(const absl::Status& cause) {
 absl::StatusOr<DataProto> FakeTrainingWorkers::Rollout(const DataProto& rows,
                                                        const GroupProgressFn&) {
   state_->calls.push_back("rollout");
-  DRAY_ASSIGN_OR_RETURN(DataProto out, Unedited(rows));
-  DRAY_ASSIGN_OR_RETURN(int64_t begin, rows.GetMeta<int64_t>(kSdeWindowBeginKey));
-  DRAY_ASSIGN_OR_RETURN(int64_t end, rows.GetMeta<int64_t>(kSdeWindowEndKey));
-  const at::Tensor steps = at::zeros({rows.size(), end - begin});
-  for (const char* column : {kLogProbsColumn, kTimestepsColumn})
-    DRAY_RETURN_IF_ERROR(out.AddTensor(column, steps.clone()));
-  for (const char* column : {kLatentsColumn, kNextLatentsColumn})
-    DRAY_RETURN_IF_ERROR(out.AddTensor(column, at::zeros({rows.size(), end - begin, 4})));
-  return out;
+  return Unedited(rows);
 }
 
 absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::UpdateActor(const DataProto& batch) {

@@ -1,6 +1,6 @@
 // FakeTrainingWorkers: TrainingWorkers without processes or a model, for
 // unit tests of the training loop. Rollout "edits" each row into its input
-// image with an all-zero trajectory over the row's SDE window; updates
+// image (a trajectory would stay on the workers); updates
 // answer fixed metrics; the save methods write a marker file that
 // LoadCheckpoint looks for (Save also the folders of the components a real
 // save fills); Restart heals them, trainer.max_restarts times. Every call
