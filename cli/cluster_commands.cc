@@ -12,8 +12,8 @@
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/node/node_agent.h"
-#include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "runtime/security/tls.h"
 
 namespace dray {
 namespace {

@@ -31,7 +31,7 @@
 #include "cli/train_command.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/process/allocator.h"
-#include "runtime/rpc/grpc_util.h"
+#include "runtime/security/tls.h"
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/gpu_bench.h"

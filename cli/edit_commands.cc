@@ -25,6 +25,7 @@
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "runtime/security/tls.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/pipeline/edit_batch.h"

@@ -23,6 +23,7 @@
 #include "runtime/net/host_address.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "runtime/security/tls.h"
 
 namespace dray {
 namespace {

@@ -24,6 +24,7 @@
 #include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "runtime/security/tls.h"
 #include "runtime/transport/segment_passage.h"
 
 namespace dray {

@@ -1,6 +1,7 @@
 // The one place where gRPC meets the rest of dray: status conversion both
 // ways, the deadline every client call carries, and the channel and server
-// settings every dray endpoint shares (message limits, keepalive, errors).
+// settings every dray endpoint shares (message limits, keepalive, errors;
+// TLS comes from runtime/security/tls.h).
 //
 //   grpc::ClientContext context;
 //   SetDeadline(&context, absl::Seconds(5));
@@ -16,7 +17,6 @@
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/status.h>
 
@@ -36,45 +36,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // SetDeadline gives `context` a deadline `timeout` from now.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
 
-// TlsFiles: PEM files that put every dray port and channel of a process on
-// TLS (UseTls). Each process presents `cert`; peers are verified against
-// `ca`, the authority that signed every dray process's certificate of the
-// job (whose names or IP addresses must be those peers dial).
-struct TlsFiles {
-  std::string cert;     // this process's certificate (chain)
-  std::string key;      // its private key
-  std::string ca;       // the authority that signed the peers' certificates
-  bool mutual = false;  // servers also require clients to present theirs
-};
-
-// UseTls turns TLS on for the rest of the process: CreateDrayChannel and
-// DrayServerCredentials use it. It also sets DRAY_TLS_CERT, DRAY_TLS_KEY,
-// DRAY_TLS_CA and DRAY_TLS_MUTUAL (absolute paths), which the processes this
-// one starts inherit; call it before starting threads. INVALID_ARGUMENT when
-// ca is missing or cert comes without key (or key without cert), the
-// file's error when one cannot be read. A process without cert and key can
-// only be a client, and not of a mutual-TLS server.
-absl::Status UseTls(const TlsFiles& files);
-
-// ForgetInheritedTls unsets DRAY_TLS_*, so that a process which chose no TLS
-// does not pass a setting from its own environment on to its workers.
-void ForgetInheritedTls();
-
-// UseTlsFromEnvironment calls UseTls with DRAY_TLS_* when DRAY_TLS_CA is
-// set (a worker of a TLS job), and does nothing otherwise.
-absl::Status UseTlsFromEnvironment();
-
-// DrayServerCredentials: TLS after UseTls, plaintext otherwise.
-std::shared_ptr<grpc::ServerCredentials> DrayServerCredentials();
-
-// PublicServerCredentials: TLS with a certificate of its own (PEM files) for
-// a port the public dials (dray serve's ImageEditService, under a name its
-// clients know), whose clients show a token rather than a certificate.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> PublicServerCredentials(
-    const std::string& cert_file, const std::string& key_file);
-
 // CreateDrayChannel opens a channel to `address` (host:port), on TLS after
-// UseTls, with dray's limits: messages up to 2 GiB - 1
+// UseTls (security/tls.h), with dray's limits: messages up to 2 GiB - 1
 // (large payloads stream in chunks anyway) and keepalive pings so a
 // vanished peer is noticed within seconds.
 std::shared_ptr<grpc::Channel> CreateDrayChannel(const std::string& address);

@@ -27,6 +27,7 @@
 #include "runtime/process/allocator.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "runtime/security/tls.h"
 #include "runtime/transport/segment_passage.h"
 #include "runtime/transport/socket_session.h"
 #include "runtime/worker/worker_host.h"

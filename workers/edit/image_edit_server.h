@@ -55,8 +55,8 @@ struct ServeOptions {
   // Set: every call must carry "authorization: Bearer <token>"
   // (UNAUTHENTICATED otherwise); grpc.health.v1 stays open.
   std::string bearer_token;
-  // The port's security (PublicServerCredentials: a certificate of its
-  // own); unset: the cluster's, DrayServerCredentials().
+  // The port's security (PublicServerCredentials in security/tls.h: a
+  // certificate of its own); unset: the cluster's, DrayServerCredentials().
   std::shared_ptr<grpc::ServerCredentials> credentials;
 };
 
