@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "workers/image/image_codec.h"
 #include "workers/models/qwen_image/embedded_model.h"
+#include "workers/train/algorithms.h"
 #include "workers/train/plot.h"
 #include "workers/train/training_protocol.h"
 

@@ -1,18 +1,8 @@
 // TrainingAlgorithm: one training step of an algorithm (algorithm.name), as
 // FlowGrpoTrainer's loop runs it: what it asks of the workers, the metrics
-// it returns, the samples it draws and the curves it charts. Algorithms are
-// registered by name, as verl-omni registers flow_grpo, dance_grpo and
-// diffusion_nft: a new one is a class and one line in MakeTrainingAlgorithm
-// (training_algorithm.cc).
+// it returns, the samples it draws and the curves it charts. The
+// algorithms are registered by name in algorithms.h.
 //
-//   grpo   Flow-GRPO: rollout with the SDE sampler, rewards, group
-//          advantages, num_inner_epochs clipped-surrogate updates
-//          (workers/train/grpo_algorithm.h)
-//   sft    supervised fine-tuning on pairs (workers/train/paired_algorithm.h)
-//   vae    the VAE's reconstruction training on images (likewise)
-//
-//   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingAlgorithm> algorithm,
-//                         MakeTrainingAlgorithm(config));
 //   DRAY_ASSIGN_OR_RETURN(Metrics metrics, algorithm->Step(step, context));
 //
 // Thread-safety: not thread-safe (the trainer's loop calls it).
@@ -73,10 +63,6 @@ class TrainingAlgorithm {
   // Charts: what curves.png shows, top to bottom.
   virtual std::vector<ChartSpec> Charts() const = 0;
 };
-
-// MakeTrainingAlgorithm: the algorithm algorithm.name names, ready to run
-// (GRPO connects to its remote scorers first).
-absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(const TrainConfig& config);
 
 }  // namespace dray
 

@@ -1,4 +1,4 @@
-#include "workers/train/training_algorithm.h"
+#include "workers/train/algorithms.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"

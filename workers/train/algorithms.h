@@ -1,0 +1,31 @@
+// The training algorithms by name (algorithm.name), as verl-omni registers
+// flow_grpo, dance_grpo and diffusion_nft: a new one is a TrainingAlgorithm
+// (training_algorithm.h) in a file of its own and one line in
+// MakeTrainingAlgorithm.
+//
+//   grpo   Flow-GRPO: rollout with the SDE sampler, rewards, group
+//          advantages, num_inner_epochs clipped-surrogate updates
+//          (workers/train/grpo_algorithm.h)
+//   sft    supervised fine-tuning on pairs (workers/train/paired_algorithm.h)
+//   vae    the VAE's reconstruction training on images (likewise)
+//
+//   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingAlgorithm> algorithm,
+//                         MakeTrainingAlgorithm(config));
+#ifndef DRAY_WORKERS_TRAIN_ALGORITHMS_H_
+#define DRAY_WORKERS_TRAIN_ALGORITHMS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "workers/train/train_config.h"
+#include "workers/train/training_algorithm.h"
+
+namespace dray {
+
+// MakeTrainingAlgorithm: the algorithm algorithm.name names, ready to run
+// (GRPO connects to its remote scorers first).
+absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(const TrainConfig& config);
+
+}  // namespace dray
+
+#endif  // DRAY_WORKERS_TRAIN_ALGORITHMS_H_
