@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/cpu_threads.h"
 #include "base/status_macros.h"
 #include "runtime/collectives/local_group.h"
 #include "runtime/sharding/fully_sharded.h"
@@ -56,7 +57,7 @@ int64_t OptimizerBytes(torch::optim::AdamW& optimizer) {
 }  // namespace
 
 absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const BenchReporter& report) {
-  at::set_num_threads(1);
+  UseOneCpuThreadPerCaller();  // the baseline on one core, as each rank
   const int64_t layers = quick ? 4 : 8;
   const int steps = quick ? 2 : 5;
   std::vector<BenchMetric> metrics;
@@ -81,6 +82,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const Benc
     int64_t peak = 0, grads = 0, optimizer_bytes = 0, largest = 0;
     double step = 0;
     DRAY_RETURN_IF_ERROR(RunLocalGroup(world, [&](int rank, Communicator* comm) -> absl::Status {
+      UseOneCpuThreadPerCaller();
       QwenImageTransformer model = Model(layers);
       std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
                                                             model->blocks()->end());
