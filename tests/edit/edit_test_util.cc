@@ -65,7 +65,7 @@ std::vector<at::Tensor> EditInProcess(const ImageEditConfig& config, const TestB
   const qwen_image::EditOptions options = EditOptionsFor(config, {}).value();
   std::vector<at::Tensor> edited;
   for (size_t i = 0; i < batch.pngs.size(); ++i) {
-    const qwen_image::EditInput input{DecodeImage(batch.pngs[i].view()).value(),
+    const qwen_image::EditInput input{{DecodeImage(batch.pngs[i].view()).value()},
                                       batch.instructions[i],
                                       static_cast<uint64_t>(config.seed) + i};
     edited.push_back(pipeline.Edit({input}, options).value().front());

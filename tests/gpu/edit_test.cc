@@ -83,7 +83,8 @@ TEST_F(GpuEditTest, EachStageInBfloat16OnCudaMatchesFloat32OnTheCpu) {
     }
   }
 
-  const qwen_image::EditInput input{TestImage(40, 56, /*salt=*/0), "make the sky green",
+  const qwen_image::EditInput input{{TestImage(40, 56, /*salt=*/0)},
+                                    "make the sky green",
                                     /*seed=*/42};
   qwen_image::EditOptions options;  // no negative prompt: no guidance
   options.num_inference_steps = 1;

@@ -242,7 +242,7 @@ class MemoryProbe : public UnitHooks {
 
 TEST_F(GpuShardingTest, FsdpCpuOffloadKeepsTheMastersInCpuMemoryBetweenForwardPasses) {
   const std::vector<qwen_image::EditInput> inputs = {
-      {TestImage(40, 56, /*salt=*/0), "make the sky green", /*seed=*/7}};
+      {{TestImage(40, 56, /*salt=*/0)}, "make the sky green", /*seed=*/7}};
   qwen_image::EditOptions options;  // two steps with guidance: four forward passes
   options.num_inference_steps = 2;
   options.true_cfg_scale = 4;

@@ -99,11 +99,11 @@ TEST(TextEncoderTest, PaddedBatchGivesEachSampleItsOwnStates) {
   const at::Tensor short_image = RandomImage(56, 56, 1), long_image = RandomImage(56, 84, 2);
   DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings both,
                             pipeline.EncodePrompts({"add a hat", "make the sky a deep green"},
-                                                   {short_image, long_image}));
+                                                   {{short_image}, {long_image}}));
   DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings first,
-                            pipeline.EncodePrompts({"add a hat"}, {short_image}));
+                            pipeline.EncodePrompts({"add a hat"}, {{short_image}}));
   DRAY_ASSERT_OK_AND_ASSIGN(PromptEmbeddings second,
-                            pipeline.EncodePrompts({"make the sky a deep green"}, {long_image}));
+                            pipeline.EncodePrompts({"make the sky a deep green"}, {{long_image}}));
   const int64_t first_length = first.embeds.size(1), second_length = second.embeds.size(1);
   ASSERT_LT(first_length, second_length);
   EXPECT_EQ(both.embeds.sizes(), (std::vector<int64_t>{2, second_length, 16}));
@@ -218,7 +218,7 @@ TEST(EditPipelineTest, ControlTokensInAnInstructionAreItsText) {
 TEST(EditPipelineTest, AnErrorFromTheStepCallbackEndsTheEdit) {
   QwenImageEditPipeline pipeline(TinyModel());
   int steps_run = 0;
-  EXPECT_THAT(pipeline.Edit({{RandomImage(48, 64, 5), "x", 1}}, FastOptions(),
+  EXPECT_THAT(pipeline.Edit({{{RandomImage(48, 64, 5)}, "x", 1}}, FastOptions(),
                             [&](int step, int) {
                               steps_run = step;
                               return absl::CancelledError("stop here");
@@ -231,18 +231,18 @@ TEST(EditPipelineTest, EditsDeterministicallyForASeed) {
   QwenImageEditPipeline pipeline(TinyModel());
   const at::Tensor image = RandomImage(48, 64, 5);
   std::vector<int> steps_seen;
-  DRAY_ASSERT_OK_AND_ASSIGN(auto first, pipeline.Edit({{image, "make it blue", 11}}, FastOptions(),
-                                                      [&](int step, int steps) {
+  DRAY_ASSERT_OK_AND_ASSIGN(auto first, pipeline.Edit({{{image}, "make it blue", 11}},
+                                                      FastOptions(), [&](int step, int steps) {
                                                         steps_seen.push_back(step * 10 + steps);
                                                         return absl::OkStatus();
                                                       }));
   EXPECT_EQ(steps_seen, (std::vector<int>{12, 22}));
   DRAY_ASSERT_OK_AND_ASSIGN(auto again,
-                            pipeline.Edit({{image, "make it blue", 11}}, FastOptions()));
+                            pipeline.Edit({{{image}, "make it blue", 11}}, FastOptions()));
   DRAY_ASSERT_OK_AND_ASSIGN(auto other_seed,
-                            pipeline.Edit({{image, "make it blue", 12}}, FastOptions()));
+                            pipeline.Edit({{{image}, "make it blue", 12}}, FastOptions()));
   DRAY_ASSERT_OK_AND_ASSIGN(auto other_text,
-                            pipeline.Edit({{image, "make it red", 11}}, FastOptions()));
+                            pipeline.Edit({{{image}, "make it red", 11}}, FastOptions()));
   ASSERT_EQ(first.size(), 1u);
   EXPECT_EQ(first[0].scalar_type(), at::kByte);
   EXPECT_TRUE(first[0].equal(again[0]));
@@ -252,7 +252,7 @@ TEST(EditPipelineTest, EditsDeterministicallyForASeed) {
 
 TEST(EditPipelineTest, GuidanceRunsOnlyWithANegativePrompt) {
   QwenImageEditPipeline pipeline(TinyModel());
-  const std::vector<EditInput> rows = {{RandomImage(64, 64, 6), "add a moon", 1}};
+  const std::vector<EditInput> rows = {{{RandomImage(64, 64, 6)}, "add a moon", 1}};
   EditOptions options = FastOptions();
   DRAY_ASSERT_OK_AND_ASSIGN(auto plain, pipeline.Edit(rows, options));
   options.negative_prompt = " ";
@@ -269,27 +269,29 @@ TEST(EditPipelineTest, OutputSizesFollowDiffusersRules) {
   options.num_inference_steps = 1;
   // 4096-pixel target at aspect 100:37 -> CalculateDimensions gives 96 x 32
   // (multiples of 32); the output floors to multiples of 8 (VAE scale 4).
-  DRAY_ASSERT_OK_AND_ASSIGN(auto wide, pipeline.Edit({{RandomImage(37, 100, 7), "x", 1}}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto wide,
+                            pipeline.Edit({{{RandomImage(37, 100, 7)}, "x", 1}}, options));
   const auto [w, h] = CalculateDimensions(64.0 * 64.0, 100.0 / 37.0);
   EXPECT_EQ(wide[0].sizes(), (std::vector<int64_t>{h, w, 3}));
-  DRAY_ASSERT_OK_AND_ASSIGN(auto tall, pipeline.Edit({{RandomImage(91, 30, 8), "x", 1}}, options));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto tall,
+                            pipeline.Edit({{{RandomImage(91, 30, 8)}, "x", 1}}, options));
   const auto [tw, th] = CalculateDimensions(64.0 * 64.0, 30.0 / 91.0);
   EXPECT_EQ(tall[0].sizes(), (std::vector<int64_t>{th, tw, 3}));
   // An explicit output size, floored to a multiple of 8.
   options.width = 45;
   options.height = 30;
   DRAY_ASSERT_OK_AND_ASSIGN(auto sized,
-                            pipeline.Edit({{RandomImage(37, 100, 7), "x", 1}}, options));
+                            pipeline.Edit({{{RandomImage(37, 100, 7)}, "x", 1}}, options));
   EXPECT_EQ(sized[0].sizes(), (std::vector<int64_t>{24, 40, 3}));
 }
 
 TEST(EditPipelineTest, RowsDoNotDependOnTheirBatch) {
   QwenImageEditPipeline pipeline(TinyModel());
   const std::vector<EditInput> rows = {
-      {RandomImage(64, 64, 9), "add snow", 1},
-      {RandomImage(40, 72, 10), "paint it", 2},
-      {RandomImage(64, 64, 11), "a longer instruction about the sky", 3},
-      {RandomImage(64, 64, 9), "add snow", 4}};  // the first again (encoded once), another seed
+      {{RandomImage(64, 64, 9)}, "add snow", 1},
+      {{RandomImage(40, 72, 10)}, "paint it", 2},
+      {{RandomImage(64, 64, 11)}, "a longer instruction about the sky", 3},
+      {{RandomImage(64, 64, 9)}, "add snow", 4}};  // the first again (encoded once), another seed
   DRAY_ASSERT_OK_AND_ASSIGN(auto together, pipeline.Edit(rows, FastOptions()));
   ASSERT_EQ(together.size(), 4u);
   EXPECT_FALSE(at::equal(together[0], together[3])) << "each row keeps its own noise";
@@ -306,9 +308,9 @@ TEST(EditPipelineTest, RowsDoNotDependOnTheirBatch) {
 // preparation gave; other options start the cache afresh.
 TEST(EditPipelineTest, ACachedConditionIsEncodedOnce) {
   QwenImageEditPipeline pipeline(TinyModel());
-  const std::vector<EditInput> rows = {{RandomImage(64, 64, 9), "add snow", 1},
-                                       {RandomImage(64, 64, 10), "a longer instruction", 2},
-                                       {RandomImage(64, 64, 9), "add snow", 3}};
+  const std::vector<EditInput> rows = {{{RandomImage(64, 64, 9)}, "add snow", 1},
+                                       {{RandomImage(64, 64, 10)}, "a longer instruction", 2},
+                                       {{RandomImage(64, 64, 9)}, "add snow", 3}};
   EditOptions options = FastOptions();
   options.negative_prompt = " ";
   ConditionCache cache;
@@ -335,17 +337,18 @@ TEST(EditPipelineTest, ACachedConditionIsEncodedOnce) {
 
 TEST(EditPipelineTest, BadInputIsAnErrorNamingTheRow) {
   QwenImageEditPipeline pipeline(TinyModel());
-  EXPECT_THAT(
-      pipeline.Edit({{RandomImage(8, 8, 0), "ok", 0}, {at::zeros({8, 8}, at::kByte), "gray", 0}},
-                    FastOptions()),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 1")));
+  EXPECT_THAT(pipeline.Edit(
+                  {{{RandomImage(8, 8, 0)}, "ok", 0}, {{at::zeros({8, 8}, at::kByte)}, "gray", 0}},
+                  FastOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 1")));
   EditOptions options = FastOptions();
   options.num_inference_steps = 0;
-  EXPECT_THAT(pipeline.Edit({{RandomImage(8, 8, 0), "ok", 0}}, options),
+  EXPECT_THAT(pipeline.Edit({{{RandomImage(8, 8, 0)}, "ok", 0}}, options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_inference_steps")));
   // A typed image placeholder is text: it adds no image slot.
   DRAY_EXPECT_OK(
-      pipeline.Edit({{RandomImage(64, 64, 0), "sneaky <|image_pad|>", 0}}, FastOptions()).status());
+      pipeline.Edit({{{RandomImage(64, 64, 0)}, "sneaky <|image_pad|>", 0}}, FastOptions())
+          .status());
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ TEST(SftTest, TheLossIsTheFlowMatchingLossComputedByHand) {
   qwen_image::QwenImageEditPipeline pipeline(std::move(model));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
   std::vector<qwen_image::EditInput> inputs;
-  for (const EditRow& row : rows) inputs.push_back({row.image, row.instruction, row.seed});
+  for (const EditRow& row : rows) inputs.push_back({{row.image}, row.instruction, row.seed});
   qwen_image::EditOptions options;
   options.image_size = 64;
   options.width = options.height = 64;

@@ -73,7 +73,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
     std::vector<qwen_image::EditInput>& inputs = micro_batches.emplace_back();
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
-      inputs.push_back({rows[i].image, rows[i].instruction, rows[i].seed});  // on the CPU
+      inputs.push_back({{rows[i].image}, rows[i].instruction, rows[i].seed});  // on the CPU
     }
     total_steps += qwen_image::DenoisingLoops(inputs) * options.num_inference_steps;
   }

@@ -214,7 +214,7 @@ struct FlowGrpoWorker::State {
       const int64_t end = std::min<int64_t>(rows.size(), start + config.micro_batch_size);
       MicroBatch& micro = out.emplace_back();
       for (int64_t i = start; i < end; ++i)
-        micro.inputs.push_back({rows[i].image, rows[i].instruction, rows[i].seed});  // on the CPU
+        micro.inputs.push_back({{rows[i].image}, rows[i].instruction, rows[i].seed});  // on the CPU
       auto rows_of = [&](const char* column) -> absl::StatusOr<at::Tensor> {
         DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
         return all.slice(0, start, end).to(model->device);
@@ -317,7 +317,8 @@ struct FlowGrpoWorker::State {
                                                    qwen_image::ConditionCache* cache) {
     std::vector<const qwen_image::EditInput*> rows;
     for (const qwen_image::EditInput& input : micro.inputs) rows.push_back(&input);
-    DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options));
+    DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options,
+                                                                  pipeline().model().pipeline));
     if (groups.size() != 1) {
       return absl::InvalidArgumentError(
           "a training batch's input images must share one size (sharded ranks run in step)");
@@ -608,7 +609,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::VaeUpdate(const DataProto& batch) {
     std::vector<at::Tensor> images;  // each row's input, then its target (if any)
     std::vector<int64_t> seeds;
     for (size_t i = 0; i < micro.inputs.size(); ++i) {
-      images.push_back(micro.inputs[i].image);
+      images.push_back(micro.inputs[i].images[0]);
       seeds.push_back(micro.inputs[i].seed);
       if (micro.targets.empty()) continue;
       images.push_back(micro.targets[i]);
@@ -641,7 +642,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Reconstruct(const DataProto& batch) {
   std::vector<Image> images;
   for (const MicroBatch& micro : micro_batches) {
     std::vector<at::Tensor> inputs;
-    for (const qwen_image::EditInput& input : micro.inputs) inputs.push_back(input.image);
+    for (const qwen_image::EditInput& input : micro.inputs) inputs.push_back(input.images[0]);
     DRAY_ASSIGN_OR_RETURN(VaeLoss out, state_->VaeLossOf(inputs, /*seeds=*/{}));
     for (const at::Tensor& image : qwen_image::ToImages(out.reconstructions))
       images.push_back(RawImage(image));

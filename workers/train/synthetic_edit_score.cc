@@ -30,14 +30,15 @@ absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
   for (const std::string& instruction : SyntheticEditInstructions()) {
     std::vector<qwen_image::EditInput> inputs;
     for (int64_t seed = 0; seed < scenes.count; ++seed) {
-      inputs.push_back({SyntheticScene(seed, scenes.height, scenes.width), instruction,
+      inputs.push_back({{SyntheticScene(seed, scenes.height, scenes.width)},
+                        instruction,
                         static_cast<uint64_t>(seed)});
     }
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edited, pipeline.Edit(inputs, options));
     double before = 0, after = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(inputs[i].image, instruction));
-      before += Distance(MeanColour(inputs[i].image), MeanColour(target));
+      DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(inputs[i].images[0], instruction));
+      before += Distance(MeanColour(inputs[i].images[0]), MeanColour(target));
       after += Distance(MeanColour(edited[i]), MeanColour(target));
     }
     scores.push_back({instruction, after / before, std::move(edited)});

@@ -5,7 +5,11 @@
 
 #include <algorithm>
 #include <map>
+#include <regex>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -19,14 +23,14 @@
 namespace dray::qwen_image {
 namespace {
 
-// TemplateTokensDropped: how many tokens the template has up to the end of
-// the user header; their hidden states are not part of the prompt embedding.
-int64_t TemplateTokensDropped(const BpeTokenizer* tokenizer) {
-  if (tokenizer == nullptr) return 0;
-  const absl::string_view prefix(kEditPromptPrefix);
-  const size_t end =
-      prefix.find(kEditPromptDroppedUpTo) + absl::string_view(kEditPromptDroppedUpTo).size();
-  return static_cast<int64_t>(tokenizer->Encode(prefix.substr(0, end)).size());
+// TemplateTokensDropped: how many template tokens' states are not part of
+// the prompt embedding. Edit-Plus: diffusers' fixed 64. Edit: the tokens of
+// the system turn and user header, which are 64 with Qwen2's vocabulary
+// (dray's embedded model was trained that way with its own small one).
+int64_t TemplateTokensDropped(const QwenImageModel& model) {
+  if (model.pipeline == EditPipelineKind::kEditPlus) return kDroppedTemplateTokens;
+  if (model.tokenizer == nullptr) return 0;
+  return static_cast<int64_t>(model.tokenizer->Encode(kEditSystemTurn).size());
 }
 
 absl::Status CheckOptions(const EditOptions& options) {
@@ -38,9 +42,11 @@ absl::Status CheckOptions(const EditOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("true_cfg_scale must be >= 0, got ", options.true_cfg_scale));
   }
-  if (options.image_size < 16)
-    return absl::InvalidArgumentError(
-        absl::StrCat("image_size must be >= 16, got ", options.image_size));
+  if (options.image_size < 16 || options.condition_image_size < 16) {
+    return absl::InvalidArgumentError(absl::StrCat("image_size and condition_image_size must be ",
+                                                   ">= 16, got ", options.image_size, " and ",
+                                                   options.condition_image_size));
+  }
   for (const auto& side : {options.width, options.height}) {
     if (side.has_value() && *side < 1)
       return absl::InvalidArgumentError("output width and height must be positive");
@@ -48,13 +54,53 @@ absl::Status CheckOptions(const EditOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status CheckImage(const at::Tensor& image, size_t row) {
-  if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
-      image.scalar_type() != at::kByte || image.size(0) < 1 || image.size(1) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row ", row, ": the image must be RGB uint8 [H, W, 3]"));
+// CheckInput checks one row for a pipeline of `kind`.
+absl::Status CheckInput(const EditInput& input, size_t row, EditPipelineKind kind) {
+  const bool plus = kind == EditPipelineKind::kEditPlus;
+  const size_t most = plus ? kMaxEditPlusImages : 1;
+  if (input.images.empty() || input.images.size() > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "row ", row, ": ", input.images.size(), " input images; ",
+        plus ? "Qwen-Image-Edit-2509/2511 (Edit-Plus) takes 1 to " : "this model takes ", most,
+        plus ? "" : " (an Edit-Plus model takes up to 3)"));
+  }
+  for (size_t i = 0; i < input.images.size(); ++i) {
+    const at::Tensor& image = input.images[i];
+    if (!image.defined() || image.dim() != 3 || image.size(2) != 3 ||
+        image.scalar_type() != at::kByte || image.size(0) < 1 || image.size(1) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("row ", row, ", image ", i + 1, ": the image must be RGB uint8 [H, W, 3]"));
+    }
+  }
+  if (!plus) return absl::OkStatus();
+  static const std::regex kPicture("picture\\s*(\\d+)", std::regex::icase);
+  for (auto it = std::sregex_iterator(input.instruction.begin(), input.instruction.end(), kPicture);
+       it != std::sregex_iterator(); ++it) {
+    const std::string number = (*it)[1].str();
+    if (number.size() > 2 || std::stoi(number) < 1 ||
+        std::stoi(number) > static_cast<int>(input.images.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the instruction names \"",
+                                                     it->str(), "\" but the row has ",
+                                                     input.images.size(), " input images"));
+    }
   }
   return absl::OkStatus();
+}
+
+// SizesOf: each image's {height, width}.
+std::vector<std::pair<int64_t, int64_t>> SizesOf(const EditInput& input) {
+  std::vector<std::pair<int64_t, int64_t>> sizes;
+  for (const at::Tensor& image : input.images) sizes.push_back({image.size(0), image.size(1)});
+  return sizes;
+}
+
+// SameImages: whether two rows' images are equal, pixel for pixel.
+bool SameImages(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!at::equal(a[i], b[i])) return false;
+  }
+  return true;
 }
 
 // PadPrompts stacks prompts of different lengths ([tokens, hidden] each)
@@ -89,20 +135,21 @@ std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
 }
 
 QwenImageEditPipeline::QwenImageEditPipeline(QwenImageModel model)
-    : model_(std::move(model)), dropped_tokens_(TemplateTokensDropped(model_.tokenizer.get())) {}
+    : model_(std::move(model)), dropped_tokens_(TemplateTokensDropped(model_)) {}
 
 int64_t QwenImageEditPipeline::vae_scale_factor() const {
   return int64_t{1} << model_.vae->config().temperal_downsample.size();
 }
 
 absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
-    const std::vector<std::string>& instructions, const std::vector<at::Tensor>& images) {
+    const std::vector<std::string>& instructions,
+    const std::vector<std::vector<at::Tensor>>& images) {
   if (model_.tokenizer == nullptr || !model_.text_encoder) {
     return absl::FailedPreconditionError("the model has no tokenizer or text encoder loaded");
   }
   if (instructions.size() != images.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(instructions.size(), " instructions for ", images.size(), " images"));
+        absl::StrCat(instructions.size(), " instructions for ", images.size(), " rows of images"));
   }
   const qwen2_vl::TextEncoderConfig& config = model_.text_encoder->config();
   const int64_t pad_id = model_.tokenizer->TokenId("<|endoftext|>").value_or(0);
@@ -111,27 +158,32 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   std::vector<qwen2_vl::ImageGrid> grids;
   int64_t longest = 0;
   for (size_t i = 0; i < instructions.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(qwen2_vl::ProcessedImage processed,
-                          qwen2_vl::ProcessImage(images[i], model_.image_processor));
+    std::vector<int64_t> image_tokens;  // each image's <|image_pad|> count, in order
+    for (const at::Tensor& image : images[i]) {
+      DRAY_ASSIGN_OR_RETURN(qwen2_vl::ProcessedImage processed,
+                            qwen2_vl::ProcessImage(image, model_.image_processor));
+      image_tokens.push_back(processed.tokens(model_.image_processor));
+      patches.push_back(processed.patches);
+      grids.push_back(processed.grid);
+    }
     std::vector<int64_t> ids;
-    int pads = 0;
-    for (int64_t id : EncodeEditPrompt(*model_.tokenizer, instructions[i])) {
+    size_t pads = 0;
+    for (int64_t id : EncodeEditPrompt(*model_.tokenizer, instructions[i], model_.pipeline,
+                                       static_cast<int>(images[i].size()))) {
       if (id != config.image_token_id) {
         ids.push_back(id);
         continue;
       }
+      if (pads < image_tokens.size())  // the processor's expansion
+        ids.insert(ids.end(), image_tokens[pads], id);
       ++pads;
-      ids.insert(ids.end(), processed.tokens(model_.image_processor),
-                 id);  // the processor's expansion
     }
-    if (pads != 1) {
+    if (pads != images[i].size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("instruction ", i, " must not contain image placeholder tokens"));
     }
     longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
     prompts.push_back(std::move(ids));
-    patches.push_back(processed.patches);
-    grids.push_back(processed.grid);
   }
   const int64_t batch = static_cast<int64_t>(prompts.size());
   at::Tensor ids = at::full({batch, longest}, pad_id, at::kLong);
@@ -142,8 +194,9 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
     mask[b].narrow(0, 0, length).fill_(1);
   }
   torch::NoGradGuard no_grad;
+  const at::Tensor all_patches = patches.empty() ? at::Tensor() : at::cat(patches);
   DRAY_ASSIGN_OR_RETURN(at::Tensor hidden,
-                        model_.text_encoder->forward(ids, mask, at::cat(patches), grids));
+                        model_.text_encoder->forward(ids, mask, all_patches, grids));
   // Each prompt's own tokens after the template's system turn, right-padded with zeros.
   std::vector<at::Tensor> kept;
   for (int64_t b = 0; b < batch; ++b) {
@@ -153,9 +206,10 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   return PadPrompts(kept);
 }
 
-std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer,
-                                      absl::string_view instruction) {
-  std::vector<int64_t> ids = tokenizer.Encode(kEditPromptPrefix);
+std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction,
+                                      EditPipelineKind kind, int images) {
+  std::vector<int64_t> ids =
+      tokenizer.Encode(EditPromptPrefix(images, kind == EditPipelineKind::kEditPlus));
   const std::vector<int64_t> text = tokenizer.EncodeText(instruction);
   const std::vector<int64_t> suffix = tokenizer.Encode(kEditPromptSuffix);
   ids.insert(ids.end(), text.begin(), text.end());
@@ -164,27 +218,28 @@ std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer,
 }
 
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs) {
-  std::set<std::pair<int64_t, int64_t>> sizes;
-  for (const EditInput& input : inputs) sizes.insert({input.image.size(0), input.image.size(1)});
+  std::set<std::vector<std::pair<int64_t, int64_t>>> sizes;
+  for (const EditInput& input : inputs) sizes.insert(SizesOf(input));
   return static_cast<int64_t>(sizes.size());
 }
 
 absl::StatusOr<std::vector<std::vector<size_t>>> SameSizeGroups(
-    const std::vector<EditInput>& inputs, const EditOptions& options) {
+    const std::vector<EditInput>& inputs, const EditOptions& options, EditPipelineKind kind) {
   DRAY_RETURN_IF_ERROR(CheckOptions(options));
-  std::map<std::pair<int64_t, int64_t>, std::vector<size_t>> by_size;
+  std::map<std::vector<std::pair<int64_t, int64_t>>, std::vector<size_t>> by_sizes;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    DRAY_RETURN_IF_ERROR(CheckImage(inputs[i].image, i));
-    by_size[{inputs[i].image.size(0), inputs[i].image.size(1)}].push_back(i);
+    DRAY_RETURN_IF_ERROR(CheckInput(inputs[i], i, kind));
+    by_sizes[SizesOf(inputs[i])].push_back(i);
   }
   std::vector<std::vector<size_t>> groups;
-  for (auto& [size, indices] : by_size) groups.push_back(std::move(indices));
+  for (auto& [sizes, indices] : by_sizes) groups.push_back(std::move(indices));
   return groups;
 }
 
 absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
     const std::vector<EditInput>& inputs, const EditOptions& options, const StepCallback& on_step) {
-  DRAY_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> groups, SameSizeGroups(inputs, options));
+  DRAY_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> groups,
+                        SameSizeGroups(inputs, options, model_.pipeline));
   std::vector<at::Tensor> results(inputs.size());
   const int steps = options.num_inference_steps;
   const int total = steps * static_cast<int>(groups.size());
@@ -207,35 +262,54 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
   return results;
 }
 
+// ConditionSizes: what each input image of a group is resized to, as
+// {width, height}: for the text encoder and for the VAE.
+struct QwenImageEditPipeline::ConditionSizes {
+  std::vector<std::pair<int64_t, int64_t>> prompt, vae;
+};
+
 absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
     const std::vector<const EditInput*>& rows, const EditOptions& options, ConditionCache* cache) {
   torch::NoGradGuard no_grad;
   const int64_t scale = vae_scale_factor();
-  const int64_t image_height = rows[0]->image.size(0), image_width = rows[0]->image.size(1);
   const double area = static_cast<double>(options.image_size * options.image_size);
-  const auto [condition_width, condition_height] = CalculateDimensions(
-      area, static_cast<double>(image_width) / static_cast<double>(image_height));
+  const double prompt_area =
+      plus() ? static_cast<double>(options.condition_image_size * options.condition_image_size)
+             : area;
+  ConditionSizes sizes;
+  for (const at::Tensor& image : rows[0]->images) {
+    const double ratio = static_cast<double>(image.size(1)) / static_cast<double>(image.size(0));
+    sizes.prompt.push_back(CalculateDimensions(prompt_area, ratio));
+    sizes.vae.push_back(CalculateDimensions(area, ratio));
+    for (const auto& [w, h] : {sizes.prompt.back(), sizes.vae.back()}) {
+      if (w < 2 * scale || h < 2 * scale) {
+        return absl::InvalidArgumentError(absl::StrCat("image ", image.size(1), "x", image.size(0),
+                                                       ": resized to ", w, "x", h,
+                                                       ", smaller than one latent token"));
+      }
+    }
+  }
   PreparedEdit prepared;
+  const at::Tensor& last = rows[0]->images.back();  // diffusers: the output's aspect ratio
   std::tie(prepared.width, prepared.height) =
-      EditOutputSize(image_width, image_height, options.width, options.height, scale, area);
+      EditOutputSize(last.size(1), last.size(0), options.width, options.height, scale, area);
   const int64_t width = prepared.width, height = prepared.height;
-  if (width < 2 * scale || height < 2 * scale || condition_width < 2 * scale ||
-      condition_height < 2 * scale) {
-    return absl::InvalidArgumentError(absl::StrCat("image ", image_width, "x", image_height,
-                                                   ": output ", width, "x", height,
-                                                   " is smaller than one latent token"));
+  if (width < 2 * scale || height < 2 * scale) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output ", width, "x", height, " is smaller than one latent token"));
   }
   const bool guided = options.negative_prompt.has_value() && options.true_cfg_scale > 1;
   ConditionCache local;
   if (cache == nullptr) cache = &local;
   const std::string cache_options =
-      absl::StrCat(options.image_size, "/", guided ? *options.negative_prompt : "", "/", guided);
+      absl::StrCat(options.image_size, "/", options.condition_image_size, "/",
+                   guided ? *options.negative_prompt : "", "/", guided);
   if (cache->options_ != cache_options) {
     cache->Clear();
     cache->options_ = cache_options;
   }
 
-  // Rows asking the same of the same image (a GRPO group, a repeated
+  // Rows asking the same of the same images (a GRPO group, a repeated
   // request) are resized and encoded once, then expanded back to rows.
   std::vector<int64_t> entry_of_row;
   std::vector<size_t> missing;  // entries encoded below
@@ -243,15 +317,15 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
   for (const EditInput* row : rows) {
     auto& entries = cache->entries_;
     auto same = std::find_if(entries.begin(), entries.end(), [row](const auto& entry) {
-      return entry.instruction == row->instruction && at::equal(entry.image, row->image);
+      return entry.instruction == row->instruction && SameImages(entry.images, row->images);
     });
     entry_of_row.push_back(same - entries.begin());
     if (same != entries.end()) continue;
     missing.push_back(entries.size());
-    entries.push_back({row->instruction, row->image, {}, {}, {}});
+    entries.push_back({row->instruction, row->images, {}, {}, {}});
   }
-  const absl::Status encoding = EncodeConditions(*cache, missing, condition_height, condition_width,
-                                                 guided ? options.negative_prompt : std::nullopt);
+  const absl::Status encoding =
+      EncodeConditions(*cache, missing, sizes, guided ? options.negative_prompt : std::nullopt);
   if (!encoding.ok()) {
     cache->entries_.resize(encoded);  // no half-made entries
     return encoding;
@@ -277,41 +351,58 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
   }
   DRAY_ASSIGN_OR_RETURN(prepared.noise,
                         PackLatents(at::cat(noise).to(prepared.image_latents.options())));
-  prepared.shapes.assign(
-      rows.size(), SampleImages{{1, latent_h / 2, latent_w / 2},
-                                {1, condition_height / scale / 2, condition_width / scale / 2}});
+  SampleImages shapes = {{1, latent_h / 2, latent_w / 2}};
+  for (const auto& [w, h] : sizes.vae) shapes.push_back({1, h / scale / 2, w / scale / 2});
+  prepared.shapes.assign(rows.size(), shapes);
   return prepared;
 }
 
 absl::Status QwenImageEditPipeline::EncodeConditions(
-    ConditionCache& cache, const std::vector<size_t>& entries, int64_t height, int64_t width,
+    ConditionCache& cache, const std::vector<size_t>& entries, const ConditionSizes& sizes,
     const std::optional<std::string>& negative_prompt) {
   if (entries.empty()) return absl::OkStatus();
-  std::vector<at::Tensor> resized;
+  std::vector<std::vector<at::Tensor>> for_prompt(entries.size());
+  std::vector<std::vector<at::Tensor>> for_vae(sizes.vae.size());  // by image, then entry
   std::vector<std::string> instructions;
-  for (size_t entry : entries) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(cache.entries_[entry].image, height, width,
-                                                        Resample::kLanczos));
-    resized.push_back(image);
-    instructions.push_back(cache.entries_[entry].instruction);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ConditionCache::Entry& entry = cache.entries_[entries[i]];
+    for (size_t j = 0; j < entry.images.size(); ++j) {
+      const auto [prompt_w, prompt_h] = sizes.prompt[j];
+      const auto [vae_w, vae_h] = sizes.vae[j];
+      DRAY_ASSIGN_OR_RETURN(at::Tensor prompt_image,
+                            ResizeImage(entry.images[j], prompt_h, prompt_w, Resample::kLanczos));
+      at::Tensor vae_image = prompt_image;
+      if (sizes.vae[j] != sizes.prompt[j]) {
+        DRAY_ASSIGN_OR_RETURN(vae_image,
+                              ResizeImage(entry.images[j], vae_h, vae_w, Resample::kLanczos));
+      }
+      for_prompt[i].push_back(prompt_image);
+      for_vae[j].push_back(vae_image);
+    }
+    instructions.push_back(entry.instruction);
   }
   // Each row's states without the batch's padding.
   auto unpadded = [](const PromptEmbeddings& prompts, size_t i) {
     return prompts.embeds[i].narrow(0, 0, prompts.mask[i].sum().item<int64_t>());
   };
-  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompts, EncodePrompts(instructions, resized));
+  DRAY_ASSIGN_OR_RETURN(PromptEmbeddings prompts, EncodePrompts(instructions, for_prompt));
   std::optional<PromptEmbeddings> negatives;
   if (negative_prompt.has_value()) {
     DRAY_ASSIGN_OR_RETURN(
         negatives,
-        EncodePrompts(std::vector<std::string>(entries.size(), *negative_prompt), resized));
+        EncodePrompts(std::vector<std::string>(entries.size(), *negative_prompt), for_prompt));
   }
-  DRAY_ASSIGN_OR_RETURN(at::Tensor latents, EncodeImages(resized));
+  std::vector<at::Tensor> latents;  // each image's tokens, one after another
+  for (const std::vector<at::Tensor>& image : for_vae) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor encoded, EncodeImages(image));
+    latents.push_back(encoded);
+  }
+  const at::Tensor all_latents = at::cat(latents, 1);
   for (size_t i = 0; i < entries.size(); ++i) {
     ConditionCache::Entry& entry = cache.entries_[entries[i]];
     entry.embeds = unpadded(prompts, i);
     if (negatives.has_value()) entry.negative = unpadded(*negatives, i);
-    entry.latents = latents[i];
+    entry.latents = all_latents[i];
   }
   return absl::OkStatus();
 }

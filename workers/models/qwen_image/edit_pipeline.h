@@ -1,26 +1,34 @@
-// QwenImageEditPipeline: an image and an instruction in, the edited image
-// out, as diffusers' QwenImageEditPipeline computes it:
+// QwenImageEditPipeline: images and an instruction in, the edited image
+// out, as diffusers computes it with the pipeline the model directory names
+// (model.h's EditPipelineKind): QwenImageEditPipeline (Qwen-Image-Edit, one
+// input image) or QwenImageEditPlusPipeline (Qwen-Image-Edit-2509 and
+// -2511, one to three):
 //
-//   1. resize the input to about image_size^2 pixels (CalculateDimensions,
-//      Lanczos), keeping its aspect ratio;
-//   2. encode the instruction with Qwen2.5-VL, which also sees the image
-//      (the edit chat template; the system turn's states dropped); the
-//      negative prompt likewise when classifier-free guidance is on;
-//   3. VAE-encode the resized image (mode, normalized, 2x2-packed);
+//   1. resize each input, keeping its aspect ratio, for the text encoder
+//      (Edit-Plus: to about condition_image_size^2 pixels; Edit: to about
+//      image_size^2) and for the VAE (about image_size^2), Lanczos;
+//   2. encode the instruction with Qwen2.5-VL, which also sees the images
+//      (the edit chat template, Edit-Plus naming them "Picture N: "; the
+//      first template tokens' states dropped); the negative prompt, with
+//      the same images, likewise when classifier-free guidance is on;
+//   3. VAE-encode each resized image (mode, normalized, 2x2-packed), the
+//      images' tokens one after another;
 //   4. from seeded Gaussian noise, denoise with the transformer over
 //      [noisy tokens, image tokens], with true CFG (rescaled to the
 //      conditional prediction's norm) when true_cfg_scale > 1 and a
 //      negative prompt is given, stepping the shifted flow-matching schedule;
-//   5. unpack, de-normalize and VAE-decode to an 8-bit RGB image.
+//   5. unpack, de-normalize and VAE-decode to an 8-bit RGB image of about
+//      image_size^2 pixels at the last input's aspect ratio (or the size
+//      asked for).
 //
 //   DRAY_ASSIGN_OR_RETURN(QwenImageModel model, LoadQwenImageModel(dir, at::kFloat));
 //   QwenImageEditPipeline pipeline(std::move(model));
-//   DRAY_ASSIGN_OR_RETURN(auto images, pipeline.Edit({{rgb, "make the sky green", /*seed=*/7}},
+//   DRAY_ASSIGN_OR_RETURN(auto images, pipeline.Edit({{{rgb}, "make the sky green", /*seed=*/7}},
 //   options));
 //
 // Each row's noise comes from its own seed, so a row's result does not
-// depend on which rows share its batch. Rows with images of one size are
-// denoised together as one batch.
+// depend on which rows share its batch. Rows whose images have the same
+// sizes are denoised together as one batch (SameSizeGroups).
 //
 // Thread-safety: not thread-safe (the models are not).
 #ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
@@ -40,8 +48,12 @@
 
 namespace dray::qwen_image {
 
+// kMaxEditPlusImages: the most input images an Edit-Plus edit takes (Qwen's
+// 2509 and 2511 are made for one to three).
+inline constexpr int kMaxEditPlusImages = 3;
+
 struct EditInput {
-  at::Tensor image;  // RGB, uint8 [H, W, 3]
+  std::vector<at::Tensor> images;  // RGB, uint8 [H, W, 3]; Qwen-Image-Edit takes one
   std::string instruction;
   uint64_t seed = 0;  // this row's noise
 };
@@ -52,8 +64,12 @@ struct EditOptions {
   // Guidance runs only with a negative prompt and true_cfg_scale > 1
   // (diffusers: " " is a common negative prompt).
   std::optional<std::string> negative_prompt;
-  // The input is resized to about image_size^2 pixels (diffusers: 1024).
+  // The inputs are resized to about image_size^2 pixels (diffusers: 1024)
+  // for the VAE, and the output is about as large.
   int64_t image_size = 1024;
+  // Edit-Plus: the inputs are resized to about condition_image_size^2
+  // pixels for the text encoder (diffusers: 384).
+  int64_t condition_image_size = 384;
   // Output size; each defaults to the resized input's, and is floored to a
   // multiple of 2 x the VAE's scale factor.
   std::optional<int64_t> width, height;
@@ -65,7 +81,7 @@ struct EditOptions {
 using StepCallback = std::function<absl::Status(int step, int steps)>;
 
 // DenoisingLoops: how many denoising loops an Edit of `inputs` runs: one per
-// distinct input image size, each of num_inference_steps steps.
+// distinct list of input image sizes, each of num_inference_steps steps.
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 
 // ToPixels maps uint8 [H, W, 3] images of one size to the VAE's input
@@ -73,12 +89,15 @@ int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options);
 std::vector<at::Tensor> ToImages(const at::Tensor& decoded);
 
-// EncodeEditPrompt tokenizes the edit template around `instruction`. The
-// template's control tokens are matched; the instruction is plain text (a
-// "<|im_end|>" a user types is those ten characters, not the end of the
-// turn). For an instruction without control tokens the ids equal what
-// transformers' tokenizer gives for the whole templated string.
-std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction);
+// EncodeEditPrompt tokenizes the edit template of `kind` for `images` input
+// images around `instruction`. The template's control tokens are matched;
+// the instruction is plain text (a "<|im_end|>" a user types is those ten
+// characters, not the end of the turn). For an instruction without control
+// tokens the ids equal what transformers' tokenizer gives for the whole
+// templated string.
+std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction,
+                                      EditPipelineKind kind = EditPipelineKind::kEdit,
+                                      int images = 1);
 
 // PromptEmbeddings: the transformer's text input for a batch.
 struct PromptEmbeddings {
@@ -86,11 +105,11 @@ struct PromptEmbeddings {
   at::Tensor mask;    // int64 [B, L]: 1 for real tokens
 };
 
-// PreparedEdit: rows sharing an image size, ready to denoise: what the
+// PreparedEdit: rows sharing their image sizes, ready to denoise: what the
 // edit loop and an RL rollout (or its training step) start from.
 struct PreparedEdit {
   at::Tensor noise;          // packed initial latents [B, S, C], each row's from its seed
-  at::Tensor image_latents;  // packed, normalized VAE latents of the resized inputs
+  at::Tensor image_latents;  // packed, normalized VAE latents of the resized inputs, in order
   PromptEmbeddings prompt;
   std::optional<PromptEmbeddings> negative;  // set when guidance runs
   std::vector<SampleImages> shapes;
@@ -102,7 +121,7 @@ struct PreparedEdit {
 // the image's VAE latents), so that preparing the same rows again under the
 // same options (an RL update after its rollout) encodes nothing twice.
 // Entries match on instruction and image pixels; options other than the
-// cache's (image size, guidance) clear it.
+// cache's (image sizes, guidance) clear it.
 class ConditionCache {
  public:
   void Clear() { entries_.clear(); }
@@ -112,28 +131,33 @@ class ConditionCache {
   friend class QwenImageEditPipeline;
   struct Entry {
     std::string instruction;
-    at::Tensor image;     // the row's input, to match on
-    at::Tensor embeds;    // [tokens, hidden]: no padding
-    at::Tensor negative;  // the same for the negative prompt, when guidance runs
-    at::Tensor latents;   // [S, C], packed
+    std::vector<at::Tensor> images;  // the row's inputs, to match on
+    at::Tensor embeds;               // [tokens, hidden]: no padding
+    at::Tensor negative;             // the same for the negative prompt, when guidance runs
+    at::Tensor latents;              // [S, C], packed
   };
   std::string options_;  // what the entries were encoded under
   std::vector<Entry> entries_;
 };
 
-// SameSizeGroups returns the indices of `inputs` grouped by image size (each
-// group one denoising loop), after checking every image and `options`.
+// SameSizeGroups returns the indices of `inputs` grouped by their images'
+// sizes (each group one denoising loop), after checking every row for a
+// pipeline of `kind` and `options`: INVALID_ARGUMENT naming the row for a
+// wrong number of images, an image that is not RGB uint8 of at least 1x1,
+// or (Edit-Plus) an instruction naming a picture it was not given.
 absl::StatusOr<std::vector<std::vector<size_t>>> SameSizeGroups(
-    const std::vector<EditInput>& inputs, const EditOptions& options);
+    const std::vector<EditInput>& inputs, const EditOptions& options,
+    EditPipelineKind kind = EditPipelineKind::kEdit);
 
 class QwenImageEditPipeline {
  public:
   explicit QwenImageEditPipeline(QwenImageModel model);
 
-  // EncodePrompts encodes each instruction with its image (uint8 [H, W, 3],
-  // already resized as step 1 does) through the edit template.
-  absl::StatusOr<PromptEmbeddings> EncodePrompts(const std::vector<std::string>& instructions,
-                                                 const std::vector<at::Tensor>& images);
+  // EncodePrompts encodes each instruction with its images (uint8
+  // [H, W, 3], already resized as step 1 does) through the edit template.
+  absl::StatusOr<PromptEmbeddings> EncodePrompts(
+      const std::vector<std::string>& instructions,
+      const std::vector<std::vector<at::Tensor>>& images);
 
   // Edit returns one uint8 [height, width, 3] image per input, in order.
   absl::StatusOr<std::vector<at::Tensor>> Edit(const std::vector<EditInput>& inputs,
@@ -141,9 +165,9 @@ class QwenImageEditPipeline {
                                                const StepCallback& on_step = nullptr);
 
   // Prepare resizes and encodes the images and instructions of `rows` (one
-  // image size; rows asking the same of the same image are encoded once,
-  // and not at all when `cache` holds them) and draws their noise; without
-  // gradients.
+  // group of SameSizeGroups; rows asking the same of the same images are
+  // encoded once, and not at all when `cache` holds them) and draws their
+  // noise; without gradients.
   absl::StatusOr<PreparedEdit> Prepare(const std::vector<const EditInput*>& rows,
                                        const EditOptions& options, ConditionCache* cache = nullptr);
 
@@ -173,15 +197,18 @@ class QwenImageEditPipeline {
   int64_t vae_scale_factor() const;
 
  private:
+  struct ConditionSizes;
   // EncodeConditions fills cache entries `entries` (their instructions and
-  // images): the images resized to height x width, the prompt states (and
-  // the negative prompt's), the VAE latents.
+  // images): the prompt states (and the negative prompt's) of the images
+  // resized for the text encoder, the VAE latents of those resized for it.
   absl::Status EncodeConditions(ConditionCache& cache, const std::vector<size_t>& entries,
-                                int64_t height, int64_t width,
+                                const ConditionSizes& sizes,
                                 const std::optional<std::string>& negative_prompt);
   // Denoise runs the flow-matching loop from the prepared noise.
   absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
                                      const StepCallback& on_step);
+
+  bool plus() const { return model_.pipeline == EditPipelineKind::kEditPlus; }
 
   QwenImageModel model_;
   int64_t dropped_tokens_;  // template tokens whose hidden states are dropped

@@ -38,8 +38,9 @@ constexpr Component kComponents[] = {
     {"processor", "transformers", "Qwen2VLProcessor"},
 };
 
-// CheckModelIndex verifies that model_index.json names the components dray loads.
-absl::Status CheckModelIndex(const std::string& dir) {
+// ReadModelIndex verifies that model_index.json names the components dray
+// loads, and returns the pipeline it names.
+absl::StatusOr<EditPipelineKind> ReadModelIndex(const std::string& dir) {
   const std::string path = (fs::path(dir) / "model_index.json").string();
   std::ifstream in(path);
   if (!in) {
@@ -57,7 +58,12 @@ absl::Status CheckModelIndex(const std::string& dir) {
           index.contains(component.folder) ? index[component.folder].dump() : "nothing"));
     }
   }
-  return absl::OkStatus();
+  const nlohmann::json pipeline = index.value("_class_name", nlohmann::json());
+  if (pipeline == kEditPipelineClass) return EditPipelineKind::kEdit;
+  if (pipeline == kEditPlusPipelineClass) return EditPipelineKind::kEditPlus;
+  return absl::InvalidArgumentError(absl::StrCat(path, ": _class_name must be ", kEditPipelineClass,
+                                                 " or ", kEditPlusPipelineClass, ", found ",
+                                                 pipeline.dump()));
 }
 
 absl::Status WriteText(const fs::path& path, const std::string& text) {
@@ -133,9 +139,9 @@ qwen2_vl::TextEncoderConfig ReducedTextEncoder(int64_t hidden, int64_t heads, in
 
 absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options,
                                                   Weights weights) {
-  DRAY_RETURN_IF_ERROR(CheckModelIndex(dir));
   const fs::path root(dir);
   QwenImageModel model;
+  DRAY_ASSIGN_OR_RETURN(model.pipeline, ReadModelIndex(dir));
   DRAY_ASSIGN_OR_RETURN(
       model.scheduler,
       FlowMatchEulerConfig::FromFile((root / "scheduler" / "scheduler_config.json").string()));
@@ -226,8 +232,10 @@ absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std
       return absl::UnavailableError(absl::StrCat(
           "cannot create ", (root / component.folder).string(), ": ", error.message()));
   }
-  nlohmann::json index = {{"_class_name", "QwenImageEditPipeline"},
-                          {"_diffusers_version", kDiffusersVersion}};
+  nlohmann::json index = {
+      {"_class_name", preset.pipeline == EditPipelineKind::kEditPlus ? kEditPlusPipelineClass
+                                                                     : kEditPipelineClass},
+      {"_diffusers_version", kDiffusersVersion}};
   for (const Component& component : kComponents)
     index[component.folder] = {component.library, component.class_name};
   DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", index.dump(2)));

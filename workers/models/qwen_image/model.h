@@ -1,6 +1,8 @@
 // A Qwen-Image-Edit model directory in diffusers' layout:
 //
-//   model_index.json                  components and their classes
+//   model_index.json                  the pipeline (QwenImageEditPipeline, or
+//                                     QwenImageEditPlusPipeline for 2509/2511),
+//                                     its components and their classes
 //   scheduler/scheduler_config.json   FlowMatchEulerDiscreteScheduler
 //   transformer/config.json           QwenImageTransformer2DModel
 //   transformer/diffusion_pytorch_model.safetensors
@@ -34,8 +36,16 @@
 
 namespace dray::qwen_image {
 
+// EditPipelineKind: the pipeline a model directory is made for, as its
+// model_index.json's _class_name says: Qwen-Image-Edit's (one input image)
+// or Edit-Plus's (Qwen-Image-Edit-2509 and -2511: one to three).
+enum class EditPipelineKind { kEdit, kEditPlus };
+inline constexpr char kEditPipelineClass[] = "QwenImageEditPipeline";
+inline constexpr char kEditPlusPipelineClass[] = "QwenImageEditPlusPipeline";
+
 // QwenImageModel: Qwen-Image-Edit, loaded.
 struct QwenImageModel {
+  EditPipelineKind pipeline = EditPipelineKind::kEdit;
   QwenImageTransformer transformer{nullptr};
   AutoencoderKLQwenImage vae{nullptr};
   FlowMatchEulerConfig scheduler;
@@ -53,6 +63,7 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
 
 // ModelPreset: the configuration of a model directory to write.
 struct ModelPreset {
+  EditPipelineKind pipeline = EditPipelineKind::kEdit;
   TransformerConfig transformer;
   VaeConfig vae;
   FlowMatchEulerConfig scheduler;
