@@ -2,7 +2,9 @@
 // tests/data/reference/qwen_image (diffusers: scheduler schedules and Euler
 // steps, pipeline helpers, transformer and VAE outputs) and
 // tests/data/reference/qwen2_vl (transformers: text encoder, vision tower,
-// image processor), run through the same library as `dray parity`, within
+// image processor) and tests/data/reference/qwen_image_edit_plus (diffusers'
+// QwenImageEditPlusPipeline: pre-processing, prompt encoding with one to
+// three images, whole edits, 2511's zero_cond_t), run through the same library as `dray parity`, within
 // the tolerances of each reference README.
 #include "workers/parity/parity.h"
 
@@ -59,6 +61,8 @@ INSTANTIATE_TEST_SUITE_P(Diffusers, ParityTest, ::testing::ValuesIn(CasesIn("qwe
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(Transformers, ParityTest, ::testing::ValuesIn(CasesIn("qwen2_vl")),
                          CaseName);
+INSTANTIATE_TEST_SUITE_P(EditPlus, ParityTest,
+                         ::testing::ValuesIn(CasesIn("qwen_image_edit_plus")), CaseName);
 
 std::multiset<std::string> Components(const std::vector<ParityCase>& cases) {
   std::multiset<std::string> components;
@@ -78,6 +82,11 @@ TEST(ParityListTest, FindsEveryCaseTheReadmesList) {
   EXPECT_EQ(transformers.count("text_encoder_small"), 6u);
   EXPECT_EQ(transformers.count("image_processor"), 5u);
   EXPECT_EQ(transformers.size(), 17u);
+  const std::multiset<std::string> edit_plus = Components(CasesIn("qwen_image_edit_plus"));
+  EXPECT_EQ(edit_plus.count("edit_plus_preprocess"), 5u);
+  EXPECT_EQ(edit_plus.count("edit_plus_encode_prompt"), 4u);
+  EXPECT_EQ(edit_plus.count("edit_plus_e2e"), 4u);
+  EXPECT_EQ(edit_plus.size(), 13u);
 }
 
 // Released Qwen2.5-VL checkpoints (and transformers < 4.52) name the

@@ -166,24 +166,16 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
       patches.push_back(processed.patches);
       grids.push_back(processed.grid);
     }
-    std::vector<int64_t> ids;
-    size_t pads = 0;
-    for (int64_t id : EncodeEditPrompt(*model_.tokenizer, instructions[i], model_.pipeline,
-                                       static_cast<int>(images[i].size()))) {
-      if (id != config.image_token_id) {
-        ids.push_back(id);
-        continue;
-      }
-      if (pads < image_tokens.size())  // the processor's expansion
-        ids.insert(ids.end(), image_tokens[pads], id);
-      ++pads;
-    }
-    if (pads != images[i].size()) {
+    absl::StatusOr<std::vector<int64_t>> ids =
+        ExpandImagePads(EncodeEditPrompt(*model_.tokenizer, instructions[i], model_.pipeline,
+                                         static_cast<int>(images[i].size())),
+                        config.image_token_id, image_tokens);
+    if (!ids.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("instruction ", i, " must not contain image placeholder tokens"));
+          absl::StrCat("instruction ", i, ": ", ids.status().message()));
     }
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
-    prompts.push_back(std::move(ids));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(ids->size()));
+    prompts.push_back(*std::move(ids));
   }
   const int64_t batch = static_cast<int64_t>(prompts.size());
   at::Tensor ids = at::full({batch, longest}, pad_id, at::kLong);
@@ -204,6 +196,27 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
     kept.push_back(hidden[b].narrow(0, dropped_tokens_, length));
   }
   return PadPrompts(kept);
+}
+
+absl::StatusOr<std::vector<int64_t>> ExpandImagePads(const std::vector<int64_t>& ids,
+                                                     int64_t image_pad_id,
+                                                     const std::vector<int64_t>& image_tokens) {
+  std::vector<int64_t> expanded;
+  size_t pads = 0;
+  for (int64_t id : ids) {
+    if (id != image_pad_id) {
+      expanded.push_back(id);
+      continue;
+    }
+    if (pads < image_tokens.size()) expanded.insert(expanded.end(), image_tokens[pads], id);
+    ++pads;
+  }
+  if (pads != image_tokens.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the prompt places ", pads, " images, ", image_tokens.size(),
+                     " were given (an instruction must not contain image placeholder tokens)"));
+  }
+  return expanded;
 }
 
 std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction,
@@ -262,22 +275,17 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
   return results;
 }
 
-// ConditionSizes: what each input image of a group is resized to, as
-// {width, height}: for the text encoder and for the VAE.
-struct QwenImageEditPipeline::ConditionSizes {
-  std::vector<std::pair<int64_t, int64_t>> prompt, vae;
-};
-
-absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
-    const std::vector<const EditInput*>& rows, const EditOptions& options, ConditionCache* cache) {
-  torch::NoGradGuard no_grad;
-  const int64_t scale = vae_scale_factor();
+absl::StatusOr<EditSizes> ComputeEditSizes(const std::vector<at::Tensor>& images,
+                                           const EditOptions& options, EditPipelineKind kind,
+                                           int64_t vae_scale_factor) {
+  const int64_t scale = vae_scale_factor;
   const double area = static_cast<double>(options.image_size * options.image_size);
   const double prompt_area =
-      plus() ? static_cast<double>(options.condition_image_size * options.condition_image_size)
-             : area;
-  ConditionSizes sizes;
-  for (const at::Tensor& image : rows[0]->images) {
+      kind == EditPipelineKind::kEditPlus
+          ? static_cast<double>(options.condition_image_size * options.condition_image_size)
+          : area;
+  EditSizes sizes;
+  for (const at::Tensor& image : images) {
     const double ratio = static_cast<double>(image.size(1)) / static_cast<double>(image.size(0));
     sizes.prompt.push_back(CalculateDimensions(prompt_area, ratio));
     sizes.vae.push_back(CalculateDimensions(area, ratio));
@@ -289,15 +297,26 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
       }
     }
   }
-  PreparedEdit prepared;
-  const at::Tensor& last = rows[0]->images.back();  // diffusers: the output's aspect ratio
-  std::tie(prepared.width, prepared.height) =
+  const at::Tensor& last = images.back();  // diffusers: the output's aspect ratio
+  std::tie(sizes.width, sizes.height) =
       EditOutputSize(last.size(1), last.size(0), options.width, options.height, scale, area);
-  const int64_t width = prepared.width, height = prepared.height;
-  if (width < 2 * scale || height < 2 * scale) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("output ", width, "x", height, " is smaller than one latent token"));
+  if (sizes.width < 2 * scale || sizes.height < 2 * scale) {
+    return absl::InvalidArgumentError(absl::StrCat("output ", sizes.width, "x", sizes.height,
+                                                   " is smaller than one latent token"));
   }
+  return sizes;
+}
+
+absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
+    const std::vector<const EditInput*>& rows, const EditOptions& options, ConditionCache* cache) {
+  torch::NoGradGuard no_grad;
+  const int64_t scale = vae_scale_factor();
+  DRAY_ASSIGN_OR_RETURN(EditSizes sizes,
+                        ComputeEditSizes(rows[0]->images, options, model_.pipeline, scale));
+  PreparedEdit prepared;
+  prepared.width = sizes.width;
+  prepared.height = sizes.height;
+  const int64_t width = prepared.width, height = prepared.height;
   const bool guided = options.negative_prompt.has_value() && options.true_cfg_scale > 1;
   ConditionCache local;
   if (cache == nullptr) cache = &local;
@@ -358,7 +377,7 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
 }
 
 absl::Status QwenImageEditPipeline::EncodeConditions(
-    ConditionCache& cache, const std::vector<size_t>& entries, const ConditionSizes& sizes,
+    ConditionCache& cache, const std::vector<size_t>& entries, const EditSizes& sizes,
     const std::optional<std::string>& negative_prompt) {
   if (entries.empty()) return absl::OkStatus();
   std::vector<std::vector<at::Tensor>> for_prompt(entries.size());

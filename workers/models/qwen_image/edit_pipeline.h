@@ -38,6 +38,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -98,6 +99,27 @@ std::vector<at::Tensor> ToImages(const at::Tensor& decoded);
 std::vector<int64_t> EncodeEditPrompt(const BpeTokenizer& tokenizer, absl::string_view instruction,
                                       EditPipelineKind kind = EditPipelineKind::kEdit,
                                       int images = 1);
+
+// ExpandImagePads returns `ids` with its i-th <|image_pad|> (`image_pad_id`)
+// repeated image_tokens[i] times, as Qwen2-VL's processor expands it;
+// INVALID_ARGUMENT unless there is one placeholder per image.
+absl::StatusOr<std::vector<int64_t>> ExpandImagePads(const std::vector<int64_t>& ids,
+                                                     int64_t image_pad_id,
+                                                     const std::vector<int64_t>& image_tokens);
+
+// EditSizes: what an edit resizes each input image to, as {width, height},
+// for the text encoder and for the VAE, and the output's pixels.
+struct EditSizes {
+  std::vector<std::pair<int64_t, int64_t>> prompt, vae;
+  int64_t width = 0, height = 0;
+};
+
+// ComputeEditSizes: the sizes of an edit of `images` (uint8 [H, W, 3]) by
+// a pipeline of `kind`; INVALID_ARGUMENT when one would be smaller than a
+// latent token.
+absl::StatusOr<EditSizes> ComputeEditSizes(const std::vector<at::Tensor>& images,
+                                           const EditOptions& options, EditPipelineKind kind,
+                                           int64_t vae_scale_factor);
 
 // PromptEmbeddings: the transformer's text input for a batch.
 struct PromptEmbeddings {
@@ -197,12 +219,11 @@ class QwenImageEditPipeline {
   int64_t vae_scale_factor() const;
 
  private:
-  struct ConditionSizes;
   // EncodeConditions fills cache entries `entries` (their instructions and
   // images): the prompt states (and the negative prompt's) of the images
   // resized for the text encoder, the VAE latents of those resized for it.
   absl::Status EncodeConditions(ConditionCache& cache, const std::vector<size_t>& entries,
-                                const ConditionSizes& sizes,
+                                const EditSizes& sizes,
                                 const std::optional<std::string>& negative_prompt);
   // Denoise runs the flow-matching loop from the prepared noise.
   absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
