@@ -7,7 +7,7 @@
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
 //   dray node --controller=HOST:PORT --token-file=F                    (one per node)
-//   dray init-model --preset tiny|embedded|small --out DIR [--seed N]
+//   dray init-model --preset tiny|embedded|small [--pipeline edit|edit-plus] --out DIR [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
 //   dray --version                                    (LibTorch, CUDA, the GPUs it sees)
@@ -111,8 +111,11 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
   return 0;
 }
 
-int InitModel(const std::string& preset_name, const std::string& out, uint64_t seed) {
+int InitModel(const std::string& preset_name, const std::string& pipeline, const std::string& out,
+              uint64_t seed) {
   absl::StatusOr<qwen_image::ModelPreset> preset = qwen_image::PresetNamed(preset_name);
+  if (preset.ok() && pipeline == "edit-plus")
+    preset->pipeline = qwen_image::EditPipelineKind::kEditPlus;
   if (preset.ok() && preset_name == "real") {
     preset = absl::InvalidArgumentError(
         "the real preset (20.4B parameters) is for meta-device checks, not for writing");
@@ -123,7 +126,8 @@ int InitModel(const std::string& preset_name, const std::string& out, uint64_t s
     Log("init-model", written.ToString());
     return 1;
   }
-  std::printf("wrote a random %s Qwen-Image-Edit model (seed %llu) to %s\n", preset_name.c_str(),
+  std::printf("wrote a random %s Qwen-Image-Edit%s model (seed %llu) to %s\n", preset_name.c_str(),
+              pipeline == "edit-plus" ? " (Edit-Plus: 2509/2511)" : "",
               static_cast<unsigned long long>(seed), out.c_str());
   return 0;
 }
@@ -188,13 +192,18 @@ int Main(int argc, char** argv) {
 
   CLI::App* init = app.add_subcommand(
       "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
-  std::string preset = "tiny", out;
+  std::string preset = "tiny", pipeline = "edit", out;
   uint64_t seed = 0;
   init->add_option("--preset", preset,
                    "tiny (runs anywhere), embedded (the embedded model's shapes) or small (real "
                    "layout, reduced width)")
       ->capture_default_str()
       ->check(CLI::IsMember({"tiny", "embedded", "small"}));
+  init->add_option("--pipeline", pipeline,
+                   "edit (Qwen-Image-Edit: one input image) or edit-plus (2509/2511: one to "
+                   "three; model_index.json names QwenImageEditPlusPipeline)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"edit", "edit-plus"}));
   init->add_option("--out", out, "directory to write")->required();
   init->add_option("--seed", seed, "random seed: the same seed writes the same weights")
       ->capture_default_str();
@@ -227,7 +236,7 @@ int Main(int argc, char** argv) {
   if (std::optional<int> code = edit_commands.Run()) return *code;
   if (std::optional<int> code = train_command.Run()) return *code;
   if (std::optional<int> code = node_command.Run()) return *code;
-  if (*init) return InitModel(preset, out, seed);
+  if (*init) return InitModel(preset, pipeline, out, seed);
   if (*parity) return Parity(reference);
   if (*worker) {
     std::vector<std::string> args = worker->remaining();

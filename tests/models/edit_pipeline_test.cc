@@ -351,5 +351,72 @@ TEST(EditPipelineTest, BadInputIsAnErrorNamingTheRow) {
           .status());
 }
 
+// TinyPlusModel: the tiny model made for QwenImageEditPlusPipeline.
+QwenImageModel TinyPlusModel() {
+  static const std::string dir = [] {
+    const std::string path = (fs::path(std::getenv("TEST_TMPDIR")) / "tiny_plus").string();
+    fs::remove_all(path);
+    ModelPreset preset = PresetNamed("tiny").value();
+    preset.pipeline = EditPipelineKind::kEditPlus;
+    EXPECT_TRUE(WriteRandomQwenImageModel(path, preset, /*seed=*/3).ok());
+    return path;
+  }();
+  return LoadQwenImageModel(dir, at::TensorOptions().dtype(at::kFloat)).value();
+}
+
+EditOptions FastPlusOptions() {
+  EditOptions options = FastOptions();
+  options.condition_image_size = 56;
+  options.negative_prompt = " ";
+  return options;
+}
+
+// Rows with one, two and three images of different sizes edit in one call,
+// grouped by their images' sizes, each as it would alone.
+TEST(EditPlusPipelineTest, MixedImageCountsAndSizesBatchAsEachRowAlone) {
+  QwenImageEditPipeline pipeline(TinyPlusModel());
+  ASSERT_EQ(pipeline.model().pipeline, EditPipelineKind::kEditPlus);
+  const std::vector<EditInput> rows = {
+      {{RandomImage(64, 64, 1)}, "make it blue", 1},
+      {{RandomImage(48, 64, 2), RandomImage(72, 40, 3)}, "put picture 2 into picture 1", 2},
+      {{RandomImage(64, 64, 4), RandomImage(32, 64, 5), RandomImage(64, 32, 6)}, "mix them", 3},
+      {{RandomImage(48, 64, 7), RandomImage(72, 40, 8)}, "the sky of picture 2", 4}};
+  EXPECT_EQ(DenoisingLoops(rows), 3);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> together,
+                            pipeline.Edit(rows, FastPlusOptions()));
+  ASSERT_EQ(together.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    DRAY_ASSERT_OK_AND_ASSIGN(std::vector<at::Tensor> alone,
+                              pipeline.Edit({rows[i]}, FastPlusOptions()));
+    EXPECT_EQ(together[i].sizes(), alone[0].sizes()) << "row " << i;
+    EXPECT_LE((together[i].to(at::kInt) - alone[0].to(at::kInt)).abs().max().item<int>(), 1)
+        << "row " << i;
+  }
+  // The output takes the last image's aspect ratio: row 2's is tall.
+  EXPECT_GT(together[2].size(0), together[2].size(1));
+}
+
+TEST(EditPlusPipelineTest, BadRowsAreErrorsNamingTheRow) {
+  QwenImageEditPipeline plus(TinyPlusModel());
+  const at::Tensor image = RandomImage(64, 64, 1);
+  EXPECT_THAT(plus.Edit({{{image, image, image, image}, "four", 0}}, FastPlusOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row 0: 4 input images; Qwen-Image-Edit-2509/2511 (Edit-Plus) "
+                                 "takes 1 to 3")));
+  EXPECT_THAT(
+      plus.Edit({{{image}, "fine", 0}, {{image, image}, "use Picture 3", 0}}, FastPlusOptions()),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("row 1: the instruction names \"Picture 3\" but the row has 2")));
+  EXPECT_THAT(
+      plus.Edit({{{image, at::zeros({0, 8, 3}, at::kByte)}, "empty", 0}}, FastPlusOptions()),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 0, image 2")));
+  EXPECT_THAT(plus.Edit({{{}, "none", 0}}, FastPlusOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("row 0: 0 input images")));
+  QwenImageEditPipeline edit(TinyModel());
+  EXPECT_THAT(edit.Edit({{{image, image}, "two", 0}}, FastOptions()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("row 0: 2 input images; this model takes 1")));
+}
+
 }  // namespace
 }  // namespace dray::qwen_image

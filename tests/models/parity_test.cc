@@ -4,8 +4,8 @@
 // tests/data/reference/qwen2_vl (transformers: text encoder, vision tower,
 // image processor) and tests/data/reference/qwen_image_edit_plus (diffusers'
 // QwenImageEditPlusPipeline: pre-processing, prompt encoding with one to
-// three images, whole edits, 2511's zero_cond_t), run through the same library as `dray parity`, within
-// the tolerances of each reference README.
+// three images, whole edits, 2511's zero_cond_t), run through the same library as `dray parity`,
+// within the tolerances of each reference README.
 #include "workers/parity/parity.h"
 
 #include <cstdlib>
@@ -61,8 +61,8 @@ INSTANTIATE_TEST_SUITE_P(Diffusers, ParityTest, ::testing::ValuesIn(CasesIn("qwe
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(Transformers, ParityTest, ::testing::ValuesIn(CasesIn("qwen2_vl")),
                          CaseName);
-INSTANTIATE_TEST_SUITE_P(EditPlus, ParityTest,
-                         ::testing::ValuesIn(CasesIn("qwen_image_edit_plus")), CaseName);
+INSTANTIATE_TEST_SUITE_P(EditPlus, ParityTest, ::testing::ValuesIn(CasesIn("qwen_image_edit_plus")),
+                         CaseName);
 
 std::multiset<std::string> Components(const std::vector<ParityCase>& cases) {
   std::multiset<std::string> components;

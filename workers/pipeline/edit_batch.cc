@@ -196,6 +196,7 @@ absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& co
                                                        const MetaInfo& meta) {
   qwen_image::EditOptions options;
   options.image_size = config.image_size;
+  options.condition_image_size = config.condition_image_size;
   DRAY_ASSIGN_OR_RETURN(int64_t steps,
                         MetaOr<int64_t>(meta, "num_inference_steps", config.num_inference_steps));
   DRAY_ASSIGN_OR_RETURN(options.true_cfg_scale,

@@ -15,6 +15,8 @@ absl::Status ImageEditConfig::Validate() const {
   };
   if (c.batch_size < 1) return bad("batch_size", "must be at least 1");
   if (c.image_size < 16 || c.image_size > 4096) return bad("image_size", "must lie in [16, 4096]");
+  if (c.condition_image_size < 16 || c.condition_image_size > 4096)
+    return bad("condition_image_size", "must lie in [16, 4096]");
   if (c.max_pixels < 256 || c.max_pixels > kMaxOutputPixels)
     return bad("max_pixels", absl::StrCat("must lie in [256, ", kMaxOutputPixels, "]"));
   if (c.image_size * c.image_size > c.max_pixels) {
@@ -61,6 +63,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "torch_dtype", c.torch_dtype, "a dtype name"),
       Key(s + "batch_size", c.batch_size, "an integer"),
       Key(s + "image_size", c.image_size, "an integer"),
+      Key(s + "condition_image_size", c.condition_image_size, "an integer"),
       Key(s + "max_pixels", c.max_pixels, "an integer"),
       Key(s + "max_prompt_tokens", c.max_prompt_tokens, "an integer"),
       Key(s + "true_cfg_scale", c.true_cfg_scale, "a number"),

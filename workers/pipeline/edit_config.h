@@ -52,6 +52,7 @@ struct ImageEditConfig {
   std::string torch_dtype = "float32";  // float32, bfloat16, float16, or float64 (numerics checks)
   int64_t batch_size = 4;               // rows per worker call; the service batches up to this
   int64_t image_size = 1024;            // work at about image_size^2 pixels
+  int64_t condition_image_size = 384;   // Edit-Plus: the text encoder sees about this^2 per image
   int64_t max_pixels = int64_t{1024} * 1024;  // largest output (width x height) a row may ask
   int64_t max_prompt_tokens = 1024;           // longest instruction or negative prompt, in tokens
   double true_cfg_scale = 4.0;
