@@ -42,7 +42,8 @@ struct EditCommands::Flags {
   std::vector<std::string> overrides;
   int workers = 1;
   // dray edit.
-  std::string image, instruction, out, server, model, lora, negative_prompt;
+  std::vector<std::string> images;  // picture 1, 2, ...
+  std::string instruction, out, server, model, lora, negative_prompt;
   std::optional<int64_t> steps, image_size, seed, width, height;
   std::optional<double> true_cfg_scale;
   double timeout_s = 600;
@@ -108,18 +109,30 @@ ImageEditController::Options ControllerOptions(const EditCommands::Flags& f, int
   return options;
 }
 
+// ReadImages reads the --image files, picture 1 first.
+absl::StatusOr<std::vector<Bytes>> ReadImages(const std::vector<std::string>& paths) {
+  std::vector<Bytes> images;
+  for (const std::string& path : paths) {
+    DRAY_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+    images.push_back(Bytes(std::move(bytes)));
+  }
+  return images;
+}
+
 int EditLocally(const EditCommands::Flags& f) {
   absl::StatusOr<ImageEditConfig> config = ResolveEditConfig(f);
   if (!config.ok()) return Fail("edit", config.status());
-  absl::StatusOr<std::string> image = ReadFile(f.image);
-  if (!image.ok()) return Fail("edit", image.status());
+  absl::StatusOr<std::vector<Bytes>> images = ReadImages(f.images);
+  if (!images.ok()) return Fail("edit", images.status());
   absl::StatusOr<DataProto> batch =
-      MakeEditBatch({Bytes(*std::move(image))}, {f.instruction}, {config->seed});
+      MakeEditBatch(std::vector<std::vector<Bytes>>{*images}, {f.instruction}, {config->seed});
   if (!batch.ok()) return Fail("edit", batch.status());
   batch->SetMeta("width", f.width.value_or(0));
   batch->SetMeta("height", f.height.value_or(0));
   // Everything but the prompt's tokens, before any worker starts.
-  absl::Status checked = CheckEditBatch(*batch, *config, /*count_tokens=*/nullptr);
+  absl::StatusOr<qwen_image::EditPipelineKind> kind = EditPipelineKindOf(*config);
+  if (!kind.ok()) return Fail("edit", kind.status());
+  absl::Status checked = CheckEditBatch(*batch, *config, *kind, /*count_tokens=*/nullptr);
   if (!checked.ok()) return Fail("edit", checked);
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
   Log("edit",
@@ -151,10 +164,12 @@ int EditOnServer(const EditCommands::Flags& f) {
             "with --server the server's configuration applies; per request only --steps, "
             "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
   }
-  absl::StatusOr<std::string> image = ReadFile(f.image);
-  if (!image.ok()) return Fail("edit", image.status());
+  absl::StatusOr<std::vector<Bytes>> images = ReadImages(f.images);
+  if (!images.ok()) return Fail("edit", images.status());
   v1::EditImageRequest request;
-  request.set_image(*std::move(image));
+  request.set_image(std::string((*images)[0].view()));
+  for (size_t p = 1; p < images->size(); ++p)
+    request.add_more_images(std::string((*images)[p].view()));
   request.set_instruction(f.instruction);
   if (f.steps) request.set_num_inference_steps(static_cast<int32_t>(*f.steps));
   if (f.true_cfg_scale) request.set_true_cfg_scale(*f.true_cfg_scale);
@@ -282,7 +297,13 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
       "configuration overrides, worker.image_edit.KEY=VALUE (after --config)";
 
   f.edit = app.add_subcommand("edit", "edit an image by an instruction with Qwen-Image-Edit");
-  f.edit->add_option("--image", f.image, "input image (PNG or JPEG)")->required();
+  f.edit
+      ->add_option("--image", f.images,
+                   "input image (PNG or JPEG); repeated, pictures 1 to 3 for an Edit-Plus model "
+                   "(Qwen-Image-Edit-2509/2511), the output at the last one's aspect ratio")
+      ->required()
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   f.edit->add_option("--instruction", f.instruction, "what to change")->required();
   f.edit->add_option("--out", f.out, "output PNG")->required();
   f.edit->add_option("--server", f.server,

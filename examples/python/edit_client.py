@@ -29,7 +29,9 @@ from dray.v1 import image_edit_pb2_grpc
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server", default="localhost:8000", help="HOST:PORT of dray serve")
-    parser.add_argument("--image", required=True, help="input image (PNG or JPEG)")
+    parser.add_argument("--image", required=True, action="append",
+                        help="input image (PNG or JPEG); repeat it for pictures 2 and 3 of an "
+                        "Edit-Plus model (Qwen-Image-Edit-2509/2511)")
     parser.add_argument("--instruction", required=True, help="what to change")
     parser.add_argument("--out", required=True, help="output PNG")
     parser.add_argument("--seed", type=int, help="noise seed (default: the server's)")
@@ -39,8 +41,12 @@ def main():
     parser.add_argument("--tls-ca", help="the authority (PEM) that signed the server's certificate")
     args = parser.parse_args()
 
-    with open(args.image, "rb") as f:
-        request = image_edit_pb2.EditImageRequest(image=f.read(), instruction=args.instruction)
+    pictures = []
+    for path in args.image:
+        with open(path, "rb") as f:
+            pictures.append(f.read())
+    request = image_edit_pb2.EditImageRequest(image=pictures[0], more_images=pictures[1:],
+                                              instruction=args.instruction)
     if args.seed is not None:
         request.seed = args.seed
     if args.steps is not None:

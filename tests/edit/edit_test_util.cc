@@ -14,16 +14,25 @@
 
 namespace dray {
 
-std::string TinyModelDir() {
-  static const std::string* dir = [] {
-    auto* path =
-        new std::string((std::filesystem::path(std::getenv("TEST_TMPDIR")) / "tiny").string());
-    absl::Status written =
-        qwen_image::WriteRandomQwenImageModel(*path, qwen_image::PresetNamed("tiny").value(), 0);
-    if (!written.ok()) std::abort();
-    return path;
-  }();
-  return *dir;
+namespace {
+
+std::string WriteTinyModel(const char* name, qwen_image::EditPipelineKind pipeline) {
+  const std::string path = (std::filesystem::path(std::getenv("TEST_TMPDIR")) / name).string();
+  qwen_image::ModelPreset preset = qwen_image::PresetNamed("tiny").value();
+  preset.pipeline = pipeline;
+  if (!qwen_image::WriteRandomQwenImageModel(path, preset, 0).ok()) std::abort();
+  return path;
+}
+
+}  // namespace
+
+std::string TinyModelDir(qwen_image::EditPipelineKind pipeline) {
+  if (pipeline == qwen_image::EditPipelineKind::kEditPlus) {
+    static const std::string plus = WriteTinyModel("tiny_plus", pipeline);
+    return plus;
+  }
+  static const std::string edit = WriteTinyModel("tiny", pipeline);
+  return edit;
 }
 
 ImageEditConfig TestConfig(const std::vector<std::string>& overrides) {

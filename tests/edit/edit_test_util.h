@@ -13,12 +13,15 @@
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
 #include "workers/edit/image_edit_controller.h"
+#include "workers/models/qwen_image/model.h"
 #include "workers/pipeline/edit_config.h"
 
 namespace dray {
 
-// TinyModelDir writes the tiny model once per test binary and returns its folder.
-std::string TinyModelDir();
+// TinyModelDir writes the tiny model (made for `pipeline`) once per test
+// binary and returns its folder.
+std::string TinyModelDir(
+    qwen_image::EditPipelineKind pipeline = qwen_image::EditPipelineKind::kEdit);
 
 // TestConfig: the tiny model at 64^2 with 2 steps (guidance on), plus `overrides`.
 ImageEditConfig TestConfig(const std::vector<std::string>& overrides = {});

@@ -159,6 +159,80 @@ TEST_F(ImageEditServerTest, InvalidRequestsAreInvalidArgument) {
   DRAY_EXPECT_OK(Edit(*serving_, Request(0, 1)).status());
 }
 
+TEST_F(ImageEditServerTest, AModelForOneImageRefusesMore) {
+  v1::EditImageRequest request = Request(0, 1);
+  request.add_more_images(Request(1, 1).image());
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("row 0: 2 input images; this model takes 1"),
+                             ::testing::Not(HasSubstr("rank")))));  // refused before the workers
+}
+
+// An Edit-Plus model (Qwen-Image-Edit-2509/2511) served: requests carry one
+// to three pictures and share worker calls, each answered as alone.
+class EditPlusServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    serving_ = new Serving(Serve(TestConfig({absl::StrCat(
+        "worker.image_edit.model_path=", TinyModelDir(qwen_image::EditPipelineKind::kEditPlus))})));
+  }
+  static void TearDownTestSuite() { delete serving_; }
+
+  // PlusRequest: test image `first` and then `more` others as its pictures.
+  static v1::EditImageRequest PlusRequest(int first, int more, int64_t seed) {
+    v1::EditImageRequest request = Request(first, seed);
+    for (int i = 1; i <= more; ++i) request.add_more_images(Request(first + i, seed).image());
+    request.set_instruction("put picture 1 into the last picture");
+    return request;
+  }
+  static Serving* serving_;
+};
+Serving* EditPlusServerTest::serving_ = nullptr;
+
+TEST_F(EditPlusServerTest, SeveralPicturesAnswerAsTheWorkersCompute) {
+  const v1::EditImageRequest request = PlusRequest(0, 2, /*seed=*/5);
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse response, Edit(*serving_, request));
+  const std::vector<std::vector<Bytes>> pictures = {
+      {request.image(), request.more_images(0), request.more_images(1)}};
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      DataProto direct,
+      serving_->controller->Edit(MakeEditBatch(pictures, {request.instruction()}, {5}).value()));
+  EXPECT_TRUE(at::equal(DecodeImage(response.image()).value(), EditedImages(direct).front()));
+}
+
+TEST_F(EditPlusServerTest, RequestsWithDifferentPictureCountsShareABatch) {
+  v1::EditImageBatchRequest request;
+  for (int more = 0; more < 3; ++more) *request.add_requests() = PlusRequest(more, more, 10 + more);
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Minutes(2));
+  v1::EditImageBatchResponse response;
+  DRAY_ASSERT_OK(ToAbslStatus(
+      v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
+      "EditBatch"));
+  ASSERT_EQ(response.responses_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse alone, Edit(*serving_, request.requests(i)));
+    EXPECT_EQ(response.responses(i).image(), alone.image()) << "request " << i;
+  }
+}
+
+TEST_F(EditPlusServerTest, PicturesTheModelCannotTakeAreRefusedNamingThem) {
+  v1::EditImageRequest request = PlusRequest(0, 3, 1);
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("more_images holds 3 images; at most 2")));
+  request = PlusRequest(0, 1, 1);
+  request.set_instruction("the sky of picture 3");
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("names \"picture 3\" but the row has 2 input images"),
+                             ::testing::Not(HasSubstr("rank")))));
+  request = PlusRequest(0, 1, 1);
+  request.set_more_images(0, "GIF89a");
+  EXPECT_THAT(Edit(*serving_, request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("picture 2: ")));
+}
+
 // InstructionOfTokens returns " a a a ..." of exactly `tokens` tokens.
 std::string InstructionOfTokens(const BpeTokenizer& tokenizer, int64_t tokens) {
   std::string text;

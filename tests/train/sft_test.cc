@@ -53,7 +53,7 @@ TEST(SftTest, TheLossIsTheFlowMatchingLossComputedByHand) {
   qwen_image::QwenImageEditPipeline pipeline(std::move(model));
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
   std::vector<qwen_image::EditInput> inputs;
-  for (const EditRow& row : rows) inputs.push_back({{row.image}, row.instruction, row.seed});
+  for (const EditRow& row : rows) inputs.push_back({row.images, row.instruction, row.seed});
   qwen_image::EditOptions options;
   options.image_size = 64;
   options.width = options.height = 64;
@@ -99,13 +99,13 @@ TEST(SftTest, PairsOfSeveralSizesTrainOneSizeAStepAtTheirAspectRatio) {
     DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->PairedBatch(step));
     DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
     for (const EditRow& row : rows) {
-      EXPECT_EQ(row.image.sizes(), rows.front().image.sizes()) << "step " << step;
+      EXPECT_EQ(row.images[0].sizes(), rows.front().images[0].sizes()) << "step " << step;
     }
-    sizes_seen.insert({rows.front().image.size(0), rows.front().image.size(1)});
+    sizes_seen.insert({rows.front().images[0].size(0), rows.front().images[0].size(1)});
     // Each rank edits (as sft_update prepares) its rows at their aspect
     // ratio: about 64^2 pixels, sides multiples of 32, as the edit pipeline
     // sizes them.
-    const bool wide = rows.front().image.size(1) > rows.front().image.size(0);
+    const bool wide = rows.front().images[0].size(1) > rows.front().images[0].size(0);
     DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> edited,
                               trainer->group().Call("edit", {batch}));
     for (const Image& output : *edited.front().GetRows<Image>(kEditedColumn).value()) {

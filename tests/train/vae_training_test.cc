@@ -116,7 +116,7 @@ TEST(VaeTrainingTest, BetaZeroTrainsAPlainAutoencoderOfThePosteriorsMean) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<EditRow> rows, DecodeEditRows(batch, 0));
   std::vector<at::Tensor> images;
   for (size_t i = 0; i < rows.size(); ++i) {
-    images.push_back(rows[i].image);
+    images.push_back(rows[i].images[0]);
     images.push_back(DecodeImageRow((*batch.GetRows<Image>(kTargetsColumn).value())[i]).value());
   }
   for (at::Tensor& image : images) image = ResizeImage(image, 64, 64, Resample::kLanczos).value();

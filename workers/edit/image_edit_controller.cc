@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
   }
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
                         BpeTokenizer::FromDirectory(model_path + "/tokenizer"));
+  DRAY_ASSIGN_OR_RETURN(controller->pipeline_, EditPipelineKindOf(config));
   controller->count_tokens_ =
       CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
   const Options& launch = controller->options_;
@@ -85,7 +86,7 @@ absl::StatusOr<DataProto> ImageEditController::Edit(const DataProto& batch,
 }
 
 absl::Status ImageEditController::CheckRows(const DataProto& batch, int64_t first_row) const {
-  return CheckEditBatch(batch, config_, count_tokens_, first_row);
+  return CheckEditBatch(batch, config_, pipeline_, count_tokens_, first_row);
 }
 
 absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(

@@ -128,6 +128,7 @@ class ImageEditController final : public EditBackend {
   const Options options_;
   std::optional<ScratchDir> embedded_;  // the tiny model, when no model_path
   PromptTokenCounter count_tokens_;     // the model's tokenizer, for admission
+  qwen_image::EditPipelineKind pipeline_ = qwen_image::EditPipelineKind::kEdit;  // the model's
   std::unique_ptr<SupervisedGroup> workers_;
 
   mutable absl::Mutex mu_;

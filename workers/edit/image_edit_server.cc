@@ -39,8 +39,8 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
 
 // QueuedEdit: one image waiting for, or in, a batch.
 struct QueuedEdit {
-  MetaInfo options;  // the worker call's meta info: requests batch together when equal
-  Bytes image;
+  MetaInfo options;           // the worker call's meta info: requests batch together when equal
+  std::vector<Bytes> images;  // its pictures
   std::string instruction;
   int64_t seed = 0;
   absl::Time enqueued;
@@ -200,13 +200,21 @@ absl::Status ImageEditServer::Impl::EditAll(const v1::EditImageBatchRequest& req
 absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
     const v1::EditImageRequest& request, int64_t row, absl::Time deadline) const {
   const ImageEditConfig& config = backend_->config();
-  if (static_cast<int64_t>(request.image().size()) > options_.max_image_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the image has ",
-                                                   request.image().size(), " bytes; at most ",
-                                                   options_.max_image_bytes, " are accepted"));
+  if (request.more_images_size() > kMaxPictures - 1) {
+    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": more_images holds ",
+                                                   request.more_images_size(), " images; at most ",
+                                                   kMaxPictures - 1));
   }
   auto edit = std::make_shared<QueuedEdit>();
-  edit->image = Bytes(request.image());
+  edit->images.push_back(Bytes(request.image()));
+  for (const std::string& image : request.more_images()) edit->images.push_back(Bytes(image));
+  for (size_t p = 0; p < edit->images.size(); ++p) {
+    if (static_cast<int64_t>(edit->images[p].size()) > options_.max_image_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row ", row, ": ", p == 0 ? "the image" : absl::StrCat("picture ", p + 1), " has ",
+          edit->images[p].size(), " bytes; at most ", options_.max_image_bytes, " are accepted"));
+    }
+  }
   edit->instruction = request.instruction();
   edit->seed = request.has_seed() ? request.seed() : config.seed;
   edit->deadline = deadline;
@@ -220,7 +228,8 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
                    {"width", int64_t{request.width()}},
                    {"height", int64_t{request.height()}}};
   DRAY_ASSIGN_OR_RETURN(DataProto row_batch,
-                        MakeEditBatch({edit->image}, {edit->instruction}, {edit->seed}));
+                        MakeEditBatch(std::vector<std::vector<Bytes>>{edit->images},
+                                      {edit->instruction}, {edit->seed}));
   for (const auto& [key, value] : edit->options) row_batch.SetMeta(key, value);
   DRAY_RETURN_IF_ERROR(backend_->CheckRows(row_batch, row));
   return edit;
@@ -334,12 +343,12 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
 }
 
 void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
-  std::vector<Bytes> images;
+  std::vector<std::vector<Bytes>> images;
   std::vector<std::string> instructions;
   std::vector<int64_t> seeds;
   absl::Time deadline = absl::InfinitePast();
   for (const auto& edit : batch) {
-    images.push_back(edit->image);
+    images.push_back(edit->images);
     instructions.push_back(edit->instruction);
     seeds.push_back(edit->seed);
     deadline = std::max(deadline, edit->deadline);

@@ -46,7 +46,8 @@ class FakeBackend final : public EditBackend {
   }
   void CancelAll(const absl::Status&) override {}
   absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override {
-    return CheckEditBatch(batch, config_, /*count_tokens=*/nullptr, first_row);
+    return CheckEditBatch(batch, config_, qwen_image::EditPipelineKind::kEdit,
+                          /*count_tokens=*/nullptr, first_row);
   }
   absl::Status Health() const override {
     absl::MutexLock lock(&mu_);

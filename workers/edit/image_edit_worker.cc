@@ -57,8 +57,8 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   if (model_ == nullptr)
     return absl::FailedPreconditionError("call init_model before editing images");
   // Admission again: a caller other than the controller gets the same limits.
-  DRAY_RETURN_IF_ERROR(
-      CheckEditBatch(batch, model_->config, CountTokensWith(model_->model().tokenizer)));
+  DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, model_->config, model_->model().pipeline,
+                                      CountTokensWith(model_->model().tokenizer)));
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, model_->config.seed));
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
                         EditOptionsFor(model_->config, batch.meta_info()));
@@ -73,7 +73,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   for (size_t start = 0; start < rows.size(); start += micro_batch) {
     std::vector<qwen_image::EditInput>& inputs = micro_batches.emplace_back();
     for (size_t i = start; i < std::min(rows.size(), start + micro_batch); ++i) {
-      inputs.push_back({{rows[i].image}, rows[i].instruction, rows[i].seed});  // on the CPU
+      inputs.push_back({rows[i].images, rows[i].instruction, rows[i].seed});  // on the CPU
     }
     total_steps += qwen_image::DenoisingLoops(inputs) * options.num_inference_steps;
   }

@@ -2,6 +2,11 @@
 
 #include <ATen/ops/from_blob.h>
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/image/image_codec.h"
@@ -81,14 +86,19 @@ absl::Status CheckPromptTokens(absl::string_view what, absl::string_view text,
 
 // EditColumns: a batch's columns, checked for presence and type.
 struct EditColumns {
-  const std::vector<Image>* images = nullptr;
+  std::vector<const std::vector<Image>*> pictures;  // picture 1's, then those present
   const std::vector<std::string>* instructions = nullptr;
   const std::vector<int64_t>* seeds = nullptr;  // null: no seeds column
 };
 
 absl::StatusOr<EditColumns> ColumnsOf(const DataProto& batch) {
   EditColumns columns;
-  DRAY_ASSIGN_OR_RETURN(columns.images, batch.GetRows<Image>(kImagesColumn));
+  for (int picture = 1; picture <= kMaxPictures; ++picture) {
+    const std::string column = PictureColumn(picture);
+    if (picture > 1 && !batch.HasColumn(column)) break;
+    DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, batch.GetRows<Image>(column));
+    columns.pictures.push_back(images);
+  }
   DRAY_ASSIGN_OR_RETURN(columns.instructions, batch.GetRows<std::string>(kInstructionsColumn));
   if (batch.HasColumn(kSeedsColumn)) {
     DRAY_ASSIGN_OR_RETURN(columns.seeds, batch.GetRows<int64_t>(kSeedsColumn));
@@ -112,6 +122,47 @@ absl::StatusOr<uint64_t> SeedOf(const EditColumns& columns, int64_t row, int64_t
   return static_cast<uint64_t>(seed);
 }
 
+// PicturesOf: row `row`'s pictures, in order; an empty image ends them,
+// and no picture may follow it.
+absl::StatusOr<std::vector<const Image*>> PicturesOf(const EditColumns& columns, int64_t row) {
+  std::vector<const Image*> pictures;
+  for (size_t p = 0; p < columns.pictures.size(); ++p) {
+    const Image& image = (*columns.pictures[p])[row];
+    if (image.bytes.empty()) continue;
+    if (pictures.size() != p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("picture ", p + 1, " is given without picture ", pictures.size() + 1));
+    }
+    pictures.push_back(&image);
+  }
+  if (pictures.empty()) return absl::InvalidArgumentError("the row has no input image");
+  return pictures;
+}
+
+// PictureError: a picture's error, naming it when the row has several.
+std::string PictureError(size_t picture, size_t pictures, const absl::Status& error) {
+  if (pictures == 1) return std::string(error.message());
+  return absl::StrCat("picture ", picture + 1, ": ", error.message());
+}
+
+// CheckPictures probes a row's pictures, holds their number to what `kind`
+// takes and the output, sized after the last one, to max_pixels.
+absl::Status CheckPictures(const EditColumns& columns, int64_t row,
+                           const qwen_image::EditOptions& options, int64_t max_pixels,
+                           qwen_image::EditPipelineKind kind) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<const Image*> pictures, PicturesOf(columns, row));
+  DRAY_RETURN_IF_ERROR(
+      qwen_image::CheckPictureCount(pictures.size(), (*columns.instructions)[row], kind));
+  std::pair<int64_t, int64_t> size;
+  for (size_t p = 0; p < pictures.size(); ++p) {
+    absl::StatusOr<std::pair<int64_t, int64_t>> probed = ProbeRow(*pictures[p]);
+    if (!probed.ok())
+      return absl::InvalidArgumentError(PictureError(p, pictures.size(), probed.status()));
+    size = *probed;
+  }
+  return CheckOutputSize(size, options, max_pixels);
+}
+
 template <typename T>
 absl::StatusOr<T> MetaOr(const MetaInfo& meta, const char* key, T fallback) {
   auto it = meta.find(key);
@@ -128,13 +179,35 @@ Image EncodedImageRow(const Bytes& bytes) {
   return {IsJpeg(bytes.view()) ? Image::Format::kJpeg : Image::Format::kPng, 0, 0, 0, bytes};
 }
 
+std::string PictureColumn(int picture) {
+  return picture == 1 ? kImagesColumn : absl::StrCat(kImagesColumn, "_", picture);
+}
+
 absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds) {
-  std::vector<Image> rows;
-  for (const Bytes& bytes : images) rows.push_back(EncodedImageRow(bytes));
-  NonTensorColumns columns = {{kImagesColumn, std::move(rows)},
-                              {kInstructionsColumn, instructions}};
+  std::vector<std::vector<Bytes>> pictures;
+  for (const Bytes& bytes : images) pictures.push_back({bytes});
+  return MakeEditBatch(pictures, instructions, seeds);
+}
+
+absl::StatusOr<DataProto> MakeEditBatch(const std::vector<std::vector<Bytes>>& pictures,
+                                        const std::vector<std::string>& instructions,
+                                        const std::vector<int64_t>& seeds) {
+  size_t most = 1;
+  for (const std::vector<Bytes>& row : pictures) most = std::max(most, row.size());
+  if (most > kMaxPictures) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a row has ", most, " input images; at most ", kMaxPictures));
+  }
+  NonTensorColumns columns;
+  for (size_t p = 0; p < most; ++p) {
+    std::vector<Image> images;
+    for (const std::vector<Bytes>& row : pictures)
+      images.push_back(p < row.size() ? EncodedImageRow(row[p]) : Image{});
+    columns.emplace_back(PictureColumn(static_cast<int>(p) + 1), std::move(images));
+  }
+  columns.emplace_back(kInstructionsColumn, instructions);
   if (!seeds.empty()) columns.emplace_back(kSeedsColumn, seeds);
   return DataProto::Make({}, std::move(columns));
 }
@@ -145,9 +218,16 @@ absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int6
   for (int64_t row = 0; row < batch.size(); ++row) {
     absl::StatusOr<uint64_t> seed = SeedOf(columns, row, default_seed);
     if (!seed.ok()) return BadRow(row, seed.status().message());
-    absl::StatusOr<at::Tensor> image = DecodeImageRow((*columns.images)[row]);
-    if (!image.ok()) return BadRow(row, image.status().message());
-    rows.push_back({*std::move(image), (*columns.instructions)[row], *seed});
+    absl::StatusOr<std::vector<const Image*>> pictures = PicturesOf(columns, row);
+    if (!pictures.ok()) return BadRow(row, pictures.status().message());
+    EditRow& decoded = rows.emplace_back();
+    for (size_t p = 0; p < pictures->size(); ++p) {
+      absl::StatusOr<at::Tensor> image = DecodeImageRow(*(*pictures)[p]);
+      if (!image.ok()) return BadRow(row, PictureError(p, pictures->size(), image.status()));
+      decoded.images.push_back(*std::move(image));
+    }
+    decoded.instruction = (*columns.instructions)[row];
+    decoded.seed = *seed;
   }
   return rows;
 }
@@ -159,6 +239,7 @@ PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer
 }
 
 absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& config,
+                            qwen_image::EditPipelineKind kind,
                             const PromptTokenCounter& count_tokens, int64_t first_row) {
   DRAY_ASSIGN_OR_RETURN(EditColumns columns, ColumnsOf(batch));
   absl::StatusOr<qwen_image::EditOptions> options = EditOptionsFor(config, batch.meta_info());
@@ -174,10 +255,7 @@ absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& confi
       checked = CheckPromptTokens("instruction", (*columns.instructions)[row], count_tokens,
                                   config.max_prompt_tokens);
     }
-    if (checked.ok()) {
-      absl::StatusOr<std::pair<int64_t, int64_t>> size = ProbeRow((*columns.images)[row]);
-      checked = size.ok() ? CheckOutputSize(*size, *options, config.max_pixels) : size.status();
-    }
+    if (checked.ok()) checked = CheckPictures(columns, row, *options, config.max_pixels, kind);
     if (!checked.ok()) return BadRow(first_row + row, checked.message());
   }
   return absl::OkStatus();
@@ -190,6 +268,11 @@ absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed) 
   DataProto seeded = batch;
   DRAY_RETURN_IF_ERROR(seeded.AddNonTensor(kSeedsColumn, std::move(seeds)));
   return seeded;
+}
+
+absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditConfig& config) {
+  if (config.model_path.empty()) return qwen_image::EditPipelineKind::kEdit;
+  return qwen_image::ReadEditPipelineKind(config.model_path);
 }
 
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,

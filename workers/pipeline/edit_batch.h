@@ -2,7 +2,10 @@
 // QwenImageEditWorker and the worker returns them, and the checks every row
 // passes before any model sees it:
 //
-//   in   preliminary_edited_images  images (PNG, JPEG, or raw RGB)
+//   in   preliminary_edited_images  images (PNG, JPEG, or raw RGB): picture 1
+//        preliminary_edited_images_2, _3
+//                                   optional, Edit-Plus models: pictures 2 and 3
+//                                   (a row with fewer holds an empty image)
 //        re_edit_instructions       strings, not empty
 //        seeds                      ints, optional: each row's noise seed
 //   out  final_edited_images        PNG images, in the input's row order
@@ -12,7 +15,7 @@
 // off), width and height (0 follows the input's aspect ratio).
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
-//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, config, tokens));  // headers only, no pixels
+//   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, config, kind, tokens));  // headers only
 //   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, seed));  // a worker
 #ifndef DRAY_WORKERS_PIPELINE_EDIT_BATCH_H_
 #define DRAY_WORKERS_PIPELINE_EDIT_BATCH_H_
@@ -39,13 +42,20 @@ inline constexpr char kInstructionsColumn[] = "re_edit_instructions";
 inline constexpr char kSeedsColumn[] = "seeds";
 inline constexpr char kEditedColumn[] = "final_edited_images";
 
+// kMaxPictures: the most input images a row carries (Edit-Plus's three).
+inline constexpr int kMaxPictures = 3;
+
+// PictureColumn: the column of picture `picture` (1-based): kImagesColumn,
+// then "preliminary_edited_images_2", ...
+std::string PictureColumn(int picture);
+
 // Limits on one row: larger inputs are INVALID_ARGUMENT, never a crash.
 inline constexpr int64_t kMaxInputPixels = int64_t{4096} * 4096;
 inline constexpr int64_t kMaxInstructionBytes = 4096;
 
 // EditRow: one decoded, checked row.
 struct EditRow {
-  at::Tensor image;  // RGB, uint8 [H, W, 3]
+  std::vector<at::Tensor> images;  // its pictures, RGB uint8 [H, W, 3]
   std::string instruction;
   uint64_t seed = 0;
 };
@@ -55,9 +65,13 @@ struct EditRow {
 Image EncodedImageRow(const Bytes& bytes);
 
 // MakeEditBatch builds a batch from encoded images (PNG or JPEG, told apart
-// by their signature; the rows share the buffers), instructions and, when
-// not empty, per-row seeds.
+// by their signature; the rows share the buffers): one per row, or each
+// row's pictures (1 to kMaxPictures); instructions and, when not empty,
+// per-row seeds.
 absl::StatusOr<DataProto> MakeEditBatch(const std::vector<Bytes>& images,
+                                        const std::vector<std::string>& instructions,
+                                        const std::vector<int64_t>& seeds = {});
+absl::StatusOr<DataProto> MakeEditBatch(const std::vector<std::vector<Bytes>>& pictures,
                                         const std::vector<std::string>& instructions,
                                         const std::vector<int64_t>& seeds = {});
 
@@ -79,18 +93,24 @@ PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer
 
 // CheckEditBatch is admission: it makes DecodeEditRows' checks from the
 // image headers alone (no pixel is decoded; PNG and JPEG bodies are first
-// read by the worker) and holds each row to `config`'s budget: the meta
+// read by the worker), holds each row's pictures to what a pipeline of
+// `kind` takes (CheckPictureCount), and to `config`'s budget: the meta
 // options (EditOptionsFor), an output of at most max_pixels, and an
 // instruction and negative prompt of at most max_prompt_tokens (counted by
 // `count_tokens`; null counts none). INVALID_ARGUMENT names the row and the
 // limit; rows count from `first_row`.
 absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& config,
+                            qwen_image::EditPipelineKind kind,
                             const PromptTokenCounter& count_tokens, int64_t first_row = 0);
 
 // WithSeeds returns `batch` with a seeds column: its own, or `first_seed` +
 // each row's index. The controller adds them before dispatch, so a row's
 // noise depends on neither how the batch is split nor where the row lands.
 absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed);
+
+// EditPipelineKindOf: the pipeline of `config`'s model directory (the
+// embedded model, with no model_path: Qwen-Image-Edit's).
+absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditConfig& config);
 
 // EditOptionsFor returns the pipeline options of `config`, overridden by
 // the batch's meta info (keys above; a wrong type is INVALID_ARGUMENT).

@@ -214,7 +214,7 @@ struct FlowGrpoWorker::State {
       const int64_t end = std::min<int64_t>(rows.size(), start + config.micro_batch_size);
       MicroBatch& micro = out.emplace_back();
       for (int64_t i = start; i < end; ++i)
-        micro.inputs.push_back({{rows[i].image}, rows[i].instruction, rows[i].seed});  // on the CPU
+        micro.inputs.push_back({rows[i].images, rows[i].instruction, rows[i].seed});  // on the CPU
       auto rows_of = [&](const char* column) -> absl::StatusOr<at::Tensor> {
         DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
         return all.slice(0, start, end).to(model->device);

@@ -56,13 +56,9 @@ absl::Status CheckOptions(const EditOptions& options) {
 
 // CheckInput checks one row for a pipeline of `kind`.
 absl::Status CheckInput(const EditInput& input, size_t row, EditPipelineKind kind) {
-  const bool plus = kind == EditPipelineKind::kEditPlus;
-  const size_t most = plus ? kMaxEditPlusImages : 1;
-  if (input.images.empty() || input.images.size() > most) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "row ", row, ": ", input.images.size(), " input images; ",
-        plus ? "Qwen-Image-Edit-2509/2511 (Edit-Plus) takes 1 to " : "this model takes ", most,
-        plus ? "" : " (an Edit-Plus model takes up to 3)"));
+  if (absl::Status count = CheckPictureCount(input.images.size(), input.instruction, kind);
+      !count.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("row ", row, ": ", count.message()));
   }
   for (size_t i = 0; i < input.images.size(); ++i) {
     const at::Tensor& image = input.images[i];
@@ -70,18 +66,6 @@ absl::Status CheckInput(const EditInput& input, size_t row, EditPipelineKind kin
         image.scalar_type() != at::kByte || image.size(0) < 1 || image.size(1) < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("row ", row, ", image ", i + 1, ": the image must be RGB uint8 [H, W, 3]"));
-    }
-  }
-  if (!plus) return absl::OkStatus();
-  static const std::regex kPicture("picture\\s*(\\d+)", std::regex::icase);
-  for (auto it = std::sregex_iterator(input.instruction.begin(), input.instruction.end(), kPicture);
-       it != std::sregex_iterator(); ++it) {
-    const std::string number = (*it)[1].str();
-    if (number.size() > 2 || std::stoi(number) < 1 ||
-        std::stoi(number) > static_cast<int>(input.images.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("row ", row, ": the instruction names \"",
-                                                     it->str(), "\" but the row has ",
-                                                     input.images.size(), " input images"));
     }
   }
   return absl::OkStatus();
@@ -196,6 +180,31 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
     kept.push_back(hidden[b].narrow(0, dropped_tokens_, length));
   }
   return PadPrompts(kept);
+}
+
+absl::Status CheckPictureCount(size_t images, absl::string_view instruction,
+                               EditPipelineKind kind) {
+  const bool plus = kind == EditPipelineKind::kEditPlus;
+  const size_t most = plus ? kMaxEditPlusImages : 1;
+  if (images == 0 || images > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        images, " input images; ",
+        plus ? "Qwen-Image-Edit-2509/2511 (Edit-Plus) takes 1 to " : "this model takes ", most,
+        plus ? "" : " (an Edit-Plus model takes up to 3)"));
+  }
+  if (!plus) return absl::OkStatus();
+  static const std::regex kPicture("picture\\s*(\\d+)", std::regex::icase);
+  const std::string text(instruction);
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kPicture);
+       it != std::sregex_iterator(); ++it) {
+    const std::string number = (*it)[1].str();
+    if (number.size() > 2 || std::stoi(number) < 1 ||
+        std::stoi(number) > static_cast<int>(images)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the instruction names \"", it->str(), "\" but the row has ", images, " input images"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> ExpandImagePads(const std::vector<int64_t>& ids,

@@ -162,6 +162,12 @@ class ConditionCache {
   std::vector<Entry> entries_;
 };
 
+// CheckPictureCount: whether a row of `images` input images asking
+// `instruction` suits a pipeline of `kind` (Edit: one image; Edit-Plus: one
+// to kMaxEditPlusImages, and the instruction names no picture beyond them):
+// INVALID_ARGUMENT saying why.
+absl::Status CheckPictureCount(size_t images, absl::string_view instruction, EditPipelineKind kind);
+
 // SameSizeGroups returns the indices of `inputs` grouped by their images'
 // sizes (each group one denoising loop), after checking every row for a
 // pipeline of `kind` and `options`: INVALID_ARGUMENT naming the row for a

@@ -38,9 +38,9 @@ constexpr Component kComponents[] = {
     {"processor", "transformers", "Qwen2VLProcessor"},
 };
 
-// ReadModelIndex verifies that model_index.json names the components dray
-// loads, and returns the pipeline it names.
-absl::StatusOr<EditPipelineKind> ReadModelIndex(const std::string& dir) {
+}  // namespace
+
+absl::StatusOr<EditPipelineKind> ReadEditPipelineKind(const std::string& dir) {
   const std::string path = (fs::path(dir) / "model_index.json").string();
   std::ifstream in(path);
   if (!in) {
@@ -65,6 +65,8 @@ absl::StatusOr<EditPipelineKind> ReadModelIndex(const std::string& dir) {
                                                  " or ", kEditPlusPipelineClass, ", found ",
                                                  pipeline.dump()));
 }
+
+namespace {
 
 absl::Status WriteText(const fs::path& path, const std::string& text) {
   return WriteFile(path.string(), absl::StrCat(text, "\n"));
@@ -141,7 +143,7 @@ absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::Te
                                                   Weights weights) {
   const fs::path root(dir);
   QwenImageModel model;
-  DRAY_ASSIGN_OR_RETURN(model.pipeline, ReadModelIndex(dir));
+  DRAY_ASSIGN_OR_RETURN(model.pipeline, ReadEditPipelineKind(dir));
   DRAY_ASSIGN_OR_RETURN(
       model.scheduler,
       FlowMatchEulerConfig::FromFile((root / "scheduler" / "scheduler_config.json").string()));

@@ -61,6 +61,10 @@ struct QwenImageModel {
 absl::StatusOr<QwenImageModel> LoadQwenImageModel(const std::string& dir, at::TensorOptions options,
                                                   Weights weights = Weights::kRead);
 
+// ReadEditPipelineKind: the pipeline the model directory `dir` names in its
+// model_index.json (checking its components as LoadQwenImageModel does).
+absl::StatusOr<EditPipelineKind> ReadEditPipelineKind(const std::string& dir);
+
 // ModelPreset: the configuration of a model directory to write.
 struct ModelPreset {
   EditPipelineKind pipeline = EditPipelineKind::kEdit;
