@@ -26,11 +26,14 @@ uint64_t StreamSeed(uint64_t seed, SeedStream stream, uint64_t index) {
 
 PromptSampler::PromptSampler(const TrainConfig& config, std::vector<TrainPrompt> prompts)
     : config_(config), prompts_(std::move(prompts)) {
-  std::map<std::pair<int64_t, int64_t>, size_t> bucket_of_size;
+  // A bucket: prompts whose pictures have the same sizes (one denoising loop).
+  std::map<std::vector<std::pair<int64_t, int64_t>>, size_t> bucket_of_size;
   for (size_t i = 0; i < prompts_.size(); ++i) {
-    const std::pair<int64_t, int64_t> size = {prompts_[i].pixels.size(0),
-                                              prompts_[i].pixels.size(1)};
-    const auto [it, added] = bucket_of_size.emplace(size, buckets_.size());
+    std::vector<std::pair<int64_t, int64_t>> sizes = {
+        {prompts_[i].pixels.size(0), prompts_[i].pixels.size(1)}};
+    for (const at::Tensor& pixels : prompts_[i].more_pixels)
+      sizes.push_back({pixels.size(0), pixels.size(1)});
+    const auto [it, added] = bucket_of_size.emplace(sizes, buckets_.size());
     if (added) buckets_.emplace_back();
     buckets_[it->second].push_back(i);
     bucket_of_.push_back(it->second);
@@ -64,12 +67,12 @@ std::vector<const TrainPrompt*> PromptSampler::PromptsOf(int64_t step) const {
 }
 
 absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies) const {
-  std::vector<Bytes> images;
+  std::vector<std::vector<Bytes>> images;
   std::vector<std::string> instructions;
   std::vector<int64_t> seeds;
   for (const TrainPrompt* prompt : PromptsOf(step)) {
     for (int64_t g = 0; g < copies; ++g) {
-      images.push_back(prompt->image);
+      images.push_back(prompt->pictures());
       instructions.push_back(prompt->instruction);
       seeds.push_back(
           static_cast<int64_t>(Seed(SeedStream::kSampleSeed, step * 1000003 + seeds.size()) >> 2));

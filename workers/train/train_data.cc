@@ -13,6 +13,7 @@
 #include "base/files.h"
 #include "base/status_macros.h"
 #include "workers/image/image_codec.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 namespace {
@@ -63,7 +64,34 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
       return absl::OkStatus();
     };
     TrainPrompt prompt;
-    DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
+    if (row.contains("images")) {
+      const nlohmann::json images = row["images"];
+      if (row.contains("image") || !images.is_array() || images.empty() ||
+          images.size() > static_cast<size_t>(kMaxPictures)) {
+        return BadLine(jsonl_path, line,
+                       absl::StrCat("\"images\" must be a list of 1 to ", kMaxPictures,
+                                    " paths, and the row must not also name an \"image\""));
+      }
+      for (size_t p = 0; p < images.size(); ++p) {
+        row["image"] = images[p];
+        std::string path;
+        Bytes bytes;
+        at::Tensor pixels;
+        DRAY_RETURN_IF_ERROR(read_image("image", path, bytes, pixels));
+        if (p == 0) {
+          prompt.image_path = path;
+          prompt.image = bytes;
+          prompt.pixels = pixels;
+        } else {
+          prompt.more_image_paths.push_back(path);
+          prompt.more_images.push_back(bytes);
+          prompt.more_pixels.push_back(pixels);
+        }
+      }
+      row.erase("images");
+    } else {
+      DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
+    }
     if (with_targets) {
       std::string target_path;
       DRAY_RETURN_IF_ERROR(read_image("target", target_path, prompt.target, prompt.target_pixels));
@@ -75,6 +103,18 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
   }
   if (prompts.empty()) return absl::InvalidArgumentError(absl::StrCat(jsonl_path, " has no rows"));
   return prompts;
+}
+
+std::string TrainPrompt::group() const {
+  std::string group = instruction + "\n" + image_path;
+  for (const std::string& path : more_image_paths) absl::StrAppend(&group, "\n", path);
+  return group;
+}
+
+std::vector<Bytes> TrainPrompt::pictures() const {
+  std::vector<Bytes> all = {image};
+  all.insert(all.end(), more_images.begin(), more_images.end());
+  return all;
 }
 
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {

@@ -1,7 +1,8 @@
 // The prompts a training job draws from: JSONL rows {"image": PATH,
-// "instruction": TEXT, ...} (PATH relative to the file's folder; the other
-// fields reach the reward functions; SFT rows also name their "target"
-// image), or the embedded tasks.
+// "instruction": TEXT, ...}, or for an Edit-Plus model {"images": [PATH,
+// ...], ...} with one to three pictures (PATH relative to the file's
+// folder; the other fields reach the reward functions; SFT rows also name
+// their "target" image), or the embedded tasks.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts("train.jsonl"));
 //
@@ -29,12 +30,18 @@ struct TrainPrompt {
   std::string image_path;
   Bytes image;        // the file's bytes, as sent to the workers
   at::Tensor pixels;  // decoded, uint8 [H, W, 3], for rewards and sample grids
+  // Pictures 2 and 3 of an "images" row, as `image_path`, `image`, `pixels`.
+  std::vector<std::string> more_image_paths;
+  std::vector<Bytes> more_images;
+  std::vector<at::Tensor> more_pixels;
   std::string instruction;
   nlohmann::json fields;  // the row's other fields
   Bytes target;           // SFT: the edited image the row asks for
   at::Tensor target_pixels;
-  // group: what makes samples comparable (GRPO's group): instruction and image.
-  std::string group() const { return instruction + "\n" + image_path; }
+  // group: what makes samples comparable (GRPO's group): instruction and images.
+  std::string group() const;
+  // pictures: every input image's bytes, picture 1 first.
+  std::vector<Bytes> pictures() const;
 };
 
 // ReadTrainPrompts reads every row; `with_targets` (SFT) requires and reads
