@@ -235,8 +235,6 @@ class QwenImageEditPipeline {
   absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
                                      const StepCallback& on_step);
 
-  bool plus() const { return model_.pipeline == EditPipelineKind::kEditPlus; }
-
   QwenImageModel model_;
   int64_t dropped_tokens_;  // template tokens whose hidden states are dropped
 };
