@@ -135,6 +135,7 @@ absl::Status SupervisedGroup::RestartAfter(absl::Status cause) {
             absl::StrCat("the workers failed and all ", options_.max_restarts,
                          " restarts are used up; last cause: ", cause.message()));
         Log(who, std::string(unavailable_.message()));
+        given_up_flag_ = true;
         given_up_.Notify();
         return unavailable_;
       }
@@ -171,6 +172,18 @@ absl::StatusOr<std::shared_ptr<WorkerGroup>> SupervisedGroup::Serving() const {
   if (!unavailable_.ok()) return unavailable_;
   if (group_ == nullptr) return absl::UnavailableError("the workers have stopped");
   return group_;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerGroup>> SupervisedGroup::AwaitServing(
+    absl::Duration timeout) const {
+  {
+    absl::MutexLock lock(&mu_);
+    auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return (unavailable_.ok() && group_ != nullptr) || given_up_flag_ || stopping_;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&settled), timeout);
+  }
+  return Serving();
 }
 
 absl::Status SupervisedGroup::Health() const {

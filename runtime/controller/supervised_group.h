@@ -104,6 +104,11 @@ class SupervisedGroup {
   // left to its owner (group(): cancel its calls, abort it).
   void Stop(const absl::Status& why);
 
+  // AwaitServing waits up to `timeout` for the group to serve (a restart to
+  // finish), for the restarts to run out, or for Stop; then answers as
+  // Serving.
+  absl::StatusOr<std::shared_ptr<WorkerGroup>> AwaitServing(absl::Duration timeout) const;
+
   // WaitUntilGivenUp waits up to `timeout` for the restarts to run out;
   // true if they have.
   bool WaitUntilGivenUp(absl::Duration timeout) const;
@@ -138,6 +143,7 @@ class SupervisedGroup {
   absl::Status unavailable_ ABSL_GUARDED_BY(mu_);             // OK while serving
   std::optional<absl::Status> failure_ ABSL_GUARDED_BY(mu_);  // to restart after
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool given_up_flag_ ABSL_GUARDED_BY(mu_) = false;  // given_up_, for AwaitServing
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -10,8 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -37,30 +36,25 @@ SupervisedGroup::Options TwoWorkers(std::atomic<int>* readied) {
   return options;
 }
 
-// AwaitServing waits for a group other than `failed` to serve.
-absl::StatusOr<std::shared_ptr<WorkerGroup>> AwaitServing(const SupervisedGroup& supervised,
-                                                          const WorkerGroup* failed) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::shared_ptr<WorkerGroup>> group = supervised.Serving();
-    if (group.ok() && group->get() != failed) return group;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return absl::DeadlineExceededError("no new group served within a minute");
-}
-
 TEST(SupervisedGroupTest, AKilledWorkersGroupIsReplacedInTheBackground) {
   std::atomic<int> readied{0};
+  absl::Notification restarted;  // the second group is being readied
+  SupervisedGroup::Options options = TwoWorkers(&readied);
+  options.initialize = [&](WorkerGroup& group) {
+    if (++readied == 2) restarted.Notify();
+    return group.Call("identity", {});
+  };
   DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<SupervisedGroup> supervised,
-                            SupervisedGroup::Start(TwoWorkers(&readied)));
+                            SupervisedGroup::Start(std::move(options)));
   EXPECT_EQ(readied, 1);
   EXPECT_EQ(supervised->init_results().size(), 2u);
   const std::shared_ptr<WorkerGroup> first = supervised->group();
   const std::vector<pid_t> old_pids = first->pids();
   ASSERT_EQ(kill(old_pids[1], SIGKILL), 0);
-
+  restarted.WaitForNotification();
   DRAY_ASSERT_OK_AND_ASSIGN(std::shared_ptr<WorkerGroup> second,
-                            AwaitServing(*supervised, first.get()));
+                            supervised->AwaitServing(absl::Minutes(1)));
+  EXPECT_NE(second.get(), first.get());
   EXPECT_EQ(supervised->restarts(), 1);
   EXPECT_EQ(readied, 2);
   DRAY_EXPECT_OK(second->Call("identity", {}).status());
