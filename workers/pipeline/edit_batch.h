@@ -42,8 +42,8 @@ inline constexpr char kInstructionsColumn[] = "re_edit_instructions";
 inline constexpr char kSeedsColumn[] = "seeds";
 inline constexpr char kEditedColumn[] = "final_edited_images";
 
-// kMaxPictures: the most input images a row carries (Edit-Plus's three).
-inline constexpr int kMaxPictures = 3;
+// kMaxPictures: the most input images a row carries (Edit-Plus's).
+inline constexpr int kMaxPictures = qwen_image::kMaxEditPlusImages;
 
 // PictureColumn: the column of picture `picture` (1-based): kImagesColumn,
 // then "preliminary_edited_images_2", ...
