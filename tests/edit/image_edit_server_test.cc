@@ -104,12 +104,7 @@ TEST_F(ImageEditServerTest, EditBatchAnswersInOrder) {
   for (int i = 0; i < 3; ++i) *request.add_requests() = Request(i, 100 + i);
   request.mutable_requests(1)->set_width(48);
   request.mutable_requests(1)->set_height(32);
-  grpc::ClientContext context;
-  SetDeadline(&context, absl::Minutes(2));
-  v1::EditImageBatchResponse response;
-  DRAY_ASSERT_OK(ToAbslStatus(
-      v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
-      "EditBatch"));
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageBatchResponse response, EditBatch(*serving_, request));
   ASSERT_EQ(response.responses_size(), 3);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(response.responses(i).seed(), 100 + i);
@@ -203,12 +198,7 @@ TEST_F(EditPlusServerTest, SeveralPicturesAnswerAsTheWorkersCompute) {
 TEST_F(EditPlusServerTest, RequestsWithDifferentPictureCountsShareABatch) {
   v1::EditImageBatchRequest request;
   for (int more = 0; more < 3; ++more) *request.add_requests() = PlusRequest(more, more, 10 + more);
-  grpc::ClientContext context;
-  SetDeadline(&context, absl::Minutes(2));
-  v1::EditImageBatchResponse response;
-  DRAY_ASSERT_OK(ToAbslStatus(
-      v1::ImageEditService::NewStub(serving_->channel)->EditBatch(&context, request, &response),
-      "EditBatch"));
+  DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageBatchResponse response, EditBatch(*serving_, request));
   ASSERT_EQ(response.responses_size(), 3);
   for (int i = 0; i < 3; ++i) {
     DRAY_ASSERT_OK_AND_ASSIGN(v1::EditImageResponse alone, Edit(*serving_, request.requests(i)));

@@ -51,4 +51,15 @@ absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving,
   return response;
 }
 
+absl::StatusOr<v1::EditImageBatchResponse> EditBatch(const Serving& serving,
+                                                     const v1::EditImageBatchRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context, absl::Minutes(2));
+  v1::EditImageBatchResponse response;
+  DRAY_RETURN_IF_ERROR(ToAbslStatus(
+      v1::ImageEditService::NewStub(serving.channel)->EditBatch(&context, request, &response),
+      "EditBatch"));
+  return response;
+}
+
 }  // namespace dray

@@ -45,6 +45,10 @@ absl::StatusOr<v1::EditImageResponse> Edit(const Serving& serving,
                                            const v1::EditImageRequest& request,
                                            absl::Duration timeout = absl::Minutes(2));
 
+// EditBatch sends `request` as an EditBatch call with a two-minute deadline.
+absl::StatusOr<v1::EditImageBatchResponse> EditBatch(const Serving& serving,
+                                                     const v1::EditImageBatchRequest& request);
+
 // HealthWatch: the service's standard health Watch stream, opened before
 // the test causes a change, so that no change goes unseen.
 class HealthWatch {

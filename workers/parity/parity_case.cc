@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +37,20 @@ ParityResult CompareTensors(const ParityCase& c, std::string output, const at::T
   }
   result.passed = (both_nan | (diff <= atol + rtol * b.abs())).all().item<bool>();
   return result;
+}
+
+std::vector<ParityCase> CaseFilesIn(const std::string& component, const std::string& folder,
+                                    const ParityRun& run) {
+  std::vector<ParityCase> cases;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, error)) {
+    const std::string file = entry.path().filename().string();
+    if (file.rfind("case_", 0) == 0 && entry.path().extension() == ".safetensors")
+      cases.push_back({component, folder, entry.path().stem().string(), run});
+  }
+  std::sort(cases.begin(), cases.end(),
+            [](const ParityCase& a, const ParityCase& b) { return a.name < b.name; });
+  return cases;
 }
 
 std::vector<ParityResult> RunParityCase(const ParityCase& c) {

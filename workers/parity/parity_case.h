@@ -49,6 +49,11 @@ struct ParityCase {
 ParityResult CompareTensors(const ParityCase& c, std::string output, const at::Tensor& actual,
                             const at::Tensor& expected, double atol, double rtol);
 
+// CaseFilesIn lists one case per case_*.safetensors file of `folder`
+// (named by the file's stem), run by `run`, sorted by name.
+std::vector<ParityCase> CaseFilesIn(const std::string& component, const std::string& folder,
+                                    const ParityRun& run);
+
 // RunParityCase runs one case; a case that cannot run (missing files, a
 // malformed case) yields one failed result carrying the error.
 std::vector<ParityResult> RunParityCase(const ParityCase& c);

@@ -264,15 +264,7 @@ std::vector<ParityCase> QwenImageParityCases(const std::string& dir) {
   } else {
     return cases;
   }
-  for (const auto& entry : fs::directory_iterator(folder)) {
-    const std::string file = entry.path().filename().string();
-    if (file.rfind("case_", 0) == 0 && entry.path().extension() == ".safetensors") {
-      cases.push_back({component, folder.string(), entry.path().stem().string(), run});
-    }
-  }
-  std::sort(cases.begin(), cases.end(),
-            [](const ParityCase& a, const ParityCase& b) { return a.name < b.name; });
-  return cases;
+  return CaseFilesIn(component, folder.string(), run);
 }
 
 }  // namespace dray::qwen_image
