@@ -111,10 +111,10 @@ std::optional<int> TrainCommand::Run() {
   absl::Notification done;
   std::thread stopper([&] { StopOnSignals(running, done); });
   FlowGrpoTrainer::Options options;
-  options.workers = f.workers;
-  options.nodes = cluster.nodes;
-  options.node_pool = pool->get();
-  options.worker_command = {f.self, "worker"};
+  options.launch.workers = f.workers;
+  options.launch.nodes = cluster.nodes;
+  options.launch.node_pool = pool->get();
+  options.launch.worker_command = {f.self, "worker"};
   options.progress_bar = isatty(fileno(stderr));
   absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> trainer =
       FlowGrpoTrainer::Start(*config, options);

@@ -41,8 +41,8 @@ TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overr
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(const TrainConfig& config,
                                                               int workers,
                                                               FlowGrpoTrainer::Options options) {
-  options.workers = workers;
-  options.worker_command = {RunfilePath("cli/dray"), "worker"};
+  options.launch.workers = workers;
+  options.launch.worker_command = {RunfilePath("cli/dray"), "worker"};
   return FlowGrpoTrainer::Start(config, std::move(options));
 }
 

@@ -42,8 +42,8 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
         TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000",
                                "worker.image_edit.negative_prompt=\" \""}));  // with guidance
     FlowGrpoTrainer::Options start;
-    start.workers = workers;
-    start.worker_command = options.worker_command;
+    start.launch.workers = workers;
+    start.launch.worker_command = options.worker_command;
     DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, start));
     DRAY_RETURN_IF_ERROR(trainer->Step(0).status());  // warm-up
     DRAY_ASSIGN_OR_RETURN(const double busy_before, BusiestWorkerSeconds(trainer->group()));

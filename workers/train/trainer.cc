@@ -57,12 +57,13 @@ FlowGrpoTrainer::~FlowGrpoTrainer() = default;
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainConfig config,
                                                                         Options options) {
   DRAY_RETURN_IF_ERROR(config.Validate());
-  const int world_size = options.nodes * options.workers;
-  if (options.workers < 1 || options.nodes < 1 || config.rows_per_step() % world_size != 0) {
+  const TrainingLaunch& launch = options.launch;
+  const int world_size = launch.nodes * launch.workers;
+  if (launch.workers < 1 || launch.nodes < 1 || config.rows_per_step() % world_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.prompts_per_step x algorithm.group_size = ", config.rows_per_step(),
-                     " rows per step must divide among the workers: --workers ", options.workers,
-                     options.nodes > 1 ? absl::StrCat(" x --nodes ", options.nodes) : ""));
+                     " rows per step must divide among the workers: --workers ", launch.workers,
+                     launch.nodes > 1 ? absl::StrCat(" x --nodes ", launch.nodes) : ""));
   }
   std::unique_ptr<FlowGrpoTrainer> trainer(new FlowGrpoTrainer(config, std::move(options)));
   if (config.model.model_path.empty() || config.embedded_task()) {
@@ -109,15 +110,7 @@ absl::Status FlowGrpoTrainer::StartWorkers() {
     DRAY_ASSIGN_OR_RETURN(workers_, options_.start_workers(config_));
     return absl::OkStatus();
   }
-  TrainingLaunch launch;
-  launch.workers = options_.workers;
-  launch.nodes = options_.nodes;
-  launch.node_pool = options_.node_pool;
-  launch.worker_command = options_.worker_command;
-  launch.env = options_.env;
-  launch.init_timeout = options_.init_timeout;
-  launch.call_timeout = options_.call_timeout;
-  DRAY_ASSIGN_OR_RETURN(workers_, StartTrainingWorkers(config_, launch));
+  DRAY_ASSIGN_OR_RETURN(workers_, StartTrainingWorkers(config_, options_.launch));
   return absl::OkStatus();
 }
 

@@ -57,24 +57,16 @@ namespace dray {
 class FlowGrpoTrainer {
  public:
   struct Options {
-    // Worker processes per node. Without a node pool, all run on this
-    // machine (nodes stays 1); with one (controller/node_pool.h, which must
-    // outlive this), nodes x workers ranks run on the pool's nodes.
-    int workers = 1;
-    int nodes = 1;
-    NodePool* node_pool = nullptr;
-    // The worker executable and its leading arguments (`dray worker`).
-    std::vector<std::string> worker_command;
-    std::vector<std::pair<std::string, std::string>> env;
-    absl::Duration init_timeout = absl::Minutes(30);
-    absl::Duration call_timeout = absl::Hours(4);
+    // How the worker processes start (training_workers.h).
+    TrainingLaunch launch;
     // Where progress goes: a bar redrawn in place on a terminal, else lines.
     bool progress_bar = false;
     // Receives every rank's progress within a step's rollout ("denoising",
     // step k of n), on the group's reading threads: keep it short.
     GroupProgressFn on_rollout_progress;
-    // Starts the workers (again, after a failure); empty: worker processes,
-    // as the fields above say (StartTrainingWorkers). Tests pass a fake.
+    // Starts the workers (TrainingWorkers::Restart replaces failed ones);
+    // empty: worker processes as `launch` says (StartTrainingWorkers).
+    // Tests pass a fake.
     std::function<absl::StatusOr<std::unique_ptr<TrainingWorkers>>(const TrainConfig&)>
         start_workers;
   };
