@@ -1,7 +1,8 @@
 // Parity with flow_grpo on every case in tests/data/reference/flow_grpo, run
 // through the same library as `dray parity`: the SDE step and log-probability
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
-// advantages, the GRPO loss with KL and gradients, and two toy rollouts with
+// advantages, the GRPO loss with KL and gradients, and two Edit-Plus rollouts
+// (dray's Edit-Plus pipeline around the reference's toy transformer) with
 // their training steps, within each case's tolerance.
 #include "workers/parity/flow_grpo_parity.h"
 

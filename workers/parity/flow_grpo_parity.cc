@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/io/safetensors.h"
-#include "workers/models/qwen_image/pipeline_helpers.h"
+#include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
@@ -223,25 +223,41 @@ absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
 
 // ToyTransformer is the reference rollouts' stand-in model: output =
 // table[k] + 0.5 * hidden for the 2B rows (conditional, then negative) of
-// [latents, image latents], k the timestep's schedule index; the velocity is
-// the true-CFG combination of the first S tokens. It keeps its last output
-// (a leaf, for the gradient) and velocity.
+// [latents, image latents], k the timestep's schedule index. dray's
+// Edit-Plus pipeline asks it for each side in turn (Velocity: the
+// conditional side first, then the negative one): it answers the first
+// from a fresh output (a leaf, for the gradient) and the second from the
+// same output's other half. It ignores the text, as the reference's does.
 struct ToyTransformer {
-  at::Tensor table, image_latents, timesteps;
-  double guidance_scale = 1;
-  at::Tensor output, velocity;
+  at::Tensor table;
+  at::Tensor scaled_timesteps;  // the schedule's timesteps / 1000, as the pipeline scales them
+  at::Tensor output;
+  bool negative_next = false;
 
-  absl::StatusOr<at::Tensor> operator()(const at::Tensor& latents, const at::Tensor& timestep) {
-    DRAY_ASSIGN_OR_RETURN(int64_t k, StepIndex(timesteps, timestep[0].item<float>()));
-    const at::Tensor hidden = at::cat({latents, image_latents}, 1);
+  absl::StatusOr<at::Tensor> operator()(const at::Tensor& hidden, const at::Tensor& timestep) {
+    const int64_t batch = hidden.size(0);
+    if (negative_next) {
+      negative_next = false;
+      return output.narrow(0, batch, batch);
+    }
+    DRAY_ASSIGN_OR_RETURN(int64_t k, StepIndex(scaled_timesteps, timestep[0].item<float>()));
     output = (table[k] + 0.5 * at::cat({hidden, hidden}, 0)).detach().requires_grad_(true);
-    const int64_t batch = latents.size(0);
-    const at::Tensor noisy = output.narrow(1, 0, latents.size(1));
-    velocity = qwen_image::TrueCfg(noisy.narrow(0, 0, batch), noisy.narrow(0, batch, batch),
-                                   guidance_scale);
-    return velocity;
+    negative_next = true;
+    return output.narrow(0, 0, batch);
   }
 };
+
+// ToyEdit: the reference's rollout inputs as dray's prepared edit (its
+// image latents; the text, which the toy ignores, as placeholders; a
+// negative prompt, so that the pipeline guides).
+qwen_image::PreparedEdit ToyEdit(const at::Tensor& image_latents) {
+  qwen_image::PreparedEdit prepared;
+  prepared.image_latents = image_latents;
+  const int64_t batch = image_latents.size(0);
+  prepared.prompt = {at::zeros({batch, 1, 1}), at::ones({batch, 1}, at::kLong)};
+  prepared.negative = prepared.prompt;
+  return prepared;
+}
 
 absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
@@ -250,10 +266,27 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
   const json& inputs = tensors.at("inputs");
   const SdeSchedule schedule{data.Get(inputs.at("schedule_sigmas")),
                              data.Get(inputs.at("schedule_timesteps"))};
+  // The velocities come from dray's Edit-Plus pipeline (the latents and the
+  // pictures' latents joined, the timestep scaled, the output cut to the
+  // latents' tokens, true CFG with its norm rescale) around the toy model.
+  qwen_image::QwenImageModel model;
+  model.pipeline = qwen_image::EditPipelineKind::kEditPlus;
+  qwen_image::QwenImageEditPipeline pipeline(std::move(model));
+  const qwen_image::PreparedEdit prepared = ToyEdit(data.Get(inputs.at("image_latents")));
+  const double guidance_scale = params.at("guidance_scale").get<double>();
   auto toy = [&](const json& table) {
     return std::make_shared<ToyTransformer>(
-        ToyTransformer{data.Get(table), data.Get(inputs.at("image_latents")), schedule.timesteps,
-                       params.at("guidance_scale").get<double>()});
+        ToyTransformer{data.Get(table), schedule.timesteps / 1000});
+  };
+  auto predictor = [&](std::shared_ptr<ToyTransformer> transformer) -> PredictVelocity {
+    const qwen_image::Denoiser denoiser =
+        [transformer](const at::Tensor& hidden, const qwen_image::PromptEmbeddings&,
+                      const at::Tensor& timestep, const std::vector<qwen_image::SampleImages>&) {
+          return (*transformer)(hidden, timestep);
+        };
+    return [&, denoiser](const at::Tensor& latents, const at::Tensor& timestep) {
+      return pipeline.Velocity(prepared, latents, timestep, guidance_scale, denoiser);
+    };
   };
   std::vector<ParityResult> results;
 
@@ -261,10 +294,10 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
   const json& per_step = tensors.at("per_step");
   at::Generator generator =
       at::make_generator<at::CPUGeneratorImpl>(data.spec.at("global_rng_seed").get<uint64_t>());
-  auto sampling_model = toy(inputs.at("toy_table"));
+  const PredictVelocity sample = predictor(toy(inputs.at("toy_table")));
   std::vector<at::Tensor> velocities;
   PredictVelocity predict = [&](const at::Tensor& latents, const at::Tensor& timestep) {
-    absl::StatusOr<at::Tensor> velocity = (*sampling_model)(latents, timestep);
+    absl::StatusOr<at::Tensor> velocity = sample(latents, timestep);
     if (velocity.ok()) velocities.push_back(velocity->detach());
     return velocity;
   };
@@ -318,21 +351,28 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
   auto reference = toy(train.at("ref_table"));
   for (const auto& [j_text, names] : train.at("per_j").items()) {
     const int64_t j = std::stoll(j_text);
+    at::Tensor noise_pred_policy;
+    const PredictVelocity policy_velocity =
+        [&, predict = predictor(policy)](const at::Tensor& latents, const at::Tensor& timestep) {
+          absl::StatusOr<at::Tensor> velocity = predict(latents, timestep);
+          if (velocity.ok()) noise_pred_policy = *velocity;
+          return velocity;
+        };
     DRAY_ASSIGN_OR_RETURN(SdeStepResult step,
-                          RecomputeStep(schedule, std::ref(*policy), trajectory, j, options));
+                          RecomputeStep(schedule, policy_velocity, trajectory, j, options));
     PolicyLossInput input{advantages.select(1, j), step.log_prob, trajectory.log_probs.select(1, j),
                           step.prev_sample_mean,   at::Tensor(),  step.std_dev_t};
     if (loss_options.beta > 0) {
       at::NoGradGuard no_grad;
       DRAY_ASSIGN_OR_RETURN(SdeStepResult ref,
-                            RecomputeStep(schedule, std::ref(*reference), trajectory, j, options));
+                            RecomputeStep(schedule, predictor(reference), trajectory, j, options));
       input.prev_sample_mean_ref = ref.prev_sample_mean;
     }
     DRAY_ASSIGN_OR_RETURN(PolicyLossOutput out, loss(input, loss_options));
     out.loss.backward();
     Outputs computed = LossOutputs(out);
     computed.insert({{"transformer_output_policy", policy->output},
-                     {"noise_pred_policy", policy->velocity},
+                     {"noise_pred_policy", noise_pred_policy},
                      {"prev_sample", trajectory.next_latents.select(1, j)},
                      {"log_prob", step.log_prob},
                      {"prev_sample_mean", step.prev_sample_mean},

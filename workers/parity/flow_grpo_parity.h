@@ -3,9 +3,11 @@
 // the safetensors it lists), run through dray's RL numerics: the SDE step and
 // its log-probability (both SDE types, rollout and recompute with the
 // gradient), the advantage estimators, the clipped GRPO loss with its KL
-// term and gradients, and two rollouts on the reference's toy transformer
-// followed by their training steps (sampler, true CFG, SDE window,
-// advantages, recomputed log-probs, loss and its gradient).
+// term and gradients, and two Edit-Plus rollouts followed by their training
+// steps, run through dray's Edit-Plus pipeline (QwenImageEditPipeline::
+// Velocity: the pictures' latents joined, true CFG) around the reference's
+// toy transformer (sampler, SDE window, advantages, recomputed log-probs,
+// loss and its gradient).
 //
 //   for (const ParityCase& c : FlowGrpoParityCases("tests/data/reference/flow_grpo")) ...
 //

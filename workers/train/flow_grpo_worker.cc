@@ -156,11 +156,11 @@ struct FlowGrpoWorker::State {
   }
 
   // Predictor: the guided velocity for a prepared micro-batch, of the policy
-  // or, with `transformer`, of another copy.
+  // or, with `denoiser`, of another copy.
   rl::PredictVelocity Predictor(const qwen_image::PreparedEdit& prepared,
-                                qwen_image::QwenImageTransformerImpl* transformer = nullptr) {
-    return [this, &prepared, transformer](const at::Tensor& latents, const at::Tensor& timestep) {
-      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale, transformer);
+                                qwen_image::Denoiser denoiser = nullptr) {
+    return [this, &prepared, denoiser](const at::Tensor& latents, const at::Tensor& timestep) {
+      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale, denoiser);
     };
   }
 
@@ -195,8 +195,8 @@ struct FlowGrpoWorker::State {
                                                   const MicroBatch& micro, int64_t j) {
     torch::NoGradGuard no_grad;
     if (!reference.is_empty()) {
-      return rl::RecomputeStep(schedule, Predictor(prepared, reference.get()), micro.trajectory, j,
-                               sampler);
+      return rl::RecomputeStep(schedule, Predictor(prepared, qwen_image::DenoiserOf(*reference)),
+                               micro.trajectory, j, sampler);
     }
     torch::nn::Module& transformer = *model->model().transformer;  // LoRA: adapters off
     SetLoraEnabled(transformer, false);

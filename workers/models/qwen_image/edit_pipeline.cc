@@ -466,17 +466,23 @@ absl::StatusOr<FlowMatchEulerScheduler> QwenImageEditPipeline::Scheduler(int64_t
   return scheduler;
 }
 
+Denoiser DenoiserOf(QwenImageTransformerImpl& transformer) {
+  return [&transformer](const at::Tensor& hidden, const PromptEmbeddings& text,
+                        const at::Tensor& timestep, const std::vector<SampleImages>& shapes) {
+    return transformer.forward(hidden, text.embeds, text.mask, timestep, shapes);
+  };
+}
+
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& prepared,
                                                            const at::Tensor& latents,
                                                            const at::Tensor& timestep,
                                                            double true_cfg_scale,
-                                                           QwenImageTransformerImpl* transformer) {
-  if (transformer == nullptr) transformer = model_.transformer.get();
+                                                           const Denoiser& denoiser) {
+  const Denoiser& denoise = denoiser ? denoiser : DenoiserOf(*model_.transformer);
   const at::Tensor scaled = (timestep / 1000).to(latents.options());
   auto predict = [&](const PromptEmbeddings& text) -> absl::StatusOr<at::Tensor> {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor out,
-                          transformer->forward(at::cat({latents, prepared.image_latents}, 1),
-                                               text.embeds, text.mask, scaled, prepared.shapes));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor out, denoise(at::cat({latents, prepared.image_latents}, 1),
+                                                  text, scaled, prepared.shapes));
     return out.narrow(1, 0, latents.size(1)).to(latents.scalar_type());
   };
   DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(prepared.prompt));

@@ -127,6 +127,17 @@ struct PromptEmbeddings {
   at::Tensor mask;    // int64 [B, L]: 1 for real tokens
 };
 
+// Denoiser: what Velocity asks for each prompt side: the transformer's
+// output for `hidden` ([B, S + S_cond, C]: the latents, then the pictures'
+// latents) under `text` at `timestep` ([B], 0..1), `shapes` each row's
+// token grids (QwenImageTransformerImpl::forward's arguments).
+using Denoiser = std::function<absl::StatusOr<at::Tensor>(
+    const at::Tensor& hidden, const PromptEmbeddings& text, const at::Tensor& timestep,
+    const std::vector<SampleImages>& shapes)>;
+
+// DenoiserOf: `transformer` as a Denoiser (it must outlive the result).
+Denoiser DenoiserOf(QwenImageTransformerImpl& transformer);
+
 // PreparedEdit: rows sharing their image sizes, ready to denoise: what the
 // edit loop and an RL rollout (or its training step) start from.
 struct PreparedEdit {
@@ -202,10 +213,11 @@ class QwenImageEditPipeline {
   // Velocity: the transformer's prediction for `latents` at schedule
   // timestep `timestep` ([B], 0..1000), with true CFG when the prepared
   // edit has a negative prompt. Differentiable when grad mode is on.
-  // `transformer` replaces the model's own (a frozen reference copy).
+  // `denoiser` replaces the model's own transformer (a frozen reference
+  // copy, or a parity check's stand-in).
   absl::StatusOr<at::Tensor> Velocity(const PreparedEdit& prepared, const at::Tensor& latents,
                                       const at::Tensor& timestep, double true_cfg_scale,
-                                      QwenImageTransformerImpl* transformer = nullptr);
+                                      const Denoiser& denoiser = nullptr);
 
   // Scheduler: the shifted schedule of `steps` steps for `image_seq_len`
   // latent tokens, as the edit loop runs it.
