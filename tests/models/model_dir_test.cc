@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -52,6 +54,43 @@ TEST(ModelDirTest, TinyModelLoadsAndRuns) {
   EXPECT_EQ(image.sizes(), (std::vector<int64_t>{1, 3, 1, 32, 32}));
   EXPECT_TRUE(at::isfinite(out).all().item<bool>() && at::isfinite(image).all().item<bool>());
   EXPECT_TRUE(model.scheduler.use_dynamic_shifting);
+}
+
+// diffusers' pipelines load a model directory's tokenizer/ and processor/
+// with transformers, whose Python tokenizers read vocab.json, merges.txt
+// and tokenizer_config.json: dray writes them as transformers wrote them
+// for the Edit-Plus reference's model (same tokenizer, same files).
+TEST(ModelDirTest, TokenizerFilesAreWhatTransformersWrites) {
+  const fs::path reference = fs::path(ReferenceDir("qwen_image_edit_plus")) / "model" / "tokenizer";
+  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer tokenizer,
+                            BpeTokenizer::FromDirectory(reference.string()));
+  const fs::path written = TempDir("tokenizer");
+  DRAY_ASSERT_OK(WriteQwen2TokenizerFiles(written.string(), tokenizer));
+  EXPECT_EQ(ReadFile(written / "merges.txt"), ReadFile(reference / "merges.txt"));
+  for (const char* file : {"vocab.json", "added_tokens.json", "tokenizer_config.json"}) {
+    nlohmann::json expected = nlohmann::json::parse(ReadFile(reference / file));
+    expected.erase("backend");  // transformers 5's own marker; version 4 writes none
+    EXPECT_EQ(nlohmann::json::parse(ReadFile(written / file)), expected) << file;
+  }
+  // Without tokenizer.json, the Python tokenizer's files encode the same.
+  fs::remove(written / "tokenizer.json");
+  DRAY_ASSERT_OK_AND_ASSIGN(BpeTokenizer reread, BpeTokenizer::FromDirectory(written.string()));
+  const std::string prompt =
+      "<|im_start|>user\nPicture 1: <|vision_start|><|image_pad|>"
+      "<|vision_end|>Make the sky blue.<|im_end|>";
+  EXPECT_EQ(reread.Encode(prompt), tokenizer.Encode(prompt));
+}
+
+TEST(ModelDirTest, ProcessorAndTokenizerFoldersHoldEveryTokenizerFile) {
+  const fs::path dir = TempDir("files");
+  DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir.string(), PresetNamed("tiny").value(), 1));
+  for (const char* folder : {"tokenizer", "processor"}) {
+    for (const char* file : {"tokenizer.json", "vocab.json", "merges.txt", "added_tokens.json",
+                             "tokenizer_config.json"}) {
+      EXPECT_TRUE(fs::exists(dir / folder / file)) << folder << "/" << file;
+    }
+  }
+  EXPECT_TRUE(fs::exists(dir / "processor" / "preprocessor_config.json"));
 }
 
 TEST(ModelDirTest, SameSeedWritesTheSameWeights) {

@@ -557,6 +557,25 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir)
   return FromJson(file.dump(), dir);
 }
 
+std::string BpeTokenizer::VocabJson() const {
+  json vocab = json::object();
+  for (const auto& [token, id] : state_->model.vocab) vocab[token] = id;
+  return vocab.dump(2) + "\n";
+}
+
+std::string BpeTokenizer::MergesTxt() const {
+  std::string text = "#version: 0.2\n";
+  for (const auto& [left, right] : state_->model.merges)
+    absl::StrAppend(&text, left, " ", right, "\n");
+  return text;
+}
+
+std::string BpeTokenizer::AddedTokensJson() const {
+  json added = json::object();
+  for (const AddedToken& token : state_->model.added_tokens) added[token.content] = token.id;
+  return added.dump(2) + "\n";
+}
+
 std::string BpeTokenizer::ToJson() const {
   const Model& model = state_->model;
   json added = json::array();

@@ -90,6 +90,12 @@ class BpeTokenizer {
 
   // ToJson writes a tokenizer.json that `tokenizers` and FromJson both read.
   std::string ToJson() const;
+  // The files transformers' Python tokenizers read, as its save_pretrained
+  // writes them: vocab.json (the BPE vocabulary without added tokens),
+  // merges.txt and added_tokens.json.
+  std::string VocabJson() const;
+  std::string MergesTxt() const;
+  std::string AddedTokensJson() const;
 
  private:
   struct State;

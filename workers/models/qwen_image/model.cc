@@ -94,7 +94,8 @@ constexpr char kInstructionSamples[] =
     "the car to green. Make it look like a painting.";
 
 // WriteTokenizer writes a learned byte-level tokenizer with Qwen2's special
-// tokens and points the text encoder's vocabulary and token ids at it.
+// tokens into the model directory `dir` and points the text encoder's
+// vocabulary and token ids at it.
 absl::Status WriteTokenizer(const fs::path& dir, int merges,
                             qwen2_vl::TextEncoderConfig& text_encoder) {
   BpeTokenizer::Model model = LearnBpeMerges(FormatEditPrompt(kInstructionSamples), merges);
@@ -112,7 +113,10 @@ absl::Status WriteTokenizer(const fs::path& dir, int merges,
            {"<|vision_pad|>", &text_encoder.vision_token_id}}) {
     DRAY_ASSIGN_OR_RETURN(*field, tokenizer.TokenId(token));
   }
-  return WriteText(dir / "tokenizer.json", tokenizer.ToJson());
+  // transformers' Qwen2VLProcessor loads its tokenizer from its own folder.
+  for (const char* folder : {"tokenizer", "processor"})
+    DRAY_RETURN_IF_ERROR(WriteQwen2TokenizerFiles((dir / folder).string(), tokenizer));
+  return absl::OkStatus();
 }
 
 // ReducedTextEncoder: Qwen2.5-VL's layout at a small width: two decoder
@@ -224,6 +228,38 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
       absl::StrCat("unknown model preset '", name, "'; presets: tiny, embedded, small, real"));
 }
 
+absl::Status WriteQwen2TokenizerFiles(const std::string& dir, const BpeTokenizer& tokenizer) {
+  const fs::path root(dir);
+  std::error_code error;
+  fs::create_directories(root, error);
+  nlohmann::json decoder = nlohmann::json::object();
+  for (const AddedToken& token : tokenizer.model().added_tokens) {
+    decoder[std::to_string(token.id)] = {{"content", token.content}, {"lstrip", false},
+                                         {"normalized", false},      {"rstrip", false},
+                                         {"single_word", false},     {"special", token.special}};
+  }
+  const nlohmann::json config = {{"added_tokens_decoder", decoder},
+                                 {"additional_special_tokens", nullptr},
+                                 {"bos_token", nullptr},
+                                 {"clean_up_tokenization_spaces", false},
+                                 {"eos_token", "<|im_end|>"},
+                                 {"errors", "replace"},
+                                 {"model_max_length", 131072},
+                                 {"pad_token", "<|endoftext|>"},
+                                 {"split_special_tokens", false},
+                                 {"tokenizer_class", "Qwen2Tokenizer"},
+                                 {"unk_token", nullptr}};
+  for (const auto& [file, text] : std::initializer_list<std::pair<const char*, std::string>>{
+           {"tokenizer.json", tokenizer.ToJson()},
+           {"vocab.json", tokenizer.VocabJson()},
+           {"merges.txt", tokenizer.MergesTxt()},
+           {"added_tokens.json", tokenizer.AddedTokensJson()},
+           {"tokenizer_config.json", config.dump(2)}}) {
+    DRAY_RETURN_IF_ERROR(WriteFile((root / file).string(), text));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std::string& dir,
                                                                        const ModelPreset& preset) {
   const fs::path root(dir);
@@ -247,7 +283,7 @@ absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std
       WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
   DRAY_RETURN_IF_ERROR(WriteText(root / "vae" / "config.json", preset.vae.ToJson()));
   qwen2_vl::TextEncoderConfig text_encoder = preset.text_encoder;
-  DRAY_RETURN_IF_ERROR(WriteTokenizer(root / "tokenizer", preset.tokenizer_merges, text_encoder));
+  DRAY_RETURN_IF_ERROR(WriteTokenizer(root, preset.tokenizer_merges, text_encoder));
   DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder" / "config.json", text_encoder.ToJson()));
   DRAY_RETURN_IF_ERROR(
       WriteText(root / "processor" / "preprocessor_config.json", preset.image_processor.ToJson()));

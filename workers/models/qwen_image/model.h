@@ -90,6 +90,13 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
 absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std::string& dir,
                                                                        const ModelPreset& preset);
 
+// WriteQwen2TokenizerFiles writes `tokenizer` into `dir` as transformers'
+// Qwen2Tokenizer saves itself (tokenizer.json, vocab.json, merges.txt,
+// added_tokens.json, tokenizer_config.json), so that transformers' fast and
+// Python tokenizers and Qwen2VLProcessor load it. Model directories carry it
+// in tokenizer/ and processor/.
+absl::Status WriteQwen2TokenizerFiles(const std::string& dir, const BpeTokenizer& tokenizer);
+
 // WriteRandomQwenImageModel writes those files and PyTorch-default random
 // weights (float32), deterministic for `seed`.
 absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset& preset,
