@@ -25,16 +25,23 @@
 
 namespace {
 
-// WriteGrid writes each scene, then its edits, a row each.
+// WriteGrid writes each scene, then its edits, a row each (the two-picture
+// edit after its picture 2).
 absl::Status WriteGrid(const std::string& path, const std::vector<dray::SyntheticEditScore>& scores,
                        const dray::HeldOutScenes& scenes) {
   std::vector<dray::SampleRow> rows;
   for (int64_t s = 0; s < scenes.count; ++s) {
     dray::SampleRow& row = rows.emplace_back();
-    row.input = dray::SyntheticScene(s, scenes.height, scenes.width);
+    row.inputs = {dray::SyntheticScene(s, scenes.height, scenes.width)};
     for (const dray::SyntheticEditScore& score : scores) {
+      const bool two_pictures = score.instruction == dray::kSkyTransferInstruction;
+      if (two_pictures) {
+        row.outputs.push_back(dray::SkyDonorScene(dray::HeldOutScenes::kFirstSkyDonor + s,
+                                                  scenes.height, scenes.width));
+        row.captions.push_back("picture 2");
+      }
       row.outputs.push_back(score.edited[s]);
-      row.captions.push_back(score.instruction);
+      row.captions.push_back(two_pictures ? "1 with sky of 2" : score.instruction);
     }
   }
   return dray::WritePngFile(path, dray::SampleGrid(rows, /*cell=*/96));

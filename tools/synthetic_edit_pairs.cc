@@ -1,11 +1,13 @@
 // synthetic_edit_pairs: writes the synthetic paired edit set the embedded
 // model is trained on (scenes with every synthetic instruction's target,
+// and two-picture rows giving a scene another's sky,
 // workers/train/train_data.h) as train.jsonl and PNG files.
 //
 //   bazel run //tools:synthetic_edit_pairs -- --out /tmp/pairs --scenes 512
-//       --first-seed 1000 [--sizes 64x64,48x80]
+//       --first-seed 1000 [--sizes 64x64,48x80] [--sky-donors 4]
 //
 // --sizes: HEIGHTxWIDTH, taken in turn by the scenes (default 64x64).
+// --sky-donors: two-picture rows per scene (default 0).
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -36,11 +38,14 @@ std::string ParseSize(const std::string& text, dray::ImageSize& size) {
 int main(int argc, char** argv) {
   CLI::App app("Write synthetic edit pairs ({image, instruction, target} rows).");
   std::string out;
-  int64_t scenes = 512, first_seed = 1000;
+  int64_t scenes = 512, first_seed = 1000, sky_donors = 0;
   app.add_option("--out", out, "the directory to write (created)")->required();
   app.add_option("--scenes", scenes, "how many scenes (each with every instruction)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--first-seed", first_seed, "the first scene's seed (scenes are consecutive)");
+  app.add_option("--sky-donors", sky_donors,
+                 "two-picture rows per scene (\"give picture 1 the sky of picture 2\")")
+      ->check(CLI::NonNegativeNumber);
   std::vector<dray::ImageSize> sizes;
   app.add_option_function<std::vector<std::string>>(
          "--sizes",
@@ -58,7 +63,7 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(out, error);
   absl::StatusOr<std::string> written =
       error ? absl::PermissionDeniedError(error.message())
-            : dray::WriteSyntheticEditPairs(out, scenes, first_seed, sizes);
+            : dray::WriteSyntheticEditPairs(out, scenes, first_seed, sizes, sky_donors);
   if (!written.ok()) {
     std::fprintf(stderr, "synthetic_edit_pairs: %s: %s\n", out.c_str(),
                  written.status().ToString().c_str());

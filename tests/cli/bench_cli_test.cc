@@ -98,7 +98,8 @@ TEST(BenchCliTest, PrintsEveryShardingFigure) {
 TEST(BenchCliTest, PrintsEveryEditFigure) {
   const std::map<std::string, double> figures = RunBench("--suite edit --quick --json");
   for (const char* name : {"edit_images_per_s_w1", "edit_images_per_s_w2", "edit_speedup_w2",
-                           "edit_direct_p50_ms", "edit_served_p50_ms", "serve_overhead_ms"}) {
+                           "edit_mixed_shapes_slowdown_w1", "edit_direct_p50_ms",
+                           "edit_served_p50_ms", "serve_overhead_ms"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
   }

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <grpcpp/client_context.h>
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
@@ -32,19 +34,31 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(
   return ImageEditController::Start(config, start);
 }
 
-// TestImages: `n` 96x128 gradients, PNG-encoded.
-absl::StatusOr<std::vector<Bytes>> TestImages(int n) {
+// TestImages: `n` gradients of height x width, PNG-encoded.
+absl::StatusOr<std::vector<Bytes>> TestImages(int n, int64_t height = 96, int64_t width = 128) {
   std::vector<Bytes> images;
   for (int i = 0; i < n; ++i) {
-    const at::Tensor rgb = at::arange(96 * 128 * 3, at::kLong)
+    const at::Tensor rgb = at::arange(height * width * 3, at::kLong)
                                .mul(i + 1)
                                .remainder(256)
                                .to(at::kByte)
-                               .view({96, 128, 3});
+                               .view({height, width, 3});
     DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(rgb));
     images.push_back(std::move(png));
   }
   return images;
+}
+
+// MixedShapeBatch: kBatchRows rows whose pictures come in four aspect
+// ratios, two rows each (every output about the same number of pixels).
+absl::StatusOr<DataProto> MixedShapeBatch() {
+  std::vector<Bytes> images;
+  for (const auto& [height, width] :
+       std::vector<std::pair<int64_t, int64_t>>{{96, 128}, {128, 96}, {112, 112}, {80, 160}}) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<Bytes> two, TestImages(2, height, width));
+    images.insert(images.end(), two.begin(), two.end());
+  }
+  return MakeEditBatch(images, std::vector<std::string>(kBatchRows, "make the sky purple"));
 }
 
 absl::StatusOr<double> ImagesPerSecond(ImageEditController& controller, const DataProto& batch,
@@ -84,6 +98,11 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
                           StartController(options, workers, /*image_size=*/128, /*steps=*/4));
     DRAY_ASSIGN_OR_RETURN(per_s[workers], ImagesPerSecond(*controller, batch, repeats));
     emit(absl::StrCat("edit_images_per_s_w", workers), per_s[workers], "images/s");
+    if (workers > 1) continue;
+    // What mixing shapes in a batch costs: one denoising loop per shape.
+    DRAY_ASSIGN_OR_RETURN(DataProto mixed, MixedShapeBatch());
+    DRAY_ASSIGN_OR_RETURN(double mixed_per_s, ImagesPerSecond(*controller, mixed, repeats));
+    emit("edit_mixed_shapes_slowdown_w1", per_s[1] / mixed_per_s, "x");
   }
   emit("edit_speedup_w2", per_s[2] / per_s[1], "x");
 

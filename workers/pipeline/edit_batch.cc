@@ -271,7 +271,7 @@ absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed) 
 }
 
 absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditConfig& config) {
-  if (config.model_path.empty()) return qwen_image::EditPipelineKind::kEdit;
+  if (config.model_path.empty()) return qwen_image::PresetNamed("embedded").value().pipeline;
   return qwen_image::ReadEditPipelineKind(config.model_path);
 }
 

@@ -109,7 +109,7 @@ absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& confi
 absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed);
 
 // EditPipelineKindOf: the pipeline of `config`'s model directory (the
-// embedded model, with no model_path: Qwen-Image-Edit's).
+// embedded model's preset, with no model_path).
 absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditConfig& config);
 
 // EditOptionsFor returns the pipeline options of `config`, overridden by

@@ -213,7 +213,7 @@ absl::StatusOr<std::vector<SampleRow>> GrpoAlgorithm::Samples(
   std::vector<SampleRow> grid;
   const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
   for (size_t p = 0; p < prompts.size(); ++p) {
-    SampleRow row{prompts[p]->pixels, {}, {}};
+    SampleRow row{prompts[p]->picture_pixels(), {}, {}};
     for (int64_t g = 0; g < config_.group_size; ++g) {
       const size_t i = p * config_.group_size + g;
       DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));

@@ -35,9 +35,10 @@ absl::StatusOr<Metrics> PairedAlgorithm::Step(int64_t step, const StepContext& c
   for (size_t p = 0; p < prompts.size(); ++p) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[p]));
     const TrainPrompt& prompt = *prompts[p];
-    grid.push_back(
-        vae_ ? SampleRow{prompt.pixels, {output}, {"reconstruction"}}
-             : SampleRow{prompt.pixels, {prompt.target_pixels, output}, {"target", "model"}});
+    grid.push_back(vae_ ? SampleRow{prompt.picture_pixels(), {output}, {"reconstruction"}}
+                        : SampleRow{prompt.picture_pixels(),
+                                    {prompt.target_pixels, output},
+                                    {"target", "model"}});
   }
   DRAY_RETURN_IF_ERROR(context.write_samples(grid));
   return metrics;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <string>
 
 namespace dray {
 namespace {
@@ -154,17 +155,24 @@ at::Tensor LineChart(const std::string& title, const std::vector<Series>& series
 
 at::Tensor SampleGrid(const std::vector<SampleRow>& rows, int64_t cell) {
   size_t columns = 0;
-  for (const SampleRow& row : rows) columns = std::max(columns, row.outputs.size() + 1);
+  for (const SampleRow& row : rows)
+    columns = std::max(columns, row.inputs.size() + row.outputs.size());
   const int64_t gap = 6, caption = 12;
   const int64_t row_height = cell + caption + gap;
   Canvas canvas(gap + static_cast<int64_t>(columns) * (cell + gap),
                 gap + static_cast<int64_t>(rows.size()) * row_height);
   for (size_t r = 0; r < rows.size(); ++r) {
     const int64_t y = gap + static_cast<int64_t>(r) * row_height;
-    canvas.Paste(Resized(rows[r].input, cell), gap, y);
-    canvas.Text(gap, y + cell + 3, "input", kInk);
+    const std::vector<at::Tensor>& inputs = rows[r].inputs;
+    auto x_of = [&](size_t column) { return gap + static_cast<int64_t>(column) * (cell + gap); };
+    for (size_t c = 0; c < inputs.size(); ++c) {
+      canvas.Paste(Resized(inputs[c], cell), x_of(c), y);
+      canvas.Text(x_of(c), y + cell + 3,
+                  inputs.size() == 1 ? std::string("input") : "picture " + std::to_string(c + 1),
+                  kInk);
+    }
     for (size_t c = 0; c < rows[r].outputs.size(); ++c) {
-      const int64_t x = gap + static_cast<int64_t>(c + 1) * (cell + gap);
+      const int64_t x = x_of(inputs.size() + c);
       canvas.Paste(Resized(rows[r].outputs[c], cell), x, y);
       if (c < rows[r].captions.size()) canvas.Text(x, y + cell + 3, rows[r].captions[c], kInk);
     }

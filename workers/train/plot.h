@@ -33,9 +33,10 @@ struct Series {
 at::Tensor LineChart(const std::string& title, const std::vector<Series>& series, int64_t width,
                      int64_t height);
 
-// SampleRow: one row of a sample grid: an input, then outputs with captions.
+// SampleRow: one row of a sample grid: the input pictures (captioned
+// "input", or "picture N" when there are several), then outputs with captions.
 struct SampleRow {
-  at::Tensor input;                   // uint8 [h, w, 3]
+  std::vector<at::Tensor> inputs;     // uint8 [h, w, 3] each, picture 1 first
   std::vector<at::Tensor> outputs;    // uint8 [h', w', 3] each
   std::vector<std::string> captions;  // one per output (e.g. its reward)
 };

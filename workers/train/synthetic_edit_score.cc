@@ -26,23 +26,40 @@ absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
   config.UseEmbeddedDefaults();
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(config, {}));
   torch::NoGradGuard no_grad;
-  std::vector<SyntheticEditScore> scores;
-  for (const std::string& instruction : SyntheticEditInstructions()) {
-    std::vector<qwen_image::EditInput> inputs;
-    for (int64_t seed = 0; seed < scenes.count; ++seed) {
-      inputs.push_back({{SyntheticScene(seed, scenes.height, scenes.width)},
-                        instruction,
-                        static_cast<uint64_t>(seed)});
-    }
+  // Score edits `inputs` (one per scene) and compares them with `targets`.
+  auto score = [&](const std::string& instruction, std::vector<qwen_image::EditInput> inputs,
+                   const std::vector<at::Tensor>& targets) -> absl::StatusOr<SyntheticEditScore> {
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edited, pipeline.Edit(inputs, options));
     double before = 0, after = 0;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(inputs[i].images[0], instruction));
-      before += Distance(MeanColour(inputs[i].images[0]), MeanColour(target));
-      after += Distance(MeanColour(edited[i]), MeanColour(target));
+      before += Distance(MeanColour(inputs[i].images[0]), MeanColour(targets[i]));
+      after += Distance(MeanColour(edited[i]), MeanColour(targets[i]));
     }
-    scores.push_back({instruction, after / before, std::move(edited)});
+    return SyntheticEditScore{instruction, after / before, std::move(edited)};
+  };
+  std::vector<SyntheticEditScore> scores;
+  for (const std::string& instruction : SyntheticEditInstructions()) {
+    std::vector<qwen_image::EditInput> inputs;
+    std::vector<at::Tensor> targets;
+    for (int64_t seed = 0; seed < scenes.count; ++seed) {
+      at::Tensor scene = SyntheticScene(seed, scenes.height, scenes.width);
+      DRAY_ASSIGN_OR_RETURN(targets.emplace_back(), ApplyEdit(scene, instruction));
+      inputs.push_back({{std::move(scene)}, instruction, static_cast<uint64_t>(seed)});
+    }
+    DRAY_ASSIGN_OR_RETURN(scores.emplace_back(), score(instruction, inputs, targets));
   }
+  if (pipeline.model().pipeline != qwen_image::EditPipelineKind::kEditPlus) return scores;
+  std::vector<qwen_image::EditInput> inputs;
+  std::vector<at::Tensor> targets;
+  for (int64_t seed = 0; seed < scenes.count; ++seed) {
+    const int64_t donor = HeldOutScenes::kFirstSkyDonor + seed;
+    inputs.push_back({{SyntheticScene(seed, scenes.height, scenes.width),
+                       SkyDonorScene(donor, scenes.height, scenes.width)},
+                      kSkyTransferInstruction,
+                      static_cast<uint64_t>(seed)});
+    targets.push_back(SceneWithSkyOf(seed, donor, scenes.height, scenes.width));
+  }
+  DRAY_ASSIGN_OR_RETURN(scores.emplace_back(), score(kSkyTransferInstruction, inputs, targets));
   return scores;
 }
 

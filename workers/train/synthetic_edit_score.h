@@ -19,8 +19,10 @@
 
 namespace dray {
 
-// HeldOutScenes: scenes with seeds 0 .. count-1, drawn at height x width.
+// HeldOutScenes: scenes with seeds 0 .. count-1, drawn at height x width;
+// the two-picture edit's picture 2 of scene s is SkyDonorScene(kFirstSkyDonor + s).
 struct HeldOutScenes {
+  static constexpr int64_t kFirstSkyDonor = 500;
   int64_t count = 4;
   int64_t height = 64;
   int64_t width = 64;
@@ -36,9 +38,10 @@ struct SyntheticEditScore {
   std::vector<at::Tensor> edited;  // the model's output for each scene, uint8 [H, W, 3]
 };
 
-// ScoreSyntheticEdits edits `scenes` by every synthetic instruction with
-// the options `dray edit` gives the embedded model (each scene's noise
-// seeded by its own seed) and scores them.
+// ScoreSyntheticEdits edits `scenes` by every synthetic instruction (and,
+// for an Edit-Plus model, the two-picture sky edit, last) with the options
+// `dray edit` gives the embedded model (each scene's noise seeded by its
+// own seed) and scores them.
 absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
     qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes = {});
 

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
@@ -117,6 +119,12 @@ std::vector<Bytes> TrainPrompt::pictures() const {
   return all;
 }
 
+std::vector<at::Tensor> TrainPrompt::picture_pixels() const {
+  std::vector<at::Tensor> all = {pixels};
+  all.insert(all.end(), more_pixels.begin(), more_pixels.end());
+  return all;
+}
+
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
   // One colour, worded four ways: the tiny random model learns a shared
   // shift of its outputs' colour within minutes (per-colour conditioning
@@ -150,28 +158,85 @@ absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
   return path;
 }
 
-at::Tensor SyntheticScene(int64_t seed, int64_t height, int64_t width) {
-  at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-  auto uniform = [&](double lo, double hi) {
-    return lo + (hi - lo) * at::rand({1}, generator).item<double>();
-  };
+namespace {
+
+// SceneLayout: what a synthetic scene is made of (colours in 0..255,
+// positions as shares of the height and width).
+struct SceneLayout {
+  double horizon;
+  at::Tensor sky_top, sky_low, ground;  // RGB [3]
+  double cx, cy, r;                     // the disc: centre and radius (of the shorter side)
+  at::Tensor disc_colour;
+};
+
+// Uniform draws numbers from seed's generator, in order.
+class Uniform {
+ public:
+  explicit Uniform(int64_t seed) : generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+  double operator()(double lo, double hi) {
+    return lo + (hi - lo) * at::rand({1}, generator_).item<double>();
+  }
+  at::Tensor Colour(std::array<double, 2> r, std::array<double, 2> g, std::array<double, 2> b) {
+    const double red = (*this)(r[0], r[1]), green = (*this)(g[0], g[1]);
+    return at::tensor({red, green, (*this)(b[0], b[1])});
+  }
+
+ private:
+  at::Generator generator_;
+};
+
+SceneLayout LayoutOfScene(int64_t seed) {
+  Uniform uniform(seed);
+  SceneLayout layout;
+  layout.horizon = uniform(0.45, 0.65);
+  layout.sky_top = uniform.Colour({60, 110}, {120, 170}, {200, 250});
+  layout.sky_low = uniform.Colour({170, 220}, {190, 230}, {220, 250});
+  layout.ground = uniform.Colour({50, 140}, {100, 160}, {40, 90});
+  layout.cx = uniform(0.2, 0.8);
+  layout.cy = uniform(0.15, 0.8);
+  layout.r = uniform(0.08, 0.16);
+  layout.disc_colour = uniform.Colour({180, 255}, {120, 230}, {20, 120});
+  return layout;
+}
+
+// VividSky: sky donor `seed`'s two sky colours, of any hue (drawn from a
+// stream of their own, so the donor's scene is scene `seed`).
+std::pair<at::Tensor, at::Tensor> VividSky(int64_t seed) {
+  Uniform uniform(seed ^ 0x5ca1ab1e);
+  at::Tensor top = uniform.Colour({20, 250}, {20, 250}, {20, 250});
+  at::Tensor low = uniform.Colour({20, 250}, {20, 250}, {20, 250});
+  return {top, low};
+}
+
+at::Tensor DrawScene(const SceneLayout& layout, int64_t height, int64_t width) {
   const at::Tensor y = at::arange(height, at::kFloat).view({height, 1, 1}) / height;
   const at::Tensor x = at::arange(width, at::kFloat).view({1, width, 1}) / width;
-  const double horizon = uniform(0.45, 0.65);
-  const at::Tensor sky_top = at::tensor({uniform(60, 110), uniform(120, 170), uniform(200, 250)});
-  const at::Tensor sky_low = at::tensor({uniform(170, 220), uniform(190, 230), uniform(220, 250)});
-  const at::Tensor ground = at::tensor({uniform(50, 140), uniform(100, 160), uniform(40, 90)});
-  const at::Tensor t = (y / horizon).clamp(0, 1);
-  at::Tensor image =
-      at::where(y < horizon, sky_top * (1 - t) + sky_low * t, ground * (1.1 - 0.4 * (y - horizon)));
+  const at::Tensor t = (y / layout.horizon).clamp(0, 1);
+  at::Tensor image = at::where(y < layout.horizon, layout.sky_top * (1 - t) + layout.sky_low * t,
+                               layout.ground * (1.1 - 0.4 * (y - layout.horizon)));
   // A sun or a ball: a disc of its own colour.
-  const double cx = uniform(0.2, 0.8), cy = uniform(0.15, 0.8), r = uniform(0.08, 0.16);
   const double side = std::min(height, width);  // the disc's radius is r of the shorter side
   const at::Tensor disc =
-      ((x - cx).mul(width / side).pow(2) + (y - cy).mul(height / side).pow(2)).lt(r * r);
-  const at::Tensor colour = at::tensor({uniform(180, 255), uniform(120, 230), uniform(20, 120)});
-  image = at::where(disc, colour.view({1, 1, 3}).expand_as(image), image);
+      ((x - layout.cx).mul(width / side).pow(2) + (y - layout.cy).mul(height / side).pow(2))
+          .lt(layout.r * layout.r);
+  image = at::where(disc, layout.disc_colour.view({1, 1, 3}).expand_as(image), image);
   return image.clamp(0, 255).round().to(at::kByte).contiguous();
+}
+
+}  // namespace
+
+at::Tensor SyntheticScene(int64_t seed, int64_t height, int64_t width) {
+  return DrawScene(LayoutOfScene(seed), height, width);
+}
+
+at::Tensor SkyDonorScene(int64_t seed, int64_t height, int64_t width) {
+  return SceneWithSkyOf(seed, seed, height, width);
+}
+
+at::Tensor SceneWithSkyOf(int64_t seed, int64_t donor_seed, int64_t height, int64_t width) {
+  SceneLayout layout = LayoutOfScene(seed);
+  std::tie(layout.sky_top, layout.sky_low) = VividSky(donor_seed);
+  return DrawScene(layout, height, width);
 }
 
 absl::StatusOr<at::Tensor> ApplyEdit(const at::Tensor& scene, const std::string& instruction) {
@@ -211,24 +276,43 @@ const std::vector<std::string>& SyntheticEditInstructions() {
 
 absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
                                                     int64_t first_seed,
-                                                    const std::vector<ImageSize>& sizes) {
+                                                    const std::vector<ImageSize>& sizes,
+                                                    int64_t sky_donors) {
   if (sizes.empty()) return absl::InvalidArgumentError("no scene sizes given");
+  if (sky_donors < 0 || sky_donors >= scenes)
+    return absl::InvalidArgumentError("sky_donors must lie in [0, scenes)");
   std::string jsonl;
+  auto add_row = [&](nlohmann::json pictures, const std::string& instruction,
+                     const std::string& target) {
+    const char* key = pictures.size() == 1 ? "image" : "images";
+    nlohmann::json row = {{key, pictures.size() == 1 ? pictures[0] : pictures},
+                          {"instruction", instruction},
+                          {"target", target}};
+    absl::StrAppend(&jsonl, row.dump(), "\n");
+  };
+  auto write = [&](const std::string& file, const at::Tensor& image) {
+    return WritePngFile((fs::path(dir) / file).string(), image);
+  };
   for (int64_t i = 0; i < scenes; ++i) {
     const auto [height, width] = sizes[i % sizes.size()];
-    const at::Tensor scene = SyntheticScene(first_seed + i, height, width);
-    const std::string file = absl::StrCat("scene_", first_seed + i, ".png");
-    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
+    const int64_t seed = first_seed + i;
+    const at::Tensor scene = SyntheticScene(seed, height, width);
+    const std::string file = absl::StrCat("scene_", seed, ".png");
+    DRAY_RETURN_IF_ERROR(write(file, scene));
     for (size_t e = 0; e < SyntheticEditInstructions().size(); ++e) {
       const std::string& instruction = SyntheticEditInstructions()[e];
       DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(scene, instruction));
-      const std::string target_file = absl::StrCat("scene_", first_seed + i, "_edit_", e, ".png");
-      DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / target_file).string(), target));
-      absl::StrAppend(
-          &jsonl,
-          nlohmann::json{{"image", file}, {"instruction", instruction}, {"target", target_file}}
-              .dump(),
-          "\n");
+      const std::string target_file = absl::StrCat("scene_", seed, "_edit_", e, ".png");
+      DRAY_RETURN_IF_ERROR(write(target_file, target));
+      add_row({file}, instruction, target_file);
+    }
+    for (int64_t k = 0; k < sky_donors; ++k) {  // the next scenes' seeds, with vivid skies
+      const int64_t donor = first_seed + (i + 1 + k) % scenes;
+      const std::string donor_file = absl::StrCat("sky_", donor, "_", height, "x", width, ".png");
+      const std::string target_file = absl::StrCat("scene_", seed, "_sky_of_", donor, ".png");
+      DRAY_RETURN_IF_ERROR(write(donor_file, SkyDonorScene(donor, height, width)));
+      DRAY_RETURN_IF_ERROR(write(target_file, SceneWithSkyOf(seed, donor, height, width)));
+      add_row({file, donor_file}, kSkyTransferInstruction, target_file);
     }
   }
   const std::string path = (fs::path(dir) / "train.jsonl").string();

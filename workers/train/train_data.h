@@ -40,8 +40,10 @@ struct TrainPrompt {
   at::Tensor target_pixels;
   // group: what makes samples comparable (GRPO's group): instruction and images.
   std::string group() const;
-  // pictures: every input image's bytes, picture 1 first.
+  // pictures: every input image's bytes, picture 1 first; picture_pixels:
+  // every input image decoded.
   std::vector<Bytes> pictures() const;
+  std::vector<at::Tensor> picture_pixels() const;
 };
 
 // ReadTrainPrompts reads every row; `with_targets` (SFT) requires and reads
@@ -56,11 +58,18 @@ absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir);
 
 // Synthetic paired edits (SFT's embedded task, and held-out checks of a
 // trained model): 64x64 scenes (a sky, the ground, a disc) and the images
-// simple instructions turn them into.
+// simple instructions turn them into; and one two-picture edit, picture 1's
+// scene under the sky of picture 2.
 //
 // SyntheticScene draws scene `seed` (uint8 [height, width, 3]; the same
 // scene at any size, its sun round).
 at::Tensor SyntheticScene(int64_t seed, int64_t height, int64_t width);
+// The two-picture edit: picture 1 a scene, picture 2 a scene whose sky has
+// two colours of any hue (SkyDonorScene), and the result picture 1's scene
+// (horizon, ground, disc) under picture 2's sky colours (SceneWithSkyOf).
+inline constexpr char kSkyTransferInstruction[] = "give picture 1 the sky of picture 2";
+at::Tensor SkyDonorScene(int64_t seed, int64_t height, int64_t width);
+at::Tensor SceneWithSkyOf(int64_t seed, int64_t donor_seed, int64_t height, int64_t width);
 // ApplyEdit computes what `instruction` (one of SyntheticEditInstructions)
 // makes of `scene`: "make it <colour>" blends halfway to the colour, "make
 // it darker/brighter" halves the distance to black/white, "turn the sky
@@ -70,13 +79,13 @@ const std::vector<std::string>& SyntheticEditInstructions();
 // ImageSize: {height, width}.
 using ImageSize = std::array<int64_t, 2>;
 // WriteSyntheticEditPairs writes scenes first_seed .. first_seed+scenes-1,
-// scene i at sizes[i % sizes.size()], each with every instruction's target,
-// and train.jsonl ({"image", "instruction", "target"} rows) into `dir`;
-// returns train.jsonl's path.
-absl::StatusOr<std::string> WriteSyntheticEditPairs(const std::string& dir, int64_t scenes,
-                                                    int64_t first_seed,
-                                                    const std::vector<ImageSize>& sizes = {
-                                                        {64, 64}});
+// scene i at sizes[i % sizes.size()], each with every instruction's target
+// and with `sky_donors` two-picture rows (picture 2 the sky donor of the
+// next scenes' seeds), and train.jsonl ({"image" or "images",
+// "instruction", "target"} rows) into `dir`; returns train.jsonl's path.
+absl::StatusOr<std::string> WriteSyntheticEditPairs(
+    const std::string& dir, int64_t scenes, int64_t first_seed,
+    const std::vector<ImageSize>& sizes = {{64, 64}}, int64_t sky_donors = 0);
 
 }  // namespace dray
 
