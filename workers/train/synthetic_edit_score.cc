@@ -26,8 +26,8 @@ absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
   config.UseEmbeddedDefaults();
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(config, {}));
   torch::NoGradGuard no_grad;
-  // Score edits `inputs` (one per scene) and compares them with `targets`.
-  auto score = [&](const std::string& instruction, std::vector<qwen_image::EditInput> inputs,
+  // score edits `inputs` (one per scene) and compares them with `targets`.
+  auto score = [&](const std::string& instruction, const std::vector<qwen_image::EditInput>& inputs,
                    const std::vector<at::Tensor>& targets) -> absl::StatusOr<SyntheticEditScore> {
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edited, pipeline.Edit(inputs, options));
     double before = 0, after = 0;

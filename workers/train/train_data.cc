@@ -177,8 +177,7 @@ class Uniform {
     return lo + (hi - lo) * at::rand({1}, generator_).item<double>();
   }
   at::Tensor Colour(std::array<double, 2> r, std::array<double, 2> g, std::array<double, 2> b) {
-    const double red = (*this)(r[0], r[1]), green = (*this)(g[0], g[1]);
-    return at::tensor({red, green, (*this)(b[0], b[1])});
+    return at::tensor({(*this)(r[0], r[1]), (*this)(g[0], g[1]), (*this)(b[0], b[1])});  // in order
   }
 
  private:
