@@ -114,8 +114,10 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
 int InitModel(const std::string& preset_name, const std::string& pipeline, const std::string& out,
               uint64_t seed) {
   absl::StatusOr<qwen_image::ModelPreset> preset = qwen_image::PresetNamed(preset_name);
-  if (preset.ok() && pipeline == "edit-plus")
-    preset->pipeline = qwen_image::EditPipelineKind::kEditPlus;
+  if (preset.ok() && !pipeline.empty()) {
+    preset->pipeline = pipeline == "edit-plus" ? qwen_image::EditPipelineKind::kEditPlus
+                                               : qwen_image::EditPipelineKind::kEdit;
+  }
   if (preset.ok() && preset_name == "real") {
     preset = absl::InvalidArgumentError(
         "the real preset (20.4B parameters) is for meta-device checks, not for writing");
@@ -126,9 +128,10 @@ int InitModel(const std::string& preset_name, const std::string& pipeline, const
     Log("init-model", written.ToString());
     return 1;
   }
+  const bool plus = preset->pipeline == qwen_image::EditPipelineKind::kEditPlus;
   std::printf("wrote a random %s Qwen-Image-Edit%s model (seed %llu) to %s\n", preset_name.c_str(),
-              pipeline == "edit-plus" ? " (Edit-Plus: 2509/2511)" : "",
-              static_cast<unsigned long long>(seed), out.c_str());
+              plus ? " (Edit-Plus: 2509/2511)" : "", static_cast<unsigned long long>(seed),
+              out.c_str());
   return 0;
 }
 
@@ -192,7 +195,7 @@ int Main(int argc, char** argv) {
 
   CLI::App* init = app.add_subcommand(
       "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
-  std::string preset = "tiny", pipeline = "edit", out;
+  std::string preset = "tiny", pipeline, out;
   uint64_t seed = 0;
   init->add_option("--preset", preset,
                    "tiny (runs anywhere), embedded (the embedded model's shapes) or small (real "
@@ -201,8 +204,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"tiny", "embedded", "small"}));
   init->add_option("--pipeline", pipeline,
                    "edit (Qwen-Image-Edit: one input image) or edit-plus (2509/2511: one to "
-                   "three; model_index.json names QwenImageEditPlusPipeline)")
-      ->capture_default_str()
+                   "three; model_index.json names QwenImageEditPlusPipeline); default: the "
+                   "preset's (edit-plus for embedded, edit otherwise)")
       ->check(CLI::IsMember({"edit", "edit-plus"}));
   init->add_option("--out", out, "directory to write")->required();
   init->add_option("--seed", seed, "random seed: the same seed writes the same weights")

@@ -44,7 +44,7 @@ absl::Status WriteGrid(const std::string& path, const std::vector<dray::Syntheti
       row.captions.push_back(two_pictures ? "1 with sky of 2" : score.instruction);
     }
   }
-  return dray::WritePngFile(path, dray::SampleGrid(rows, /*cell=*/96));
+  return dray::WritePngFile(path, dray::SampleGrid(rows, /*cell=*/120));
 }
 
 // PrintScores scores the model directory `model_dir` (and draws its edits

@@ -6,8 +6,9 @@
 #   tools/train_embedded_model.sh [WORK_DIR]     (default /tmp/dray-embedded)
 #
 # 1. synthetic pairs: 512 scenes (seeds 1000..1511; tests hold out seeds
-#    below 1000), each with the target of every synthetic instruction; and
-#    the same scenes at three sizes (64x64, 48x80, 80x48)
+#    below 1000), each with the target of every synthetic instruction and
+#    with the sky of each of 4 donor scenes (two pictures in); and the same
+#    scenes at three sizes (64x64, 48x80, 80x48)
 # 2. the VAE as a plain autoencoder of the scenes and their targets
 #    (vae.yaml), on the embedded preset's random start
 # 3. the VAE rounded to float16, as it ships, so that the transformer
@@ -25,9 +26,10 @@ dray=bazel-bin/cli/dray
 embedded_model=bazel-bin/tools/embedded_model
 
 rm -rf "$work" && mkdir -p "$work"
-bazel-bin/tools/synthetic_edit_pairs --out "$work/pairs" --scenes 512 --first-seed 1000
+bazel-bin/tools/synthetic_edit_pairs --out "$work/pairs" --scenes 512 --first-seed 1000 \
+    --sky-donors 4
 bazel-bin/tools/synthetic_edit_pairs --out "$work/pairs_sizes" --scenes 512 --first-seed 1000 \
-    --sizes 64x64,48x80,80x48
+    --sizes 64x64,48x80,80x48 --sky-donors 4
 "$dray" init-model --preset embedded --seed 0 --out "$work/random"
 "$dray" train --config "$configs/vae.yaml" worker.image_edit.model_path="$work/random" \
     data.train_files="$work/pairs/train.jsonl" trainer.save_dir="$work/vae"

@@ -67,7 +67,8 @@ TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
                                         out, " --steps 3 --image-size 64 --seed 5");
   const auto [code, output] = RunDray(args);
   ASSERT_EQ(code, 0) << output;
-  EXPECT_THAT(output, HasSubstr("model tiny (embedded default), 3 steps at 64^2, seed 5"));
+  EXPECT_THAT(output,
+              HasSubstr("model embedded (the default), 1 picture, 3 steps at 64^2, seed 5"));
   EXPECT_THAT(output, HasSubstr("step 3/3"));
   absl::StatusOr<at::Tensor> edited = ReadImageFile(out);
   ASSERT_TRUE(edited.ok()) << edited.status();
@@ -79,6 +80,28 @@ TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
   const at::Tensor first = *edited;
   ASSERT_EQ(RunDray(args).first, 0);
   EXPECT_TRUE(ReadImageFile(out)->equal(first));
+}
+
+// TopRowsColour: the mean colour of an HWC byte image's top `rows` rows.
+at::Tensor TopRowsColour(const at::Tensor& image, int64_t rows) {
+  return image.narrow(0, 0, rows).to(at::kFloat).mean(at::IntArrayRef{0, 1});
+}
+
+TEST(ModelCliTest, EditGivesTheEmbeddedDefaultTwoPictures) {
+  const std::string out = (fs::path(std::getenv("TEST_TMPDIR")) / "sky.png").string();
+  const std::string scene = RunfilePath("docs/scene.png"), donor = RunfilePath("docs/sky.png");
+  const auto [code, output] =
+      RunDray(absl::StrCat("edit --image ", scene, " --image ", donor,
+                           " --instruction 'give picture 1 the sky of picture 2' --out ", out));
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_THAT(output, HasSubstr("2 pictures"));
+  absl::StatusOr<at::Tensor> edited = ReadImageFile(out);
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  // The top rows, sky in both pictures, now take the donor's colours.
+  const at::Tensor sky = TopRowsColour(*edited, 12);
+  const double to_donor = (sky - TopRowsColour(*ReadImageFile(donor), 12)).norm().item<double>();
+  const double to_own = (sky - TopRowsColour(*ReadImageFile(scene), 12)).norm().item<double>();
+  EXPECT_LT(to_donor, to_own / 2) << "top rows' colour: " << sky;
 }
 
 TEST(ModelCliTest, EditRejectsBadInputClearly) {

@@ -64,13 +64,16 @@ std::string TwoPictureRows(const std::string& dir) {
   return dir + "/train.jsonl";
 }
 
-TrainConfig PlusJob(const std::string& dir, std::vector<std::string> overrides) {
-  overrides.insert(overrides.end(),
-                   {"worker.image_edit.model_path=" + PlusModel(),
-                    "data.train_files=" + TwoPictureRows(dir + "/data"),
-                    "worker.image_edit.image_size=64", "worker.rollout.resolution=64",
-                    "worker.image_edit.condition_image_size=56", "trainer.sample_every=1"});
-  return SmallJob(dir + "/run", overrides);
+// PlusJob: a small job on the rows above; `overrides` come last, so they win.
+TrainConfig PlusJob(const std::string& dir, const std::vector<std::string>& overrides) {
+  std::vector<std::string> all = {"worker.image_edit.model_path=" + PlusModel(),
+                                  "data.train_files=" + TwoPictureRows(dir + "/data"),
+                                  "worker.image_edit.image_size=64",
+                                  "worker.rollout.resolution=64",
+                                  "worker.image_edit.condition_image_size=56",
+                                  "trainer.sample_every=1"};
+  all.insert(all.end(), overrides.begin(), overrides.end());
+  return SmallJob(dir + "/run", all);
 }
 
 TEST(EditPlusTrainingTest, RowsOfTwoPicturesReachTheWorkers) {
@@ -103,6 +106,24 @@ TEST(EditPlusTrainingTest, SftAndGrpoTrainOnTwoPictureRows) {
     EXPECT_THAT(metrics, ::testing::Not(HasSubstr("nan")));
     EXPECT_TRUE(fs::exists(dir + "/run/final/pytorch_lora_weights.safetensors"));
   }
+}
+
+// The pictures the text encoder sees follow worker.image_edit.condition_image_size
+// in training as in serving: the first SFT loss differs with it.
+TEST(EditPlusTrainingTest, TheConditionImageSizeReachesTheWorkers) {
+  std::vector<double> first_losses;
+  for (const std::string size : {"56", "112"}) {
+    const std::string dir = SaveDir("plus_condition_" + size);
+    DRAY_ASSERT_OK_AND_ASSIGN(
+        auto trainer, StartTrainer(PlusJob(dir, {"algorithm.name=sft", "trainer.total_steps=1",
+                                                 "worker.image_edit.condition_image_size=" + size}),
+                                   1));
+    DRAY_ASSERT_OK(trainer->Run());
+    const std::string metrics = ReadFile(dir + "/run/metrics.jsonl").value();
+    first_losses.push_back(
+        nlohmann::json::parse(metrics.substr(0, metrics.find('\n'))).at("loss").get<double>());
+  }
+  EXPECT_NE(first_losses[0], first_losses[1]);
 }
 
 TEST(EditPlusTrainingTest, BadImagesListsNameTheLine) {

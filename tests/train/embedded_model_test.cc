@@ -1,7 +1,8 @@
 // The embedded model that every command without a model path runs (trained
 // by tools/train_embedded_model.sh): on synthetic scenes it never saw, with
-// the options `dray edit` gives it, each edit it was trained for moves the
-// output's mean colour toward the mean colour of what the edit should give,
+// the options `dray edit` gives it, each edit it was trained for (the
+// two-picture "give picture 1 the sky of picture 2" too) moves the output's
+// mean colour toward the mean colour of what the edit should give,
 // on square and on wide scenes (docs/training.md, "The embedded model", has the shares
 // measured when it was trained). A random model fails most of them.
 #include "workers/models/qwen_image/embedded_model.h"

@@ -239,24 +239,41 @@ PreparedEdit Side(const PreparedEdit& prepared, bool negative) {
   return side;
 }
 
-absl::StatusOr<Outputs> RunEndToEnd(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(auto file, OpenCase(c));
-  DRAY_ASSIGN_OR_RETURN(json call, Metadata(*file, "call"));
-  DRAY_ASSIGN_OR_RETURN(json overrides, Metadata(*file, "module_overrides"));
-  DRAY_ASSIGN_OR_RETURN(json transformer, Metadata(*file, "transformer_config_override"));
-  DRAY_ASSIGN_OR_RETURN(json seed, Metadata(*file, "case_seed"));
-  DRAY_ASSIGN_OR_RETURN(QwenImageModel model,
-                        LoadModel(c, transformer.value("zero_cond_t", false)));
-  QwenImageEditPipeline pipeline(std::move(model));
+// EditOptionsOf: the case's call as dray's options. Edit-Plus cases shrink
+// diffusers' module constants VAE_IMAGE_SIZE and CONDITION_IMAGE_SIZE (areas);
+// Edit cases shrink the 1024^2 working area; height and width may be absent.
+absl::StatusOr<EditOptions> EditOptionsOf(const SafetensorsFile& file, EditPipelineKind kind) {
+  DRAY_ASSIGN_OR_RETURN(json call, Metadata(file, "call"));
   EditOptions options;
   options.num_inference_steps = call.at("num_inference_steps");
   options.true_cfg_scale = call.at("true_cfg_scale");
   options.negative_prompt = call.at("negative_prompt").get<std::string>();
-  options.image_size = std::lround(std::sqrt(overrides.at("VAE_IMAGE_SIZE").get<double>()));
-  options.condition_image_size =
-      std::lround(std::sqrt(overrides.at("CONDITION_IMAGE_SIZE").get<double>()));
-  options.width = call.at("width").get<int64_t>();
-  options.height = call.at("height").get<int64_t>();
+  auto side = [](const json& area) { return std::lround(std::sqrt(area.get<double>())); };
+  if (kind == EditPipelineKind::kEditPlus) {
+    DRAY_ASSIGN_OR_RETURN(json overrides, Metadata(file, "module_overrides"));
+    options.image_size = side(overrides.at("VAE_IMAGE_SIZE"));
+    options.condition_image_size = side(overrides.at("CONDITION_IMAGE_SIZE"));
+  } else {
+    DRAY_ASSIGN_OR_RETURN(json area, Metadata(file, "edit_area_override"));
+    options.image_size = side(area);
+  }
+  if (call.contains("width")) options.width = call.at("width").get<int64_t>();
+  if (call.contains("height")) options.height = call.at("height").get<int64_t>();
+  return options;
+}
+
+// RunEndToEnd: one full pipeline call of `kind` on the case's model, every
+// intermediate diffusers recorded compared.
+absl::StatusOr<Outputs> RunEndToEnd(const ParityCase& c, EditPipelineKind kind) {
+  DRAY_ASSIGN_OR_RETURN(auto file, OpenCase(c));
+  DRAY_ASSIGN_OR_RETURN(json call, Metadata(*file, "call"));
+  DRAY_ASSIGN_OR_RETURN(json transformer, Metadata(*file, "transformer_config_override"));
+  DRAY_ASSIGN_OR_RETURN(json seed, Metadata(*file, "case_seed"));
+  DRAY_ASSIGN_OR_RETURN(EditOptions options, EditOptionsOf(*file, kind));
+  DRAY_ASSIGN_OR_RETURN(QwenImageModel model,
+                        LoadModel(c, transformer.value("zero_cond_t", false)));
+  model.pipeline = kind;
+  QwenImageEditPipeline pipeline(std::move(model));
   const EditInput input{InputImages(*file), call.at("prompt").get<std::string>(),
                         seed.get<uint64_t>()};
   DRAY_ASSIGN_OR_RETURN(PreparedEdit prepared, pipeline.Prepare({&input}, options));
@@ -316,7 +333,10 @@ std::vector<ParityCase> EditPlusParityCases(const std::string& dir) {
     run = RunEncodePrompt;
   } else if (name == "e2e_plus") {
     component = "edit_plus_e2e";
-    run = RunEndToEnd;
+    run = [](const ParityCase& c) { return RunEndToEnd(c, EditPipelineKind::kEditPlus); };
+  } else if (name == "e2e_edit") {
+    component = "edit_e2e";
+    run = [](const ParityCase& c) { return RunEndToEnd(c, EditPipelineKind::kEdit); };
   } else {
     return {};
   }

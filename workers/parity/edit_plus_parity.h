@@ -13,6 +13,9 @@
 //   e2e_plus/       whole edits: prompt states, image latents, the noise
 //                   from the case's seed, each step's predictions and
 //                   latents, the decoded image (component "edit_plus_e2e")
+//   e2e_edit/       the same for diffusers' QwenImageEditPipeline (one
+//                   picture, Qwen-Image-Edit) on that model (component
+//                   "edit_e2e")
 //
 //   for (const ParityCase& c : EditPlusParityCases("reference/qwen_image_edit_plus/e2e_plus")) ...
 //

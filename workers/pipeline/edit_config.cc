@@ -78,6 +78,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
 void ImageEditConfig::UseEmbeddedDefaults() {
   num_inference_steps = kEmbeddedSteps;
   image_size = kEmbeddedImageSize;
+  condition_image_size = kEmbeddedImageSize;
   negative_prompt = "";  // it was trained without guidance
 }
 

@@ -77,7 +77,8 @@ struct ImageEditConfig {
   // Validate checks every value's range (what Load and FromYaml check).
   absl::Status Validate() const;
   // UseEmbeddedDefaults sets what the embedded model needs (20 steps at
-  // kEmbeddedImageSize^2, no guidance), for keys a file and overrides leave unset.
+  // kEmbeddedImageSize^2, the text encoder's pictures at that size too, no
+  // guidance), for keys a file and overrides leave unset.
   void UseEmbeddedDefaults();
 };
 

@@ -382,11 +382,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
   state->sampler.noise_level = config.noise_level;
   DRAY_ASSIGN_OR_RETURN(state->loss, rl::FindPolicyLoss(config.loss));
+  // The model's options as serving takes them (sizes, guidance), with the
+  // rollout's step count and resolution.
+  DRAY_ASSIGN_OR_RETURN(state->options, EditOptionsFor(config.model, {}));
   qwen_image::EditOptions& options = state->options;
   options.num_inference_steps = static_cast<int>(config.num_inference_steps);
-  options.true_cfg_scale = config.model.true_cfg_scale;
-  if (!config.model.negative_prompt.empty()) options.negative_prompt = config.model.negative_prompt;
-  options.image_size = config.model.image_size;
   if (config.sft()) {
     options.image_size = config.resolution;  // each pair at its own aspect ratio
   } else {

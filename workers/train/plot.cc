@@ -165,16 +165,17 @@ at::Tensor SampleGrid(const std::vector<SampleRow>& rows, int64_t cell) {
     const int64_t y = gap + static_cast<int64_t>(r) * row_height;
     const std::vector<at::Tensor>& inputs = rows[r].inputs;
     auto x_of = [&](size_t column) { return gap + static_cast<int64_t>(column) * (cell + gap); };
+    // Each caption under its picture, cut to the picture's width (6 pixels a letter).
+    auto caption_at = [&](size_t column, const std::string& text) {
+      canvas.Text(x_of(column), y + cell + 3, text.substr(0, (cell + gap / 2) / 6), kInk);
+    };
     for (size_t c = 0; c < inputs.size(); ++c) {
       canvas.Paste(Resized(inputs[c], cell), x_of(c), y);
-      canvas.Text(x_of(c), y + cell + 3,
-                  inputs.size() == 1 ? std::string("input") : "picture " + std::to_string(c + 1),
-                  kInk);
+      caption_at(c, inputs.size() == 1 ? std::string("input") : "picture " + std::to_string(c + 1));
     }
     for (size_t c = 0; c < rows[r].outputs.size(); ++c) {
-      const int64_t x = x_of(inputs.size() + c);
-      canvas.Paste(Resized(rows[r].outputs[c], cell), x, y);
-      if (c < rows[r].captions.size()) canvas.Text(x, y + cell + 3, rows[r].captions[c], kInk);
+      canvas.Paste(Resized(rows[r].outputs[c], cell), x_of(inputs.size() + c), y);
+      if (c < rows[r].captions.size()) caption_at(inputs.size() + c, rows[r].captions[c]);
     }
   }
   return canvas.pixels();

@@ -42,7 +42,7 @@ struct SampleRow {
 };
 
 // SampleGrid lays the rows out, each image scaled to `cell` pixels square
-// (nearest neighbour), captions under the outputs.
+// (nearest neighbour), captions under the pictures (cut to their width).
 at::Tensor SampleGrid(const std::vector<SampleRow>& rows, int64_t cell);
 
 // StackVertically joins images of one width, top to bottom.

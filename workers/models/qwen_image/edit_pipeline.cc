@@ -23,16 +23,6 @@
 namespace dray::qwen_image {
 namespace {
 
-// TemplateTokensDropped: how many template tokens' states are not part of
-// the prompt embedding. Edit-Plus: diffusers' fixed 64. Edit: the tokens of
-// the system turn and user header, which are 64 with Qwen2's vocabulary
-// (dray's embedded model was trained that way with its own small one).
-int64_t TemplateTokensDropped(const QwenImageModel& model) {
-  if (model.pipeline == EditPipelineKind::kEditPlus) return kDroppedTemplateTokens;
-  if (model.tokenizer == nullptr) return 0;
-  return static_cast<int64_t>(model.tokenizer->Encode(kEditSystemTurn).size());
-}
-
 absl::Status CheckOptions(const EditOptions& options) {
   if (options.num_inference_steps < 1) {
     return absl::InvalidArgumentError(
@@ -118,8 +108,7 @@ std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
   return images;
 }
 
-QwenImageEditPipeline::QwenImageEditPipeline(QwenImageModel model)
-    : model_(std::move(model)), dropped_tokens_(TemplateTokensDropped(model_)) {}
+QwenImageEditPipeline::QwenImageEditPipeline(QwenImageModel model) : model_(std::move(model)) {}
 
 int64_t QwenImageEditPipeline::vae_scale_factor() const {
   return int64_t{1} << model_.vae->config().temperal_downsample.size();
@@ -158,6 +147,11 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
       return absl::InvalidArgumentError(
           absl::StrCat("instruction ", i, ": ", ids.status().message()));
     }
+    if (static_cast<int64_t>(ids->size()) <= kDroppedTemplateTokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "instruction ", i, ": its prompt has ", ids->size(), " tokens, no more than the ",
+          kDroppedTemplateTokens, " template tokens the pipeline drops"));
+    }
     longest = std::max<int64_t>(longest, static_cast<int64_t>(ids->size()));
     prompts.push_back(*std::move(ids));
   }
@@ -173,11 +167,12 @@ absl::StatusOr<PromptEmbeddings> QwenImageEditPipeline::EncodePrompts(
   const at::Tensor all_patches = patches.empty() ? at::Tensor() : at::cat(patches);
   DRAY_ASSIGN_OR_RETURN(at::Tensor hidden,
                         model_.text_encoder->forward(ids, mask, all_patches, grids));
-  // Each prompt's own tokens after the template's system turn, right-padded with zeros.
+  // Each prompt's states after the template's first 64 tokens (its system
+  // turn, with Qwen2's vocabulary), right-padded with zeros.
   std::vector<at::Tensor> kept;
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t length = static_cast<int64_t>(prompts[b].size()) - dropped_tokens_;
-    kept.push_back(hidden[b].narrow(0, dropped_tokens_, length));
+    const int64_t length = static_cast<int64_t>(prompts[b].size()) - kDroppedTemplateTokens;
+    kept.push_back(hidden[b].narrow(0, kDroppedTemplateTokens, length));
   }
   return PadPrompts(kept);
 }

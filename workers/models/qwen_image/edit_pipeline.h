@@ -248,7 +248,6 @@ class QwenImageEditPipeline {
                                      const StepCallback& on_step);
 
   QwenImageModel model_;
-  int64_t dropped_tokens_;  // template tokens whose hidden states are dropped
 };
 
 }  // namespace dray::qwen_image

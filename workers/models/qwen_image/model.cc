@@ -211,8 +211,10 @@ absl::StatusOr<ModelPreset> PresetNamed(const std::string& name) {
   }
   if (name == "embedded") {
     // tiny's VAE and text encoder under a transformer wide and deep enough
-    // to learn to copy the condition image while it edits it.
+    // to learn to copy the condition image while it edits it; Edit-Plus, so
+    // that it takes several pictures.
     ModelPreset embedded = PresetNamed("tiny").value();
+    embedded.pipeline = EditPipelineKind::kEditPlus;
     embedded.transformer = {2, 16, 4, 4, 32, 4, 16, {8, 12, 12}, false};
     return embedded;
   }

@@ -78,7 +78,8 @@ struct ModelPreset {
 };
 
 // PresetNamed returns "tiny" (runs anywhere in seconds), "embedded" (tiny
-// with the larger transformer of the embedded model, embedded_model.h),
+// with the larger transformer of the embedded model, embedded_model.h, as
+// an Edit-Plus pipeline),
 // "small" (the real layout at reduced width) or "real" (the released sizes;
 // for meta-device checks, far too large to write here). NOT_FOUND otherwise.
 absl::StatusOr<ModelPreset> PresetNamed(const std::string& name);
