@@ -151,6 +151,13 @@ TEST(RewardsTest, ScoreWhatTheySay) {
   EXPECT_GT(Score("jpeg_incompressibility", {noise, red, "", {}}),
             Score("jpeg_incompressibility", {red, red, "", {}}));
   EXPECT_GT(Score("consistency", {red, red, "", {}}), Score("consistency", {noise, red, "", {}}));
+  // structure is blind to colour: the scene recoloured keeps it, a flat image has none.
+  const at::Tensor scene = SyntheticScene(3, 32, 32);
+  const at::Tensor tinted =
+      (scene.to(at::kInt) / 2 + at::tensor({120, 120, 0}, at::kInt)).to(at::kByte);
+  EXPECT_GT(Score("structure", {tinted, scene, "", {}}), 0.99);
+  EXPECT_EQ(Score("structure", {red, scene, "", {}}), 0.0);
+  EXPECT_LT(Score("structure", {noise, scene, "", {}}), 0.5);
   EXPECT_THAT(FindRewardFunction("color").value()({red, red, "make it nice", {}}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("names no colour")));
   EXPECT_THAT(FindRewardFunction("aesthetic").status(),

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -77,12 +78,29 @@ absl::StatusOr<double> Consistency(const RewardInput& in) {
   return std::min(psnr, 100.0) / 50.0;
 }
 
+// Luminance: an RGB byte image's Rec. 601 luma, float64 [H, W].
+at::Tensor Luminance(const at::Tensor& image) {
+  const at::Tensor rgb = image.to(at::kDouble);
+  return rgb.select(2, 0) * 0.299 + rgb.select(2, 1) * 0.587 + rgb.select(2, 2) * 0.114;
+}
+
+absl::StatusOr<double> Structure(const RewardInput& in) {
+  DRAY_ASSIGN_OR_RETURN(at::Tensor input, ResizeImage(in.input, in.output.size(0),
+                                                      in.output.size(1), Resample::kLanczos));
+  const at::Tensor a = Luminance(in.output), b = Luminance(input);
+  const at::Tensor da = a - a.mean(), db = b - b.mean();
+  const double spread = (da.pow(2).sum() * db.pow(2).sum()).sqrt().item<double>();
+  if (spread <= 0) return 0.0;  // a flat image keeps no layout
+  return std::max(0.0, (da * db).sum().item<double>() / spread);
+}
+
 const std::map<std::string, RewardFunction>& Registry() {
   static const auto* registry = new std::map<std::string, RewardFunction>{
       {"color", ColorCloseness},
       {"jpeg_compressibility", JpegCompressibility},
       {"jpeg_incompressibility", JpegKilobytes},
       {"consistency", Consistency},
+      {"structure", Structure},
   };
   return *registry;
 }

@@ -10,6 +10,9 @@
 //   consistency            PSNR of the output against the input (resized to
 //                          the output's size), in dB / 50: "edit only what
 //                          was asked"
+//   structure              correlation of the output's luminance with the
+//                          input's (resized), clamped to [0, 1]: the input's
+//                          layout kept, whatever its colours became
 //
 //   DRAY_ASSIGN_OR_RETURN(RewardFunction color, FindRewardFunction("color"));
 //   DRAY_ASSIGN_OR_RETURN(double reward, color({output, input, instruction, fields}));
