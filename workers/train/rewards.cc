@@ -69,9 +69,13 @@ absl::StatusOr<double> JpegCompressibility(const RewardInput& in) {
   return -kilobytes;
 }
 
+// InputAtOutputSize: the input resized to the output's size, to compare them.
+absl::StatusOr<at::Tensor> InputAtOutputSize(const RewardInput& in) {
+  return ResizeImage(in.input, in.output.size(0), in.output.size(1), Resample::kLanczos);
+}
+
 absl::StatusOr<double> Consistency(const RewardInput& in) {
-  DRAY_ASSIGN_OR_RETURN(at::Tensor input, ResizeImage(in.input, in.output.size(0),
-                                                      in.output.size(1), Resample::kLanczos));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor input, InputAtOutputSize(in));
   const double mse =
       (in.output.to(at::kDouble) - input.to(at::kDouble)).pow(2).mean().item<double>();
   const double psnr = mse <= 0 ? 100.0 : 10.0 * std::log10(255.0 * 255.0 / mse);
@@ -85,8 +89,7 @@ at::Tensor Luminance(const at::Tensor& image) {
 }
 
 absl::StatusOr<double> Structure(const RewardInput& in) {
-  DRAY_ASSIGN_OR_RETURN(at::Tensor input, ResizeImage(in.input, in.output.size(0),
-                                                      in.output.size(1), Resample::kLanczos));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor input, InputAtOutputSize(in));
   const at::Tensor a = Luminance(in.output), b = Luminance(input);
   const at::Tensor da = a - a.mean(), db = b - b.mean();
   const double spread = (da.pow(2).sum() * db.pow(2).sum()).sqrt().item<double>();
