@@ -4,7 +4,8 @@
 # the gRPC plugins), Abseil, yaml-cpp, libpng, libjpeg, ICU, CLI11,
 # nlohmann-json, Gloo's headers and GoogleTest, as their .debs unpacked
 # (`dpkg -x`) and pruned to headers, shared libraries and CMake files, in
-# one archive: .gpu/deps.tar.xz (git-ignored; about 19 MB). Run here, where
+# one archive: .gpu/deps.tar.xz (git-ignored; about 12 MB; ICU's data
+# package replaced by an empty one: tools/gpu/icu_stub_data.c). Run here, where
 # Debian's mirror is reachable; tools/gpu/run.sh unpacks it there.
 #
 #   tools/gpu/prepare.sh            # writes .gpu/deps.tar.xz
@@ -43,6 +44,8 @@ rm -rf "$root/share/doc" "$root/share/man" "$root/share/lintian" "$root/share/ic
   "$lib/engines-3" "$lib/ossl-modules" "$lib/pkgconfig" "$lib/icu"
 find "$lib" -name '*.a' ! -name 'libg[tm]*' -delete
 rm -f "$lib"/libicu{io,test,tu}* "$lib"/libgloo*
+cc -shared -fPIC -Wl,-soname,libicudata.so.72 -o "$(readlink -f "$lib/libicudata.so.72")" \
+  tools/gpu/icu_stub_data.c
 find "$root/bin" -type f ! -name 'protoc*' ! -name 'grpc_*_plugin' -delete
 find "$root" -xtype l -delete  # links to what was left out (libz.so: the machine's own)
 # OpenSSL apart, where run.sh's LD_LIBRARY_PATH does not reach: the machine's
