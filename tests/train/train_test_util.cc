@@ -27,12 +27,13 @@ const std::string& RandomTinyModel() {
 }
 
 TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides) {
-  overrides.insert(overrides.begin(),
-                   {"worker.image_edit.model_path=" + RandomTinyModel(),
-                    "worker.image_edit.negative_prompt=\" \"", "data.prompts_per_step=2",
-                    "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
-                    "worker.actor.micro_batch_size=1", "worker.actor.lr=3e-2",
-                    "trainer.total_steps=2", "trainer.save_dir=" + save_dir});
+  overrides.insert(
+      overrides.begin(),
+      {"worker.image_edit.model_path=" + RandomTinyModel(),
+       "worker.image_edit.negative_prompt=\" \"", "data.prompts_per_step=2",
+       "algorithm.group_size=2", "worker.rollout.num_inference_steps=4",
+       "worker.actor.micro_batch_size=1", "worker.actor.lr=3e-2", "worker.reward.functions=[color]",
+       "trainer.total_steps=2", "trainer.save_dir=" + save_dir});
   absl::StatusOr<TrainConfig> config = TrainConfig::Load("", overrides);
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;

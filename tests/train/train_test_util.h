@@ -25,8 +25,9 @@ const std::string& RandomTinyModel();
 
 // SmallJob: the embedded task on RandomTinyModel with guidance, shortened
 // (2 prompts x 2 samples, 4 denoising steps, micro-batches of 1, 2
-// training steps, LR 3e-2: what the tolerances of the tests using it were
-// measured at, whatever the embedded default), then `overrides`.
+// training steps, LR 3e-2, the `color` reward: what the tolerances of the
+// tests using it were measured at, whatever the embedded defaults), then
+// `overrides`.
 TrainConfig SmallJob(const std::string& save_dir, std::vector<std::string> overrides = {});
 
 // Two runs of SmallJob that take the same sums in the same order (a stop

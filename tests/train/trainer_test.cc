@@ -219,7 +219,7 @@ TEST(TrainerTest, RewardsAreTheSameWhereverTheyRun) {
         auto trainer,
         StartTrainer(SmallJob(dir, {"trainer.total_steps=1", "worker.reward.placement=" + placement,
                                     "worker.reward.num_workers=2",
-                                    "worker.reward.functions=[color, consistency]",
+                                    "worker.reward.functions=[target_psnr, consistency]",
                                     "worker.reward.weights=[1, 0.01]"}),
                      2));
     DRAY_ASSERT_OK(trainer->Run());
@@ -227,7 +227,7 @@ TEST(TrainerTest, RewardsAreTheSameWhereverTheyRun) {
     std::string line;
     ASSERT_TRUE(std::getline(metrics, line));
     const nlohmann::json m = nlohmann::json::parse(line);
-    first_lines.push_back(absl::StrCat(m["reward/color"].get<double>(), " ",
+    first_lines.push_back(absl::StrCat(m["reward/target_psnr"].get<double>(), " ",
                                        m["reward/consistency"].get<double>(), " ",
                                        m["reward_mean"].get<double>()));
   }
@@ -237,9 +237,9 @@ TEST(TrainerTest, RewardsAreTheSameWhereverTheyRun) {
 
 TEST(TrainerTest, TheEmbeddedTaskRewardRisesFromRandomWeights) {
   // The default job on random weights at LR 3e-2, shortened to 10 of its 30
-  // steps (seed 0). Measured over seeds 0-2 at 30 steps: +0.017 to +0.020
-  // against step-to-step noise of 0.001 (std of consecutive differences);
-  // here +0.015.
+  // steps (seed 0). Measured over seeds 0-1 at 30 steps: +0.010 and +0.017
+  // against step-to-step noise of 0.0005 and 0.0013 (std of consecutive
+  // differences); at 10 steps +0.006 to +0.010 (seeds 0-2), here +0.0063.
   const std::string dir = SaveDir("embedded");
   DRAY_ASSERT_OK_AND_ASSIGN(
       TrainConfig config,
@@ -254,9 +254,9 @@ TEST(TrainerTest, TheEmbeddedTaskRewardRisesFromRandomWeights) {
   while (std::getline(metrics, line)) {
     const nlohmann::json m = nlohmann::json::parse(line);
     for (const char* key :
-         {"step", "reward_mean", "reward_std", "reward/color", "advantage_abs_mean",
-          "zero_std_ratio", "loss", "policy_loss", "kl", "approx_kl", "clipfrac", "grad_norm", "lr",
-          "rollout_s", "reward_s", "update_s", "images_per_s"}) {
+         {"step", "reward_mean", "reward_std", "reward/target_psnr", "output_spread",
+          "advantage_abs_mean", "zero_std_ratio", "loss", "policy_loss", "kl", "approx_kl",
+          "clipfrac", "grad_norm", "lr", "rollout_s", "reward_s", "update_s", "images_per_s"}) {
       EXPECT_TRUE(m.contains(key)) << key << " missing from " << line;
     }
     rewards.push_back(m["reward_mean"]);
@@ -264,11 +264,43 @@ TEST(TrainerTest, TheEmbeddedTaskRewardRisesFromRandomWeights) {
   ASSERT_EQ(rewards.size(), 10u);
   const double first = (rewards[0] + rewards[1] + rewards[2]) / 3;
   const double last = (rewards[7] + rewards[8] + rewards[9]) / 3;
-  EXPECT_GT(last - first, 0.005) << "the reward did not rise";
+  EXPECT_GT(last - first, 0.003) << "the reward did not rise";
   for (const char* file : {"/curves.png", "/samples/step_0.png", "/samples/step_9.png",
                            "/config.yaml", "/final/pytorch_lora_weights.safetensors"}) {
     EXPECT_TRUE(std::filesystem::exists(dir + file)) << file;
   }
+}
+
+// The README's first command, shortened to 20 of its 30 steps: the embedded
+// model learns an edit it was never taught ("make it yellow") of four scenes
+// it never saw, and keeps each scene its own. output_spread is how far apart
+// the outputs of different inputs are as a share of how far apart the inputs
+// are: 0.5 for the exact edit (a halfway blend), 0.47 for the embedded model
+// before training. At LR 1e-2 the same job collapses from step 18 onto one
+// yellow picture for every input: output_spread falls to 0.08 while the
+// reward stays near its peak (0.35), which this test fails on.
+TEST(TrainerTest, TheEmbeddedTaskIsLearnedWithoutCollapse) {
+  const std::string dir = SaveDir("embedded_task");
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", {"trainer.total_steps=20",
+                                                                       "trainer.save_dir=" + dir}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  std::vector<nlohmann::json> steps;
+  std::ifstream metrics(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 20u);
+  auto mean = [&](const char* key, size_t from, size_t to) {
+    double sum = 0;
+    for (size_t i = from; i < to; ++i) sum += steps[i][key].get<double>();
+    return sum / static_cast<double>(to - from);
+  };
+  // Measured (seed 0): reward 0.211 -> 0.349, group std 0.0034 -> 0.0063,
+  // output_spread 0.43 to 0.47 at every step.
+  EXPECT_GT(mean("reward_mean", 15, 20) - mean("reward_mean", 0, 5), 0.08) << "no edit learned";
+  EXPECT_GT(mean("reward_std", 15, 20), mean("reward_std", 0, 5)) << "the groups collapsed";
+  for (size_t i = 15; i < 20; ++i)
+    EXPECT_GT(steps[i]["output_spread"].get<double>(), 0.3) << "every input got one picture";
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "workers/models/image_resize.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
@@ -22,6 +23,47 @@ namespace dray {
 namespace {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+// AddRewardTargets adds the reward workers' column of each sample's target
+// image (empty where its row names none), where any row names one.
+absl::Status AddRewardTargets(const std::vector<const TrainPrompt*>& prompts, int64_t group_size,
+                              DataProto& batch) {
+  bool any = false;
+  for (const TrainPrompt* prompt : prompts) any = any || !prompt->target.empty();
+  if (!any) return absl::OkStatus();
+  std::vector<Image> targets;
+  for (const TrainPrompt* prompt : prompts) {
+    const Image target = prompt->target.empty() ? Image{} : EncodedImageRow(prompt->target);
+    targets.insert(targets.end(), group_size, target);
+  }
+  return batch.AddNonTensor(kRewardTargetsColumn, std::move(targets));
+}
+
+// OutputSpread: how far apart the first samples of different prompts are,
+// as a share of how far apart their inputs are (RMS over pixels, inputs at
+// the outputs' size; pairs with equal inputs left out): 0 when the policy
+// gives every input the same picture (collapsed onto its reward), about 1
+// for an edit that keeps what tells its inputs apart. NaN with no pair.
+absl::StatusOr<double> OutputSpread(const std::vector<RewardInput>& samples, int64_t group_size) {
+  std::vector<at::Tensor> outputs, inputs;
+  for (size_t i = 0; i < samples.size(); i += group_size) {
+    const at::Tensor& output = samples[i].output;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor input, ResizeImage(samples[i].input, output.size(0),
+                                                        output.size(1), Resample::kBicubic));
+    outputs.push_back(output.to(at::kDouble));
+    inputs.push_back(input.to(at::kDouble));
+  }
+  double sum = 0, pairs = 0;
+  for (size_t a = 0; a < outputs.size(); ++a) {
+    for (size_t b = a + 1; b < outputs.size(); ++b) {
+      const double apart = (inputs[a] - inputs[b]).pow(2).mean().sqrt().item<double>();
+      if (apart <= 0) continue;
+      sum += (outputs[a] - outputs[b]).pow(2).mean().sqrt().item<double>() / apart;
+      pairs += 1;
+    }
+  }
+  return pairs > 0 ? sum / pairs : std::nan("");
+}
 
 }  // namespace
 
@@ -130,8 +172,10 @@ absl::StatusOr<std::vector<double>> GrpoAlgorithm::Rewards(int64_t step, const S
   for (size_t i = 0; i < outputs->size(); ++i) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor pixels, DecodeImageRow((*outputs)[i]));
     const TrainPrompt& prompt = *prompts[i / config_.group_size];
-    samples.push_back({std::move(pixels), prompt.pixels, (*instructions)[i], prompt.fields});
+    samples.push_back({std::move(pixels), prompt.pixels, (*instructions)[i], prompt.fields,
+                       prompt.target_pixels});
   }
+  DRAY_ASSIGN_OR_RETURN(metrics["output_spread"], OutputSpread(samples, config_.group_size));
   // The remote scorers work while the built-in functions run here.
   std::future<absl::StatusOr<std::vector<RemoteScores>>> remote;
   if (remote_scorers_ != nullptr) remote = remote_scorers_->Score(samples);
@@ -184,6 +228,8 @@ absl::StatusOr<at::Tensor> GrpoAlgorithm::FunctionScores(int64_t step, const Ste
     std::vector<Json> fields;
     for (const RewardInput& sample : samples) fields.push_back({sample.fields.dump()});
     DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRewardFieldsColumn, std::move(fields)));
+    DRAY_RETURN_IF_ERROR(
+        AddRewardTargets(context.sampler.PromptsOf(step), config_.group_size, batch));
     batch.SetMeta("functions", Json{nlohmann::json(names).dump()});
     return context.workers.ComputeReward(batch);
   }

@@ -171,6 +171,7 @@ std::future<absl::StatusOr<std::vector<RemoteScores>>> RemoteScorers::Score(
           *row.mutable_output_image() = ToRgbImage(sample.output);
           row.set_instruction(sample.instruction);
           row.set_fields_json(sample.fields.dump());
+          if (sample.target.defined()) *row.mutable_target_image() = ToRgbImage(sample.target);
         }
         std::vector<std::future<absl::StatusOr<RemoteScores>>> pending;
         for (const auto& scorer : scorers_) {

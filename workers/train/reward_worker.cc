@@ -36,13 +36,20 @@ absl::StatusOr<DataProto> RewardWorker::ComputeReward(const DataProto& batch) {
   DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
                         batch.GetRows<std::string>(kInstructionsColumn));
   DRAY_ASSIGN_OR_RETURN(const std::vector<Json>* fields, batch.GetRows<Json>(kRewardFieldsColumn));
+  const std::vector<Image>* targets = nullptr;
+  if (batch.HasColumn(kRewardTargetsColumn)) {
+    DRAY_ASSIGN_OR_RETURN(targets, batch.GetRows<Image>(kRewardTargetsColumn));
+  }
   at::Tensor scores =
       at::empty({batch.size(), static_cast<int64_t>(functions.size())}, at::kDouble);
   for (int64_t i = 0; i < batch.size(); ++i) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[i]));
     DRAY_ASSIGN_OR_RETURN(at::Tensor input, DecodeImageRow((*inputs)[i]));
-    const RewardInput sample{output, input, (*instructions)[i],
-                             nlohmann::json::parse((*fields)[i].text, nullptr, false)};
+    RewardInput sample{output, input, (*instructions)[i],
+                       nlohmann::json::parse((*fields)[i].text, nullptr, false)};
+    if (targets != nullptr && !(*targets)[i].bytes.empty()) {
+      DRAY_ASSIGN_OR_RETURN(sample.target, DecodeImageRow((*targets)[i]));
+    }
     for (size_t f = 0; f < functions.size(); ++f) {
       absl::StatusOr<double> value = functions[f](sample);
       if (!value.ok()) {

@@ -7,7 +7,9 @@
 //   compute_reward  DP_COMPUTE_PROTO  final_edited_images (the samples),
 //                                     preliminary_edited_images (their inputs),
 //                                     re_edit_instructions, reward_fields (a JSON
-//                                     object per row) and meta "functions" (a JSON
+//                                     object per row), optionally reward_targets
+//                                     (each row's "target" image, empty where it
+//                                     names none) and meta "functions" (a JSON
 //                                     list of names) in; reward_scores [B, F]
 //                                     float64 out, a column per function
 #ifndef DRAY_WORKERS_TRAIN_REWARD_WORKER_H_
@@ -21,6 +23,7 @@ namespace dray {
 
 inline constexpr char kRewardRole[] = "reward";
 inline constexpr char kRewardFieldsColumn[] = "reward_fields";
+inline constexpr char kRewardTargetsColumn[] = "reward_targets";
 inline constexpr char kRewardScoresColumn[] = "reward_scores";
 
 class RewardWorker : public Worker {

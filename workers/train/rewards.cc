@@ -69,17 +69,32 @@ absl::StatusOr<double> JpegCompressibility(const RewardInput& in) {
   return -kilobytes;
 }
 
-// InputAtOutputSize: the input resized to the output's size, to compare them.
-absl::StatusOr<at::Tensor> InputAtOutputSize(const RewardInput& in) {
-  return ResizeImage(in.input, in.output.size(0), in.output.size(1), Resample::kLanczos);
+// AtOutputSize: `image` resized to the output's size, to compare them.
+absl::StatusOr<at::Tensor> AtOutputSize(const at::Tensor& image, const RewardInput& in) {
+  return ResizeImage(image, in.output.size(0), in.output.size(1), Resample::kLanczos);
+}
+
+// PsnrOutOf50: the output's PSNR against `reference` (the output's size), in
+// dB / 50, at most 2.
+double PsnrOutOf50(const RewardInput& in, const at::Tensor& reference) {
+  const double mse =
+      (in.output.to(at::kDouble) - reference.to(at::kDouble)).pow(2).mean().item<double>();
+  const double psnr = mse <= 0 ? 100.0 : 10.0 * std::log10(255.0 * 255.0 / mse);
+  return std::min(psnr, 100.0) / 50.0;
 }
 
 absl::StatusOr<double> Consistency(const RewardInput& in) {
-  DRAY_ASSIGN_OR_RETURN(at::Tensor input, InputAtOutputSize(in));
-  const double mse =
-      (in.output.to(at::kDouble) - input.to(at::kDouble)).pow(2).mean().item<double>();
-  const double psnr = mse <= 0 ? 100.0 : 10.0 * std::log10(255.0 * 255.0 / mse);
-  return std::min(psnr, 100.0) / 50.0;
+  DRAY_ASSIGN_OR_RETURN(at::Tensor input, AtOutputSize(in.input, in));
+  return PsnrOutOf50(in, input);
+}
+
+absl::StatusOr<double> TargetPsnr(const RewardInput& in) {
+  if (!in.target.defined()) {
+    return absl::InvalidArgumentError(
+        "target_psnr reward: the row names no \"target\" image (the edit it asks for)");
+  }
+  DRAY_ASSIGN_OR_RETURN(at::Tensor target, AtOutputSize(in.target, in));
+  return PsnrOutOf50(in, target);
 }
 
 // Luminance: an RGB byte image's Rec. 601 luma, float64 [H, W].
@@ -89,7 +104,7 @@ at::Tensor Luminance(const at::Tensor& image) {
 }
 
 absl::StatusOr<double> Structure(const RewardInput& in) {
-  DRAY_ASSIGN_OR_RETURN(at::Tensor input, InputAtOutputSize(in));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor input, AtOutputSize(in.input, in));
   const at::Tensor a = Luminance(in.output), b = Luminance(input);
   const at::Tensor da = a - a.mean(), db = b - b.mean();
   const double spread = (da.pow(2).sum() * db.pow(2).sum()).sqrt().item<double>();
@@ -104,6 +119,7 @@ const std::map<std::string, RewardFunction>& Registry() {
       {"jpeg_incompressibility", JpegKilobytes},
       {"consistency", Consistency},
       {"structure", Structure},
+      {"target_psnr", TargetPsnr},
   };
   return *registry;
 }

@@ -13,12 +13,14 @@
 //   structure              correlation of the output's luminance with the
 //                          input's (resized), clamped to [0, 1]: the input's
 //                          layout kept, whatever its colours became
+//   target_psnr            PSNR of the output against the row's "target"
+//                          image (the edit it asks for, resized), in dB / 50
 //
 //   DRAY_ASSIGN_OR_RETURN(RewardFunction color, FindRewardFunction("color"));
 //   DRAY_ASSIGN_OR_RETURN(double reward, color({output, input, instruction, fields}));
 //
-// A row a function cannot score (no colour named, say) is INVALID_ARGUMENT
-// naming what is missing.
+// A row a function cannot score (no colour named, no target, say) is
+// INVALID_ARGUMENT naming what is missing.
 //
 // Thread-safety: pure functions.
 #ifndef DRAY_WORKERS_TRAIN_REWARDS_H_
@@ -44,6 +46,7 @@ struct RewardInput {
   at::Tensor input;   // the image it was asked to edit, uint8 [h, w, 3]
   std::string instruction;
   nlohmann::json fields;  // the data row's other fields (an object)
+  at::Tensor target;      // the row's "target" image, uint8 [h, w, 3]; undefined if none
 };
 
 using RewardFunction = std::function<absl::StatusOr<double>(const RewardInput&)>;

@@ -94,7 +94,7 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
     } else {
       DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
     }
-    if (with_targets) {
+    if (with_targets || row.contains("target")) {
       std::string target_path;
       DRAY_RETURN_IF_ERROR(read_image("target", target_path, prompt.target, prompt.target_pixels));
     }
@@ -126,30 +126,18 @@ std::vector<at::Tensor> TrainPrompt::picture_pixels() const {
 }
 
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
-  // One colour, worded four ways: the tiny random model learns a shared
-  // shift of its outputs' colour within minutes (per-colour conditioning
-  // would take far longer).
-  const std::vector<std::pair<std::string, std::string>> tasks = {{"make it blue", "blue"},
-                                                                  {"turn it blue", "blue"},
-                                                                  {"paint it blue", "blue"},
-                                                                  {"colour it blue", "blue"}};
   std::string jsonl;
-  const at::Tensor y = at::arange(64, at::kFloat).view({64, 1, 1});
-  const at::Tensor x = at::arange(64, at::kFloat).view({1, 64, 1});
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    // A soft pattern per prompt, mid-gray on average, so no colour is given away.
-    const at::Tensor phase = at::tensor({0.0f, 2.1f, 4.2f}).view({1, 1, 3}) + static_cast<float>(i);
-    const at::Tensor image =
-        (128 + 60 * at::sin(x / (6.0 + i) + phase) * at::cos(y / (9.0 - i) + phase))
-            .clamp(0, 255)
-            .to(at::kByte)
-            .contiguous();
-    const std::string file = absl::StrCat("pattern_", i, ".png");
-    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), image));
+  for (int64_t seed = kFirstEmbeddedTaskScene; seed < kFirstEmbeddedTaskScene + 4; ++seed) {
+    const at::Tensor scene = SyntheticScene(seed, 64, 64);
+    DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(scene, kEmbeddedTaskInstruction));
+    const std::string file = absl::StrCat("scene_", seed, ".png");
+    const std::string target_file = absl::StrCat("scene_", seed, "_yellow.png");
+    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
+    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / target_file).string(), target));
     absl::StrAppend(
         &jsonl,
         nlohmann::json{
-            {"image", file}, {"instruction", tasks[i].first}, {"target_color", tasks[i].second}}
+            {"image", file}, {"instruction", kEmbeddedTaskInstruction}, {"target", target_file}}
             .dump(),
         "\n");
   }

@@ -1,8 +1,9 @@
 // The prompts a training job draws from: JSONL rows {"image": PATH,
 // "instruction": TEXT, ...}, or for an Edit-Plus model {"images": [PATH,
 // ...], ...} with one to three pictures (PATH relative to the file's
-// folder; the other fields reach the reward functions; SFT rows also name
-// their "target" image), or the embedded tasks.
+// folder; the other fields reach the reward functions; a row may name a
+// "target" image, the edit it asks for: SFT's rows must, and the
+// `target_psnr` reward compares with it), or the embedded tasks.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts("train.jsonl"));
 //
@@ -36,7 +37,7 @@ struct TrainPrompt {
   std::vector<at::Tensor> more_pixels;
   std::string instruction;
   nlohmann::json fields;  // the row's other fields
-  Bytes target;           // SFT: the edited image the row asks for
+  Bytes target;           // the edited image the row asks for, if it names one
   at::Tensor target_pixels;
   // group: what makes samples comparable (GRPO's group): instruction and images.
   std::string group() const;
@@ -46,14 +47,19 @@ struct TrainPrompt {
   std::vector<at::Tensor> picture_pixels() const;
 };
 
-// ReadTrainPrompts reads every row; `with_targets` (SFT) requires and reads
-// each row's "target" image too.
+// ReadTrainPrompts reads every row and the "target" image of those that
+// name one; `with_targets` (SFT) requires one in every row.
 absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path,
                                                           bool with_targets = false);
 
-// WriteEmbeddedTask writes the embedded task into `dir` (train.jsonl and its
-// images: four patterned 64x64 images, each asked in other words to become
-// blue, with target_color set) and returns train.jsonl's path.
+// WriteEmbeddedTask writes the embedded RL task into `dir` and returns
+// train.jsonl's path: four 64x64 scenes of the kind the embedded model was
+// trained on but never saw (seeds from kFirstEmbeddedTaskScene), each asked
+// for an edit it was never taught, with the exact edit as the row's
+// "target" (which the target_psnr reward compares with): no one picture
+// pays for every input, so the policy cannot collapse onto one.
+inline constexpr int64_t kFirstEmbeddedTaskScene = 2000;
+inline constexpr char kEmbeddedTaskInstruction[] = "make it yellow";
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir);
 
 // Synthetic paired edits (SFT's embedded task, and held-out checks of a
