@@ -1,4 +1,5 @@
-// Parity with flow_grpo on every case in tests/data/reference/flow_grpo, run
+// Parity with flow_grpo on every case in tests/data/reference/flow_grpo and
+// grpo_guard (GRPO-Guard's step and loss), run
 // through the same library as `dray parity`: the SDE step and log-probability
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
 // advantages, the GRPO loss with KL and gradients, and two Edit-Plus rollouts
@@ -37,7 +38,11 @@ TEST_P(FlowGrpoParityTest, MatchesFlowGrpo) {
   }
 }
 
-std::vector<ParityCase> AllCases() { return FlowGrpoParityCases(ReferenceDir("flow_grpo")); }
+std::vector<ParityCase> AllCases() {
+  std::vector<ParityCase> cases = FlowGrpoParityCases(ReferenceDir("flow_grpo"));
+  for (ParityCase& c : FlowGrpoParityCases(ReferenceDir("grpo_guard"))) cases.push_back(c);
+  return cases;
+}
 
 std::string TestName(const ::testing::TestParamInfo<ParityCase>& info) {
   std::string name = info.param.name;
@@ -52,15 +57,16 @@ INSTANTIATE_TEST_SUITE_P(Reference, FlowGrpoParityTest, ::testing::ValuesIn(AllC
 TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   std::map<std::string, int> kinds;
   for (const ParityCase& c : AllCases()) ++kinds[c.name.substr(0, c.name.find('.'))];
-  // As the reference README lists: 62 SDE steps, 4 advantages, 4 losses, 2 rollouts.
-  EXPECT_EQ(kinds,
-            (std::map<std::string, int>{{"adv", 4}, {"loss", 4}, {"rollout", 2}, {"sde", 62}}));
+  // As the references' READMEs list: 62 SDE steps, 4 advantages, 4 losses, 2
+  // rollouts; 8 GRPO-Guard steps and losses.
+  EXPECT_EQ(kinds, (std::map<std::string, int>{
+                       {"adv", 4}, {"guard", 8}, {"loss", 4}, {"rollout", 2}, {"sde", 62}}));
 }
 
 TEST(FlowGrpoParityListTest, DrayParityFindsTheFolderAndItsParent) {
   absl::StatusOr<std::vector<ParityCase>> direct = ListParityCases(ReferenceDir("flow_grpo"));
   ASSERT_TRUE(direct.ok()) << direct.status();
-  EXPECT_EQ(direct->size(), AllCases().size());
+  EXPECT_EQ(direct->size(), FlowGrpoParityCases(ReferenceDir("flow_grpo")).size());
 }
 
 }  // namespace

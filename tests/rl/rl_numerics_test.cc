@@ -147,9 +147,21 @@ TEST(RegistryTest, NamesWhatIsRegistered) {
   EXPECT_THAT(FindAdvantageEstimator("dance").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: global, grpo")));
   EXPECT_THAT(FindPolicyLoss("nft").status(),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: grpo")));
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: grpo, grpo_guard")));
   EXPECT_THAT(ParseSdeType("ode").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sde, cps")));
+}
+
+TEST(PolicyLossTest, GrpoGuardNeedsTheRolloutsStepMean) {
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLoss guard, FindPolicyLoss("grpo_guard"));
+  PolicyLossInput input{at::zeros({2}),    at::zeros({2}), at::zeros({2}),
+                        at::zeros({2, 3}), at::Tensor(),   at::ones({2, 1})};
+  EXPECT_THAT(guard(input, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("old_prev_sample_mean")));
+  input.old_prev_sample_mean = at::zeros({2, 3});
+  input.sqrt_neg_dt = at::ones({2, 1});
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLossOutput out, guard(input, {}));
+  EXPECT_EQ(out.ratio.sum().item<double>(), 2.0);  // on-policy: the bias is 0, the ratio 1
 }
 
 TEST(AdvantagesTest, RefusesRewardsWithoutOneKeyPerRow) {

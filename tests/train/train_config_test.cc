@@ -94,6 +94,13 @@ TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cluster.nodes must be an integer")));
   EXPECT_THAT(TrainConfig::Load("", {"cluster.port=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key cluster.port")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dpo"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpo, grpo_guard, sft")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=grpo_guard", "algorithm.loss=other"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.loss")));
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig guard,
+                            TrainConfig::Load("", {"algorithm.name=grpo_guard"}));
+  EXPECT_EQ(guard.policy_loss(), "grpo_guard");
 }
 
 std::string Scratch(const std::string& name) {

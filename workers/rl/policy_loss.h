@@ -14,6 +14,16 @@
 //   loss = policy_loss + beta kl_loss
 // with G = accumulation_steps (every backward pass before an optimizer step).
 //
+// "grpo_guard", GRPO-Guard (flow_grpo's train_sd3_GRPO_Guard.py with
+// config.rationorm; tests/data/reference/grpo_guard/README.md): the same
+// surrogate on a ratio normalised by the step's noise scale, its gradient
+// reweighted back:
+//   D = mean_b sqrt(-dt) * mean_b std_dev_t
+//   bias = mean_{b, ...}(mean - old_mean)^2 / (2 D^2)     (one number for the micro-batch)
+//   ratio = exp((log_prob - old_log_prob + bias) D)
+//   policy_loss = mean_b max(-A_c ratio, -A_c clamp(ratio, ...)) / mean_b(sqrt(-dt))^2 / G
+// and the KL term as "grpo". flow_grpo runs it at clip_range 2e-6 to 4e-6.
+//
 // Thread-safety: pure functions.
 #ifndef DRAY_WORKERS_RL_POLICY_LOSS_H_
 #define DRAY_WORKERS_RL_POLICY_LOSS_H_
@@ -38,6 +48,10 @@ struct PolicyLossInput {
   at::Tensor prev_sample_mean;
   at::Tensor prev_sample_mean_ref;
   at::Tensor std_dev_t;
+  // GRPO-Guard's: the rollout's step mean (shaped like prev_sample_mean) and
+  // the step's sqrt(-dt) ([B, 1, ...]); prev_sample_mean and std_dev_t too.
+  at::Tensor old_prev_sample_mean;
+  at::Tensor sqrt_neg_dt;
 };
 
 struct PolicyLossOptions {
@@ -53,6 +67,7 @@ struct PolicyLossOutput {
   at::Tensor kl_loss;                       // divided by G; undefined when beta == 0
   at::Tensor advantages;                    // [B], clipped
   at::Tensor ratio;                         // [B]
+  at::Tensor ratio_bias;                    // GRPO-Guard's RatioNorm bias (a scalar)
   at::Tensor unclipped_loss, clipped_loss;  // [B]
   // Statistics, not divided by G.
   at::Tensor approx_kl;  // 0.5 mean (log_prob - old_log_prob)^2

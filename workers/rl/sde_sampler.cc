@@ -23,7 +23,7 @@ absl::StatusOr<Trajectory> SampleTrajectory(
   }
   at::NoGradGuard no_grad;  // a rollout only samples; training recomputes its steps
   const int64_t batch = latents.size(0);
-  std::vector<at::Tensor> kept, log_probs, timesteps;
+  std::vector<at::Tensor> kept, log_probs, means, timesteps;
   for (int i = 0; i < steps; ++i) {
     const bool stochastic = i >= window.begin && i < window.end;
     if (i == window.begin) kept.push_back(latents);
@@ -37,6 +37,7 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     if (stochastic) {
       kept.push_back(latents);
       log_probs.push_back(step.log_prob);
+      means.push_back(step.prev_sample_mean);
       timesteps.push_back(timestep);
     }
     if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
@@ -47,6 +48,7 @@ absl::StatusOr<Trajectory> SampleTrajectory(
   trajectory.latents = all.narrow(1, 0, t);
   trajectory.next_latents = all.narrow(1, 1, t);
   trajectory.log_probs = at::stack(log_probs, 1);
+  trajectory.prev_sample_means = at::stack(means, 1);
   trajectory.timesteps = at::stack(timesteps, 1);
   trajectory.final_latents = latents;
   return trajectory;

@@ -47,11 +47,12 @@ struct SdeSamplerOptions {
 
 // Trajectory: what a rollout keeps of its window's T steps.
 struct Trajectory {
-  at::Tensor latents;        // [B, T, ...] before each window step
-  at::Tensor next_latents;   // [B, T, ...] after it
-  at::Tensor log_probs;      // [B, T]
-  at::Tensor timesteps;      // [B, T] float32 schedule timesteps
-  at::Tensor final_latents;  // [B, ...] after the last step of the schedule
+  at::Tensor latents;            // [B, T, ...] before each window step
+  at::Tensor next_latents;       // [B, T, ...] after it
+  at::Tensor log_probs;          // [B, T]
+  at::Tensor prev_sample_means;  // [B, T, ...] each step's Gaussian mean (GRPO-Guard's old mean)
+  at::Tensor timesteps;          // [B, T] float32 schedule timesteps
+  at::Tensor final_latents;      // [B, ...] after the last step of the schedule
 };
 
 // SampleTrajectory denoises `latents` over the whole schedule, without

@@ -269,6 +269,7 @@ struct FlowGrpoWorker::State {
       micro.trajectory.latents = pick(rollout.latents);
       micro.trajectory.next_latents = pick(rollout.next_latents);
       micro.trajectory.log_probs = pick(rollout.log_probs);
+      micro.trajectory.prev_sample_means = pick(rollout.prev_sample_means);
       micro.trajectory.timesteps = pick(rollout.timesteps);
       if (batch.HasColumn(kAdvantagesColumn)) {
         DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, batch.GetTensor(kAdvantagesColumn));
@@ -381,7 +382,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
   DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
   state->sampler.noise_level = config.noise_level;
-  DRAY_ASSIGN_OR_RETURN(state->loss, rl::FindPolicyLoss(config.loss));
+  DRAY_ASSIGN_OR_RETURN(state->loss, rl::FindPolicyLoss(config.policy_loss()));
   // The model's options as serving takes them (sizes, guidance), with the
   // rollout's step count and resolution.
   DRAY_ASSIGN_OR_RETURN(state->options, EditOptionsFor(config.model, {}));
@@ -451,6 +452,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   kept.latents = joined(&rl::Trajectory::latents);
   kept.next_latents = joined(&rl::Trajectory::next_latents);
   kept.log_probs = joined(&rl::Trajectory::log_probs);
+  kept.prev_sample_means = joined(&rl::Trajectory::prev_sample_means);
   kept.timesteps = joined(&rl::Trajectory::timesteps);
   for (MicroBatch& micro : micro_batches) {
     for (qwen_image::EditInput& input : micro.inputs)
@@ -535,6 +537,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       input.old_log_prob = micro.trajectory.log_probs.select(1, j);
       input.prev_sample_mean = policy.prev_sample_mean;
       input.std_dev_t = policy.std_dev_t;
+      input.old_prev_sample_mean = micro.trajectory.prev_sample_means.select(1, j);
+      input.sqrt_neg_dt = policy.sqrt_neg_dt;
       DRAY_ASSIGN_OR_RETURN(rl::PolicyLossOutput out, state_->loss(input, loss_options));
       DRAY_RETURN_IF_ERROR(
           state_->AgreeFinite(group, out.loss, absl::StrCat("at window step ", j)));

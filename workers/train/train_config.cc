@@ -163,8 +163,12 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (name != "grpo" && name != "sft" && name != "vae")
-    return bad("algorithm.name", "must be grpo, sft or vae");
+  if (name != "grpo" && name != "grpo_guard" && name != "sft" && name != "vae")
+    return bad("algorithm.name", "must be grpo, grpo_guard, sft or vae");
+  if (name == "grpo_guard" && loss != "grpo" && loss != "grpo_guard")
+    return bad("algorithm.loss", absl::StrCat("'", loss,
+                                              "' cannot go with algorithm.name grpo_guard, "
+                                              "whose loss is grpo_guard"));
   if (!(clip_range > 0)) return bad("algorithm.clip_range", "must be > 0");
   if (!(adv_clip_max > 0)) return bad("algorithm.adv_clip_max", "must be > 0");
   if (!(beta >= 0)) return bad("algorithm.beta", "must be >= 0");

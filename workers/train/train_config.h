@@ -67,8 +67,9 @@ struct TrainConfig {
   int64_t prompts_per_step = 8;
 
   // algorithm.*
-  // "grpo", "sft" (supervised flow matching on paired data) or "vae" (the
-  // VAE as an autoencoder on the paired rows' images and targets).
+  // "grpo", "grpo_guard" (GRPO with GRPO-Guard's loss, flow_grpo's
+  // config.rationorm), "sft" (supervised flow matching on paired data) or
+  // "vae" (the VAE as an autoencoder on the paired rows' images and targets).
   std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
@@ -157,6 +158,8 @@ struct TrainConfig {
   bool vae() const { return name == "vae"; }
   // paired: the job reads pairs (image and target) and needs no rewards.
   bool paired() const { return sft() || vae(); }
+  // policy_loss: the loss GRPO trains with (grpo_guard's own for it).
+  std::string policy_loss() const { return name == "grpo_guard" ? "grpo_guard" : loss; }
   // rows_per_step: samples per step, prompts_per_step x group_size (SFT
   // and VAE: prompts_per_step pairs).
   int64_t rows_per_step() const { return prompts_per_step * (paired() ? 1 : group_size); }
