@@ -95,12 +95,24 @@ TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
   EXPECT_THAT(TrainConfig::Load("", {"cluster.port=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key cluster.port")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dpo"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpo, grpo_guard, sft")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpo, flow_grpo_fast")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=grpo_guard", "algorithm.loss=other"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.loss")));
   DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig guard,
                             TrainConfig::Load("", {"algorithm.name=grpo_guard"}));
   EXPECT_EQ(guard.policy_loss(), "grpo_guard");
+  // Flow-GRPO-Fast: a window of 2 SDE steps unless set, never none, in
+  // the first half of the (embedded task's 8) steps unless placed.
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig fast,
+                            TrainConfig::Load("", {"algorithm.name=flow_grpo_fast"}));
+  EXPECT_EQ(fast.sde_window_size, 2);
+  EXPECT_EQ(fast.sde_window_range, (std::vector<int64_t>{0, 4}));
+  DRAY_ASSERT_OK_AND_ASSIGN(fast, TrainConfig::Load("", {"algorithm.name=flow_grpo_fast",
+                                                         "algorithm.sde_window_size=1"}));
+  EXPECT_EQ(fast.sde_window_size, 1);
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=flow_grpo_fast", "algorithm.sde_window_size=0"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
 }
 
 std::string Scratch(const std::string& name) {

@@ -9,14 +9,15 @@ namespace dray {
 
 absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(
     const TrainConfig& config) {
-  if (config.name == "grpo" || config.name == "grpo_guard") {
+  if (config.name == "grpo" || config.name == "flow_grpo_fast" || config.name == "grpo_guard") {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<GrpoAlgorithm> grpo, GrpoAlgorithm::Create(config));
     return grpo;
   }
   if (config.name == "sft") return std::make_unique<PairedAlgorithm>(/*vae=*/false);
   if (config.name == "vae") return std::make_unique<PairedAlgorithm>(/*vae=*/true);
-  return absl::InvalidArgumentError(absl::StrCat("algorithm.name: unknown algorithm '", config.name,
-                                                 "' (grpo, grpo_guard, sft or vae)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("algorithm.name: unknown algorithm '", config.name,
+                   "' (grpo, flow_grpo_fast, grpo_guard, sft or vae)"));
 }
 
 }  // namespace dray

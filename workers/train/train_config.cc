@@ -163,8 +163,12 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (name != "grpo" && name != "grpo_guard" && name != "sft" && name != "vae")
-    return bad("algorithm.name", "must be grpo, grpo_guard, sft or vae");
+  if (name != "grpo" && name != "flow_grpo_fast" && name != "grpo_guard" && name != "sft" &&
+      name != "vae")
+    return bad("algorithm.name", "must be grpo, flow_grpo_fast, grpo_guard, sft or vae");
+  if (name == "flow_grpo_fast" && sde_window_size < 1)
+    return bad("algorithm.sde_window_size",
+               "must be at least 1 for flow_grpo_fast, which trains a window of SDE steps");
   if (name == "grpo_guard" && loss != "grpo" && loss != "grpo_guard")
     return bad("algorithm.loss", absl::StrCat("'", loss,
                                               "' cannot go with algorithm.name grpo_guard, "
@@ -248,17 +252,27 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   if (!yaml_path.empty()) {
     DRAY_ASSIGN_OR_RETURN(document, ParseYaml(yaml_path, /*is_path=*/true));
   }
-  auto resolve = [&](TrainConfig config) -> absl::StatusOr<TrainConfig> {
+  auto read = [&](TrainConfig config) -> absl::StatusOr<TrainConfig> {
     DRAY_RETURN_IF_ERROR(ApplyYaml(document, yaml_path, Keys(config)));
     for (const std::string& text : overrides)
       DRAY_RETURN_IF_ERROR(ApplyOverride(text, Keys(config)));
-    DRAY_RETURN_IF_ERROR(config.Validate());
     return config;
   };
-  DRAY_ASSIGN_OR_RETURN(TrainConfig config, resolve(TrainConfig()));
-  // The embedded task, or any data on the embedded tiny model: its sizes.
-  if (!config.embedded_task() && !config.model.model_path.empty()) return config;
-  return resolve(EmbeddedDefaults(config.name, config.embedded_task()));
+  // What was asked picks the defaults the file and overrides then apply to:
+  // the embedded task's, or any data's on the embedded tiny model (its
+  // sizes), and the algorithm's own.
+  DRAY_ASSIGN_OR_RETURN(const TrainConfig asked, read(TrainConfig()));
+  TrainConfig defaults;
+  if (asked.embedded_task() || asked.model.model_path.empty())
+    defaults = EmbeddedDefaults(asked.name, asked.embedded_task());
+  if (asked.name == "flow_grpo_fast") defaults.sde_window_size = 2;  // flow_grpo's default
+  DRAY_ASSIGN_OR_RETURN(TrainConfig config, read(defaults));
+  // Flow-GRPO-Fast's window within the schedule's first half unless placed,
+  // as flow_grpo's configs put it (e.g. within (0, 5) of 10 steps).
+  if (config.name == "flow_grpo_fast" && config.sde_window_range == std::vector<int64_t>{0, 0})
+    config.sde_window_range = {0, config.num_inference_steps / 2};
+  DRAY_RETURN_IF_ERROR(config.Validate());
+  return config;
 }
 
 absl::StatusOr<TrainConfig> TrainConfig::FromYaml(const std::string& text) {

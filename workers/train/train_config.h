@@ -67,9 +67,12 @@ struct TrainConfig {
   int64_t prompts_per_step = 8;
 
   // algorithm.*
-  // "grpo", "grpo_guard" (GRPO with GRPO-Guard's loss, flow_grpo's
-  // config.rationorm), "sft" (supervised flow matching on paired data) or
-  // "vae" (the VAE as an autoencoder on the paired rows' images and targets).
+  // "grpo", "flow_grpo_fast" (GRPO on a window of sde_window_size SDE
+  // steps, 2 unless set, within the schedule's first half unless
+  // sde_window_range is set, the rest ODE: flow_grpo's Flow-GRPO-Fast),
+  // "grpo_guard" (GRPO with GRPO-Guard's loss, flow_grpo's config.rationorm),
+  // "sft" (supervised flow matching on paired data) or "vae" (the VAE as an
+  // autoencoder on the paired rows' images and targets).
   std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
