@@ -143,9 +143,10 @@ TEST(SdeSamplerTest, RefusesAWindowOutsideTheSchedule) {
 }
 
 TEST(RegistryTest, NamesWhatIsRegistered) {
-  EXPECT_THAT(AdvantageEstimatorNames(), ::testing::ElementsAre("global", "grpo"));
-  EXPECT_THAT(FindAdvantageEstimator("dance").status(),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: global, grpo")));
+  EXPECT_THAT(AdvantageEstimatorNames(), ::testing::ElementsAre("dance_grpo", "global", "grpo"));
+  EXPECT_THAT(
+      FindAdvantageEstimator("dance").status(),
+      StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: dance_grpo, global, grpo")));
   EXPECT_THAT(FindPolicyLoss("nft").status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("registered: grpo, grpo_guard")));
   EXPECT_THAT(ParseSdeType("ode").status(),
@@ -168,6 +169,10 @@ TEST(AdvantagesTest, RefusesRewardsWithoutOneKeyPerRow) {
   DRAY_ASSERT_OK_AND_ASSIGN(AdvantageEstimator grpo, FindAdvantageEstimator("grpo"));
   EXPECT_THAT(grpo({"a", "b"}, at::zeros({3}), {}).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one group key per row")));
+  // DanceGRPO's unbiased std has no value for a group of one.
+  DRAY_ASSERT_OK_AND_ASSIGN(AdvantageEstimator dance, FindAdvantageEstimator("dance_grpo"));
+  EXPECT_THAT(dance({"a", "a", "b"}, at::zeros({3}), {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group 'b' has one sample")));
 }
 
 TEST(PolicyLossTest, KlNeedsTheReferenceMean) {

@@ -303,6 +303,78 @@ absl::StatusOr<std::vector<ParityResult>> RunGuard(const ParityCase& c) {
   return results;
 }
 
+// The DanceGRPO cases (tests/data/reference/dance_grpo): its schedule, its
+// flux_step as SdeType::kDance and its group advantages.
+
+absl::StatusOr<std::vector<ParityResult>> RunDanceSchedule(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const SdeSchedule schedule = DanceGrpoSchedule(
+      data.Param("sampling_steps").get<int64_t>(), data.Param("shift").get<double>(),
+      data.spec.at("dtype") == "f64" ? at::kDouble : at::kFloat);
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"),
+           {{"sigma_schedule", schedule.sigmas}, {"timestep_value", schedule.timesteps}}, "",
+           results);
+  return results;
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunFluxStep(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const bool bf16 = data.spec.at("dtype") == "bf16+f32";
+  // The schedule the case names, as DanceGRPO made it (the bf16 cases': float32's).
+  const std::string schedule_case =
+      data.spec.at("params").value("schedule", "schedule.s20_shift3_f32");
+  const SdeSchedule schedule{data.Get(schedule_case + ".sigma_schedule"),
+                             data.Get(schedule_case + ".timestep_value").to(at::kFloat)};
+  const at::Tensor model_output =
+      bf16 ? data.Input("model_output_bf16_values").to(at::kBFloat16) : data.Input("model_output");
+  const at::Tensor latents = data.Input("latents");
+  const int64_t index = data.Param("index").get<int64_t>();
+  SdeStepInput input{model_output, schedule.timesteps[index].expand({latents.size(0)}).contiguous(),
+                     latents, data.Param("eta").get<double>(), SdeType::kDance};
+  const bool recompute = data.spec.at("path") == "recompute";
+  if (recompute) {
+    input.prev_sample = data.Input("prev_sample");
+    input.model_output.requires_grad_(true);
+  } else {
+    input.noise = data.Input("variance_noise");
+  }
+  DRAY_ASSIGN_OR_RETURN(SdeStepResult step, SdeStep(schedule, input));
+  Outputs computed = {{"prev_sample", step.prev_sample},
+                      {"log_prob", step.log_prob},
+                      {"prev_sample_mean", step.prev_sample_mean}};
+  json outputs = data.spec.at("outputs");
+  outputs.erase("pred_original_sample");  // a value of the step's arithmetic dray does not return
+  outputs.erase("old_log_prob");          // the behaviour step's, an input of training
+  std::vector<ParityResult> results;
+  CheckAll(c, data, outputs, computed, "", results);
+  if (recompute && data.spec.value("gradients", json::object()).contains("grad_model_output")) {
+    (data.Input("grad_log_prob") * step.log_prob).sum().backward();
+    CheckAll(c, data, data.spec.at("gradients"), {{"grad_model_output", input.model_output.grad()}},
+             "", results);
+  }
+  return results;
+}
+
+// RunDanceAdvantages: use_group per consecutive group of num_generations;
+// otherwise this rank's rows (the first of the gathered rewards) against
+// all of them, as one group.
+absl::StatusOr<std::vector<ParityResult>> RunDanceAdvantages(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const bool use_group = data.Param("use_group").get<bool>();
+  const at::Tensor rewards = use_group ? data.Input("rewards") : data.Input("gathered_reward");
+  const int64_t generations = data.Param("num_generations").get<int64_t>();
+  std::vector<std::string> groups;
+  for (int64_t i = 0; i < rewards.size(0); ++i)
+    groups.push_back(use_group ? std::to_string(i / generations) : "all");
+  DRAY_ASSIGN_OR_RETURN(AdvantageEstimator estimate, FindAdvantageEstimator("dance_grpo"));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, estimate(groups, rewards, {}));
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"),
+           {{"advantages", advantages.narrow(0, 0, data.Input("rewards").size(0))}}, "", results);
+  return results;
+}
+
 // ToyTransformer is the reference rollouts' stand-in model: output =
 // table[k] + 0.5 * hidden for the 2B rows (conditional, then negative) of
 // [latents, image latents], k the timestep's schedule index. dray's
@@ -475,15 +547,20 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
 std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
   const absl::StatusOr<json> all = ReadJsonFile((fs::path(folder) / "cases.json").string());
   if (!all.ok() || !all->is_object() || !all->contains("cases")) return {};
-  const bool flow_grpo_code =
-      all->contains("flow_grpo_files") ||
-      absl::EndsWith(all->value("upstream", json::object()).value("repository", ""), "/flow_grpo");
-  if (!flow_grpo_code) return {};
-  const std::map<std::string, ParityRun> runs = {{"sde", RunSdeStep},
-                                                 {"adv", RunAdvantages},
-                                                 {"loss", RunLoss},
-                                                 {"rollout", RunRollout},
-                                                 {"guard", RunGuard}};
+  const std::string upstream = all->value("upstream", json::object()).value("repository", "");
+  const std::map<std::string, ParityRun> flow_grpo_runs = {{"sde", RunSdeStep},
+                                                           {"adv", RunAdvantages},
+                                                           {"loss", RunLoss},
+                                                           {"rollout", RunRollout},
+                                                           {"guard", RunGuard}};
+  const std::map<std::string, ParityRun> dance_grpo_runs = {
+      {"schedule", RunDanceSchedule}, {"flux", RunFluxStep}, {"adv", RunDanceAdvantages}};
+  const std::map<std::string, ParityRun>* known = nullptr;
+  if (all->contains("flow_grpo_files") || absl::EndsWith(upstream, "/flow_grpo"))
+    known = &flow_grpo_runs;
+  if (absl::EndsWith(upstream, "/DanceGRPO")) known = &dance_grpo_runs;
+  if (known == nullptr) return {};
+  const std::map<std::string, ParityRun>& runs = *known;
   const std::string component = fs::path(folder).filename().string();
   std::vector<ParityCase> cases;
   for (const json& spec : (*all)["cases"]) {

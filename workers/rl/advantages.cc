@@ -53,10 +53,35 @@ absl::StatusOr<at::Tensor> BatchNormalized(const std::vector<std::string>& group
   return (r - r.mean()) / (r.std(/*unbiased=*/false) + kStdEpsilon);
 }
 
+// DanceGroupNormalized is DanceGRPO's use_group advantage ("dance_grpo"):
+// the unbiased std (n - 1) and 1e-8, in the rewards' own dtype.
+absl::StatusOr<at::Tensor> DanceGroupNormalized(const std::vector<std::string>& groups,
+                                                const at::Tensor& rewards,
+                                                const AdvantageOptions&) {
+  DRAY_RETURN_IF_ERROR(CheckRewards(groups, rewards));
+  const at::Tensor r = rewards.to(at::kCPU);
+  std::map<std::string, std::vector<int64_t>> rows;
+  for (int64_t i = 0; i < static_cast<int64_t>(groups.size()); ++i) rows[groups[i]].push_back(i);
+  at::Tensor advantages = at::zeros_like(r);
+  for (const auto& [group, members] : rows) {
+    if (members.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dance_grpo advantages: group '", group, "' has one sample, which has no unbiased std"));
+    }
+    const at::Tensor index = at::tensor(members, at::kLong);
+    const at::Tensor group_rewards = r.index_select(0, index);
+    advantages.index_copy_(0, index,
+                           (group_rewards - group_rewards.mean(0, /*keepdim=*/true)) /
+                               (group_rewards.std(0, /*unbiased=*/true, true) + 1e-8));
+  }
+  return advantages;
+}
+
 const std::map<std::string, AdvantageEstimator>& Registry() {
   static const auto* registry = new std::map<std::string, AdvantageEstimator>{
       {"grpo", GroupNormalized},
       {"global", BatchNormalized},
+      {"dance_grpo", DanceGroupNormalized},
   };
   return *registry;
 }

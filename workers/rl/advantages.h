@@ -12,6 +12,10 @@
 //           whole batch; float64 (flow_grpo's PerPromptStatTracker).
 //   global  over the whole batch: (r - mean) / (std + 1e-4), float32 (the
 //           fallback flow_grpo uses without per-prompt tracking).
+//   dance_grpo  DanceGRPO's (tests/data/reference/dance_grpo/README.md, c):
+//           per group (r - mean) / (std + 1e-8), std unbiased (n - 1), in the
+//           rewards' dtype; one group holding every row is DanceGRPO's
+//           use_group False.
 //
 // Thread-safety: pure functions.
 #ifndef DRAY_WORKERS_RL_ADVANTAGES_H_

@@ -68,8 +68,9 @@ at::Tensor AtLeastFloat32(const at::Tensor& tensor) {
 absl::StatusOr<SdeType> ParseSdeType(absl::string_view name) {
   if (name == "sde") return SdeType::kSde;
   if (name == "cps") return SdeType::kCps;
+  if (name == "dance") return SdeType::kDance;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown SDE type '", name, "' (valid: sde, cps)"));
+      absl::StrCat("unknown SDE type '", name, "' (valid: sde, cps, dance)"));
 }
 
 absl::StatusOr<int64_t> StepIndex(const at::Tensor& timesteps, float timestep) {
@@ -84,6 +85,12 @@ absl::StatusOr<int64_t> StepIndex(const at::Tensor& timesteps, float timestep) {
                      " timesteps (they must be the scheduler's float32 values, bit for bit)"));
   }
   return matches.size() > 1 ? matches[1] : matches[0];
+}
+
+SdeSchedule DanceGrpoSchedule(int64_t steps, double shift, at::ScalarType dtype) {
+  const at::Tensor t = at::linspace(1, 0, steps + 1, at::TensorOptions().dtype(dtype));
+  const at::Tensor sigmas = shift * t / (1 + (shift - 1) * t);
+  return {sigmas, at::trunc(sigmas.narrow(0, 0, steps) * 1000).to(at::kFloat)};
 }
 
 absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStepInput& in) {
@@ -116,6 +123,27 @@ absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStep
         at::log(at::sqrt(2 * at::scalar_tensor(M_PI, out.prev_sample_mean.options())));
     out.log_prob = -(out.prev_sample.detach() - out.prev_sample_mean).pow(2) / (2 * scale.pow(2)) -
                    at::log(scale) - log_sqrt_2pi;
+  } else if (in.type == SdeType::kDance) {
+    const double eta = in.noise_level;
+    out.std_dev_t = at::full_like(sigma, eta);
+    // Upstream's sigma (a 0-d tensor) times a bfloat16 model output (as
+    // under autocast) is a bfloat16 product of sigma rounded to bfloat16.
+    const auto times_output = [&](const at::Tensor& scalar) {
+      const at::ScalarType type = in.model_output.scalar_type();
+      return (scalar.to(type).to(v.scalar_type()) * v).to(type);
+    };
+    const at::Tensor predicted_image = x - times_output(sigma);
+    const at::Tensor score = -(x - predicted_image * (1 - sigma)) / sigma.pow(2);
+    out.prev_sample_mean = x + times_output(dt) + (-0.5 * eta * eta * score) * dt;
+    const at::Tensor scale = eta * sqrt_neg_dt;
+    out.prev_sample = in.prev_sample ? AtLeastFloat32(*in.prev_sample)
+                                     : out.prev_sample_mean + AtLeastFloat32(in.noise) * scale;
+    // In float32 whatever the inputs, as DanceGRPO's .to(torch.float32).
+    const at::Tensor difference =
+        out.prev_sample.detach().to(at::kFloat) - out.prev_sample_mean.to(at::kFloat);
+    out.log_prob =
+        (-difference.pow(2) / (2 * scale.pow(2)) - at::log(scale) - 0.5 * std::log(2 * M_PI))
+            .to(at::kFloat);
   } else {
     out.std_dev_t = sigma_next * std::sin(in.noise_level * M_PI / 2);
     const at::Tensor& s = out.std_dev_t;

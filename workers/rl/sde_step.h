@@ -31,9 +31,13 @@ namespace dray::rl {
 enum class SdeType {
   kSde,  // flow_grpo's "sde": the reverse-time SDE with the flow's marginals
   kCps,  // flow_grpo's "cps": coefficients-preserving sampling
+  // DanceGRPO's flux_step (tests/data/reference/dance_grpo/README.md, b): the
+  // SDE drift with eta^2 in place of sde's std_dev_t^2, a transition std of
+  // eta sqrt(-dt) (std_dev_t = eta), the log-probability in float32.
+  kDance,
 };
 
-// ParseSdeType reads "sde" or "cps".
+// ParseSdeType reads "sde", "cps" or "dance".
 absl::StatusOr<SdeType> ParseSdeType(absl::string_view name);
 
 // SdeSchedule: a flow-matching schedule as the scheduler holds it.
@@ -61,6 +65,13 @@ struct SdeStepResult {
   at::Tensor std_dev_t;         // [B, 1, ...]: its scale, without the sqrt(-dt) factor of "sde"
   at::Tensor sqrt_neg_dt;       // [B, 1, ...]: sqrt(sigma - sigma_next)
 };
+
+// DanceGrpoSchedule: DanceGRPO's schedule of `steps` steps, sigmas
+// sd3_time_shift(shift, linspace(1, 0, steps + 1)) = shift t / (1 + (shift - 1) t)
+// in `dtype` (float32, or float64 for numerics checks), timesteps the
+// sigmas x 1000 truncated to integers (held as float32), which the
+// transformer sees / 1000.
+SdeSchedule DanceGrpoSchedule(int64_t steps, double shift, at::ScalarType dtype = at::kFloat);
 
 // SdeStep takes (or scores) one step. Inputs are cast to float32 first
 // (float64 ones stay float64); arithmetic is in the wider of theirs and the
