@@ -64,7 +64,8 @@ TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("trainer.total_steps must be an integer")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.adv_estimator=dance"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("registered: global, grpo")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("registered: dance_grpo, global, grpo")));
   EXPECT_THAT(
       TrainConfig::Load("", {"worker.reward.functions=[color, beauty]"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'beauty' is not registered")));
