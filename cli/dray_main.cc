@@ -3,6 +3,7 @@
 // (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
 //   dray bench [--suite runtime|sharding|edit|train|serve|gpu] [--workers N] [--quick] [--json]
+//              [--plot PNG]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
@@ -73,7 +74,7 @@ void PrintMetric(const BenchMetric& metric, bool json) {
   std::fflush(stdout);
 }
 
-int Bench(const std::string& suite, int workers, bool quick, bool json) {
+int Bench(const std::string& suite, int workers, bool quick, bool json, const std::string& plot) {
   if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train" &&
       suite != "serve" && suite != "gpu") {
     std::fprintf(
@@ -90,7 +91,7 @@ int Bench(const std::string& suite, int workers, bool quick, bool json) {
   } else if (suite == "edit") {
     metrics = RunEditBench({{SelfPath(), "worker"}, quick, report});
   } else if (suite == "train") {
-    metrics = RunTrainBench({{SelfPath(), "worker"}, quick, report});
+    metrics = RunTrainBench({{SelfPath(), "worker"}, quick, report, plot});
   } else if (suite == "serve") {
     metrics = RunServeBench({SelfPath(), quick, report});
   } else if (suite == "gpu") {
@@ -176,6 +177,7 @@ int Main(int argc, char** argv) {
   std::string suite = "runtime";
   int workers = 4;
   bool quick = false, json = false;
+  std::string plot;
   bench
       ->add_option("--suite", suite,
                    "what to measure: runtime (actor calls), sharding (memory, step time), edit "
@@ -188,6 +190,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   bench->add_flag("--quick", quick, "fewer repetitions");
   bench->add_flag("--json", json, "one JSON object per line: {\"name\", \"value\", \"unit\"}");
+  bench->add_option("--plot", plot,
+                    "train: write the algorithms' reward against wall-clock seconds here (PNG)");
 
   EditCommands edit_commands(app, SelfPath());
   TrainCommand train_command(app, SelfPath());
@@ -235,7 +239,7 @@ int Main(int argc, char** argv) {
   // Batch movers keep freed memory for the next batch (workers do so in
   // WorkerMain); a serving controller gives it back after a burst.
   if (*bench || *echo) KeepFreedMemoryForReuse();
-  if (*bench) return Bench(suite, workers, quick, json);
+  if (*bench) return Bench(suite, workers, quick, json, plot);
   if (std::optional<int> code = edit_commands.Run()) return *code;
   if (std::optional<int> code = train_command.Run()) return *code;
   if (std::optional<int> code = node_command.Run()) return *code;

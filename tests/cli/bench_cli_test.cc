@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 #include "base/libtorch_compat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -106,8 +107,10 @@ TEST(BenchCliTest, PrintsEveryEditFigure) {
   EXPECT_GT(figures.at("edit_images_per_s_w1"), 0);
 }
 
-TEST(BenchCliTest, PrintsEveryTrainFigure) {
-  const std::map<std::string, double> figures = RunBench("--suite train --quick --json");
+TEST(BenchCliTest, PrintsEveryTrainFigureAndDrawsTheAlgorithms) {
+  const std::string plot = absl::StrCat(std::getenv("TEST_TMPDIR"), "/algorithms.png");
+  const std::map<std::string, double> figures =
+      RunBench("--suite train --quick --json --plot " + plot);
   for (int workers : {1, 2}) {
     for (const char* figure : {"train_step_s", "train_rollout_s", "train_reward_s",
                                "train_update_s", "train_images_per_s", "train_controller_share"}) {
@@ -118,6 +121,16 @@ TEST(BenchCliTest, PrintsEveryTrainFigure) {
   }
   EXPECT_GT(figures.at("train_images_per_s_w1"), 0);
   EXPECT_TRUE(figures.count("train_speedup_w2"));
+  for (const char* algorithm : {"grpo", "flow_grpo_fast", "grpo_guard"}) {
+    for (const char* figure : {"_images_per_s", "_reward_first", "_reward_last"}) {
+      const std::string name = absl::StrCat("train_", algorithm, figure);
+      ASSERT_EQ(figures.count(name), 1u) << name;
+      EXPECT_GT(figures.at(name), 0) << name;
+    }
+  }
+  absl::StatusOr<std::string> png = ReadFile(plot);
+  ASSERT_TRUE(png.ok()) << png.status();
+  EXPECT_EQ(png->substr(1, 3), "PNG");
 }
 
 TEST(BenchCliTest, PrintsEveryGpuFigureOnTheCpuWithoutADevice) {

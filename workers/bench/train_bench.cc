@@ -1,11 +1,15 @@
 #include "workers/bench/train_bench.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
 #include "base/status_macros.h"
+#include "workers/image/image_codec.h"
+#include "workers/train/plot.h"
 #include "workers/train/trainer.h"
 
 namespace dray {
@@ -23,6 +27,62 @@ absl::StatusOr<double> BusiestWorkerSeconds(WorkerGroup& group) {
     busiest = std::max(busiest, busy);
   }
   return busiest;
+}
+
+// AlgorithmRun: one algorithm's rewards against the seconds since its first step.
+struct AlgorithmRun {
+  std::string algorithm;
+  std::vector<double> seconds, rewards;
+  double images_per_s = 0;
+};
+
+// RunAlgorithm trains `algorithm` on the embedded task until `budget`
+// seconds have passed (or `max_steps` steps), one worker.
+absl::StatusOr<AlgorithmRun> RunAlgorithm(const TrainBenchOptions& options,
+                                          const std::string& algorithm, double budget,
+                                          int max_steps) {
+  DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
+  DRAY_ASSIGN_OR_RETURN(
+      TrainConfig config,
+      TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000",
+                             "algorithm.name=" + algorithm}));
+  FlowGrpoTrainer::Options start;
+  start.launch.workers = 1;
+  start.launch.worker_command = options.worker_command;
+  DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, start));
+  AlgorithmRun run{algorithm};
+  const absl::Time started = absl::Now();
+  double elapsed = 0;
+  for (int step = 0; step < max_steps && elapsed < budget; ++step) {
+    DRAY_ASSIGN_OR_RETURN(auto step_metrics, trainer->Step(step));
+    elapsed = absl::ToDoubleSeconds(absl::Now() - started);
+    run.seconds.push_back(elapsed);
+    run.rewards.push_back(step_metrics.at("reward_mean"));
+  }
+  run.images_per_s = static_cast<double>(config.rows_per_step() * run.rewards.size()) / elapsed;
+  return run;
+}
+
+// CompareAlgorithms emits each algorithm's figures and draws their chart.
+absl::Status CompareAlgorithms(const TrainBenchOptions& options,
+                               const std::function<void(std::string, double, std::string)>& emit) {
+  const std::vector<std::pair<std::string, Rgb>> algorithms = {
+      {"grpo", {220, 60, 40}}, {"flow_grpo_fast", {40, 120, 220}}, {"grpo_guard", {40, 160, 60}}};
+  std::vector<Series> lines;
+  for (const auto& [algorithm, color] : algorithms) {
+    DRAY_ASSIGN_OR_RETURN(
+        AlgorithmRun run,
+        RunAlgorithm(options, algorithm, options.quick ? 1e9 : 60, options.quick ? 2 : 1000));
+    const std::string prefix = "train_" + algorithm;
+    emit(prefix + "_images_per_s", run.images_per_s, "images/s");
+    emit(prefix + "_reward_first", run.rewards.front(), "reward");
+    emit(prefix + "_reward_last", run.rewards.back(), "reward");
+    lines.push_back({algorithm, color, run.seconds, run.rewards});
+  }
+  if (options.plot_path.empty()) return absl::OkStatus();
+  DRAY_ASSIGN_OR_RETURN(std::string png,
+                        EncodePng(LineChart("reward", lines, 640, 320, "seconds")));
+  return WriteFile(options.plot_path, png);
 }
 
 }  // namespace
@@ -73,6 +133,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     emit("train_controller_share" + w, 100.0 * (wall - (busy_after - busy_before)) / wall, "%");
   }
   emit("train_speedup_w2", step_seconds[1] / step_seconds[2], "x");
+  DRAY_RETURN_IF_ERROR(CompareAlgorithms(options, emit));
   return metrics;
 }
 

@@ -110,7 +110,7 @@ at::Tensor Resized(const at::Tensor& image, int64_t cell) {
 }  // namespace
 
 at::Tensor LineChart(const std::string& title, const std::vector<Series>& series, int64_t width,
-                     int64_t height) {
+                     int64_t height, const std::string& x_label) {
   Canvas canvas(width, height);
   const int64_t left = 70, right = width - 20, top = 30, bottom = height - 30;
   double x_min = INFINITY, x_max = -INFINITY, y_min = INFINITY, y_max = -INFINITY;
@@ -139,7 +139,8 @@ at::Tensor LineChart(const std::string& title, const std::vector<Series>& series
   canvas.Text(left, bottom + 8, Number(x_min), kInk);
   canvas.Text(right - 6 * static_cast<int64_t>(Number(x_max).size()), bottom + 8, Number(x_max),
               kInk);
-  canvas.Text((left + right) / 2 - 12, bottom + 8, "step", kInk);
+  canvas.Text((left + right) / 2 - 3 * static_cast<int64_t>(x_label.size()), bottom + 8, x_label,
+              kInk);
   int64_t legend = left + 6 * static_cast<int64_t>(title.size()) * 2 + 24;
   for (const Series& s : series) {
     for (size_t i = 1; i < s.x.size(); ++i) {

@@ -29,9 +29,10 @@ struct Series {
 };
 
 // LineChart draws `series` on shared axes under `title`, with the y range
-// and the first and last x written on the axes. uint8 [height, width, 3].
+// and the first and last x written on the axes, x named `x_label`.
+// uint8 [height, width, 3].
 at::Tensor LineChart(const std::string& title, const std::vector<Series>& series, int64_t width,
-                     int64_t height);
+                     int64_t height, const std::string& x_label = "step");
 
 // SampleRow: one row of a sample grid: the input pictures (captioned
 // "input", or "picture N" when there are several), then outputs with captions.
