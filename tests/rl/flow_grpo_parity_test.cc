@@ -40,7 +40,7 @@ TEST_P(FlowGrpoParityTest, MatchesFlowGrpo) {
 
 std::vector<ParityCase> AllCases() {
   std::vector<ParityCase> cases = FlowGrpoParityCases(ReferenceDir("flow_grpo"));
-  for (const char* folder : {"grpo_guard", "dance_grpo"}) {
+  for (const char* folder : {"grpo_guard", "dance_grpo", "diffusion_nft"}) {
     for (ParityCase& c : FlowGrpoParityCases(ReferenceDir(folder))) cases.push_back(c);
   }
   return cases;
@@ -63,10 +63,14 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   // As the references' READMEs list: 62 SDE steps, 4 advantages, 4 losses, 2
   // rollouts; 8 GRPO-Guard steps and losses; DanceGRPO's 2 schedules, 16
   // steps and 7 advantages (its training chain, train.qwen_edit_chain, is
-  // not run yet: DanceGRPO's training loop is not built).
+  // not run yet: DanceGRPO's training loop is not built); DiffusionNFT's 11
+  // losses, 3 decay schedules and 7 sampling-policy updates.
   EXPECT_EQ(kinds, (std::map<std::string, int>{{"dance_grpo/adv", 7},
                                                {"dance_grpo/flux", 16},
                                                {"dance_grpo/schedule", 2},
+                                               {"diffusion_nft/nft", 11},
+                                               {"diffusion_nft/old_update", 7},
+                                               {"diffusion_nft/return_decay", 3},
                                                {"flow_grpo/adv", 4},
                                                {"flow_grpo/loss", 4},
                                                {"flow_grpo/rollout", 2},

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "workers/rl/advantages.h"
+#include "workers/rl/nft_loss.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -163,6 +164,20 @@ TEST(PolicyLossTest, GrpoGuardNeedsTheRolloutsStepMean) {
   input.sqrt_neg_dt = at::ones({2, 1});
   DRAY_ASSERT_OK_AND_ASSIGN(PolicyLossOutput out, guard(input, {}));
   EXPECT_EQ(out.ratio.sum().item<double>(), 2.0);  // on-policy: the bias is 0, the ratio 1
+}
+
+TEST(NftLossTest, RefusesWhatItCannotUse) {
+  const at::Tensor x = at::zeros({2, 3});
+  NftLossInput input{x, x, at::ones({2}), at::zeros({2}), x, x, x};
+  NftLossOptions options;
+  options.adv_mode = "best_only";
+  EXPECT_THAT(NftLoss(input, options).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("adv_mode 'best_only'")));
+  input.t = at::ones({3});
+  EXPECT_THAT(NftLoss(input, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("t and advantages be [B]")));
+  EXPECT_THAT(NftOldPolicyDecay(10, 3).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decay_type 3")));
 }
 
 TEST(AdvantagesTest, RefusesRewardsWithoutOneKeyPerRow) {

@@ -16,6 +16,7 @@
 #include "runtime/io/safetensors.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/rl/advantages.h"
+#include "workers/rl/nft_loss.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -375,6 +376,112 @@ absl::StatusOr<std::vector<ParityResult>> RunDanceAdvantages(const ParityCase& c
   return results;
 }
 
+// The DiffusionNFT cases (tests/data/reference/diffusion_nft): its loss
+// with every intermediate value and the gradient, the decay schedule and
+// the sampling policy's update.
+
+absl::StatusOr<std::vector<ParityResult>> RunNftLoss(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const int64_t j = data.Param("j_idx").get<int64_t>();
+  const at::Tensor velocity = data.Input("forward_prediction").requires_grad_(true);
+  NftLossInput input{data.Input("latents_clean"),
+                     data.Input("noise"),
+                     data.Input("timesteps_all").select(1, j) / 1000.0,
+                     data.Input("advantages_all").select(1, j),
+                     velocity,
+                     data.Input("old_prediction"),
+                     data.Input("ref_forward_prediction")};
+  NftLossOptions options{data.Param("config.beta").get<double>(),
+                         data.Param("config.train.beta").get<double>(),
+                         data.Param("config.train.adv_clip_max").get<double>(),
+                         data.Param("config.train.adv_mode").get<std::string>(),
+                         data.Param("effective_grad_accum_steps").get<int64_t>()};
+  DRAY_ASSIGN_OR_RETURN(NftLossOutput out, NftLoss(input, options));
+  out.loss.backward();
+  const at::Tensor x0 = input.x0;
+  std::vector<int64_t> per_sample(x0.dim(), 1);
+  per_sample[0] = -1;
+  const auto sample_mean = [&](const at::Tensor& x) {
+    std::vector<int64_t> dims;
+    for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(d);
+    return x.mean(dims);
+  };
+  const Outputs computed = {
+      {"t", input.t},
+      {"t_expanded", input.t.view(per_sample)},
+      {"xt", out.xt},
+      {"advantages_clip", out.advantages},
+      {"normalized_advantages_clip", (out.advantages / options.adv_clip_max) / 2.0 + 0.5},
+      {"r", out.r},
+      {"positive_prediction", out.positive_prediction},
+      {"implicit_negative_prediction", out.negative_prediction},
+      {"x0_prediction", out.x0_prediction},
+      {"weight_factor", out.weight},
+      {"positive_loss", out.positive_loss},
+      {"negative_x0_prediction", out.negative_x0_prediction},
+      {"negative_weight_factor", out.negative_weight},
+      {"negative_loss", out.negative_loss},
+      {"ori_policy_loss", out.per_sample_loss},
+      {"policy_loss", out.total},  // upstream's `loss += ...` also changes policy_loss
+      {"kl_div_loss", out.kl_loss},
+      {"loss", out.total},
+      {"scaled_loss", out.loss},
+      {"info.policy_loss", out.total},
+      {"info.unweighted_policy_loss", out.per_sample_loss.mean()},
+      {"info.kl_div_loss", out.kl_loss},
+      {"info.kl_div", out.kl_loss},
+      {"info.total_loss", out.total},
+      {"info.x0_norm", x0.pow(2).mean()},
+      {"info.x0_norm_max", x0.pow(2).max()},
+      {"info.old_deviate", (velocity - input.old_velocity).pow(2).mean()},
+      {"info.old_deviate_max", (velocity - input.old_velocity).pow(2).max()},
+      {"info.old_kl_div", sample_mean((input.old_velocity - input.ref_velocity).pow(2)).mean()},
+      {"derived.policy_loss_at_assignment", out.policy_loss},
+      {"derived.kl_div_loss_per_sample", sample_mean((velocity - input.ref_velocity).pow(2))},
+      {"grad_forward_prediction", velocity.grad()}};
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  for (const char* part : {"info", "derived"}) {
+    json named;
+    for (const auto& [name, tensor_name] : data.spec.at(part).items())
+      named[std::string(part) + "." + name] = tensor_name;
+    CheckAll(c, data, named, computed, "", results);
+  }
+  CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
+  return results;
+}
+
+absl::StatusOr<std::vector<ParityResult>> RunNftDecay(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  const at::Tensor steps = data.Input("step");
+  std::vector<double> decays;
+  for (int64_t i = 0; i < steps.size(0); ++i) {
+    DRAY_ASSIGN_OR_RETURN(double decay, NftOldPolicyDecay(steps[i].item<int64_t>(),
+                                                          data.Param("decay_type").get<int>()));
+    decays.push_back(decay);
+  }
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), {{"decay", at::tensor(decays, at::kDouble)}}, "",
+           results);
+  return results;
+}
+
+// RunNftOldUpdate: old * decay + policy * (1 - decay), in the parameters'
+// dtype, the decay from NftOldPolicyDecay.
+absl::StatusOr<std::vector<ParityResult>> RunNftOldUpdate(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(double decay, NftOldPolicyDecay(data.Param("global_step").get<int64_t>(),
+                                                        data.Param("decay_type").get<int>()));
+  Outputs computed;
+  for (const char* p : {"0", "1"}) {
+    computed[absl::StrCat("new_old_param", p)] = data.Input(absl::StrCat("old_param", p)) * decay +
+                                                 data.Input(absl::StrCat("param", p)) * (1 - decay);
+  }
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  return results;
+}
+
 // ToyTransformer is the reference rollouts' stand-in model: output =
 // table[k] + 0.5 * hidden for the 2B rows (conditional, then negative) of
 // [latents, image latents], k the timestep's schedule index. dray's
@@ -555,10 +662,13 @@ std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
                                                            {"guard", RunGuard}};
   const std::map<std::string, ParityRun> dance_grpo_runs = {
       {"schedule", RunDanceSchedule}, {"flux", RunFluxStep}, {"adv", RunDanceAdvantages}};
+  const std::map<std::string, ParityRun> nft_runs = {
+      {"nft", RunNftLoss}, {"return_decay", RunNftDecay}, {"old_update", RunNftOldUpdate}};
   const std::map<std::string, ParityRun>* known = nullptr;
   if (all->contains("flow_grpo_files") || absl::EndsWith(upstream, "/flow_grpo"))
     known = &flow_grpo_runs;
   if (absl::EndsWith(upstream, "/DanceGRPO")) known = &dance_grpo_runs;
+  if (absl::EndsWith(upstream, "/DiffusionNFT")) known = &nft_runs;
   if (known == nullptr) return {};
   const std::map<std::string, ParityRun>& runs = *known;
   const std::string component = fs::path(folder).filename().string();
