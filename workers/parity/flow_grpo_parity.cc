@@ -88,6 +88,16 @@ void CheckAll(const ParityCase& c, const CaseData& data, const json& names, cons
   }
 }
 
+// CheckPart checks the entries of the case's `part` ("info", "derived"),
+// computed as "<part>.<name>".
+void CheckPart(const ParityCase& c, const CaseData& data, const std::string& part,
+               const Outputs& computed, std::vector<ParityResult>& results) {
+  json named;
+  for (const auto& [name, tensor_name] : data.spec.at(part).items())
+    named[part + "." + name] = tensor_name;
+  CheckAll(c, data, named, computed, "", results);
+}
+
 // kAcrossNormalKernels bounds how far two CPUs' torch.randn draws from one
 // seed lie apart. Both turn the same uniforms into Box-Muller pairs
 // r·cos(θ), r·sin(θ) in float32, but with different code: the reference's
@@ -217,10 +227,7 @@ absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
   Outputs computed = LossOutputs(out);
   std::vector<ParityResult> results;
   CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  json info;
-  for (const auto& [name, tensor_name] : data.spec.at("info").items())
-    info["info." + name] = tensor_name;
-  CheckAll(c, data, info, computed, "", results);
+  CheckPart(c, data, "info", computed, results);
   CheckAll(c, data, data.spec.at("gradients"),
            {{"grad_log_prob", input.log_prob.grad()},
             {"grad_prev_sample_mean", input.prev_sample_mean.grad()}},
@@ -292,10 +299,7 @@ absl::StatusOr<std::vector<ParityResult>> RunGuard(const ParityCase& c) {
                    {"info.loss", out.loss}});
   std::vector<ParityResult> results;
   CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  json info;
-  for (const auto& [name, tensor_name] : data.spec.at("info").items())
-    info["info." + name] = tensor_name;
-  CheckAll(c, data, info, computed, "", results);
+  CheckPart(c, data, "info", computed, results);
   CheckAll(c, data, data.spec.at("gradients"),
            {{"grad_transformer_output", output.grad()},
             {"grad_log_prob", step.log_prob.grad()},
@@ -441,12 +445,7 @@ absl::StatusOr<std::vector<ParityResult>> RunNftLoss(const ParityCase& c) {
       {"grad_forward_prediction", velocity.grad()}};
   std::vector<ParityResult> results;
   CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  for (const char* part : {"info", "derived"}) {
-    json named;
-    for (const auto& [name, tensor_name] : data.spec.at(part).items())
-      named[std::string(part) + "." + name] = tensor_name;
-    CheckAll(c, data, named, computed, "", results);
-  }
+  for (const char* part : {"info", "derived"}) CheckPart(c, data, part, computed, results);
   CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
   return results;
 }
