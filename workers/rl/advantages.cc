@@ -23,17 +23,22 @@ absl::Status CheckRewards(const std::vector<std::string>& groups, const at::Tens
   return absl::OkStatus();
 }
 
+// RowsOfGroups: each group's row indices, in row order.
+std::map<std::string, std::vector<int64_t>> RowsOfGroups(const std::vector<std::string>& groups) {
+  std::map<std::string, std::vector<int64_t>> rows;
+  for (int64_t i = 0; i < static_cast<int64_t>(groups.size()); ++i) rows[groups[i]].push_back(i);
+  return rows;
+}
+
 // GroupNormalized is flow_grpo's PerPromptStatTracker ("grpo"), in float64.
 absl::StatusOr<at::Tensor> GroupNormalized(const std::vector<std::string>& groups,
                                            const at::Tensor& rewards,
                                            const AdvantageOptions& options) {
   DRAY_RETURN_IF_ERROR(CheckRewards(groups, rewards));
   const at::Tensor r = rewards.to(at::kCPU, at::kDouble);
-  std::map<std::string, std::vector<int64_t>> rows;
-  for (int64_t i = 0; i < static_cast<int64_t>(groups.size()); ++i) rows[groups[i]].push_back(i);
   const at::Tensor batch_std = r.std(0, /*unbiased=*/false, /*keepdim=*/true);
   at::Tensor advantages = at::zeros_like(r);
-  for (const auto& [group, members] : rows) {
+  for (const auto& [group, members] : RowsOfGroups(groups)) {
     const at::Tensor index = at::tensor(members, at::kLong);
     const at::Tensor group_rewards = r.index_select(0, index);
     const at::Tensor mean = group_rewards.mean(0, /*keepdim=*/true);
@@ -60,10 +65,8 @@ absl::StatusOr<at::Tensor> DanceGroupNormalized(const std::vector<std::string>& 
                                                 const AdvantageOptions&) {
   DRAY_RETURN_IF_ERROR(CheckRewards(groups, rewards));
   const at::Tensor r = rewards.to(at::kCPU);
-  std::map<std::string, std::vector<int64_t>> rows;
-  for (int64_t i = 0; i < static_cast<int64_t>(groups.size()); ++i) rows[groups[i]].push_back(i);
   at::Tensor advantages = at::zeros_like(r);
-  for (const auto& [group, members] : rows) {
+  for (const auto& [group, members] : RowsOfGroups(groups)) {
     if (members.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           "dance_grpo advantages: group '", group, "' has one sample, which has no unbiased std"));

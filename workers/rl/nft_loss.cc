@@ -4,18 +4,12 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "workers/rl/per_sample.h"
 
 namespace dray::rl {
 namespace {
-
-std::vector<int64_t> SampleDims(const at::Tensor& x) {
-  std::vector<int64_t> dims;
-  for (int64_t d = 1; d < x.dim(); ++d) dims.push_back(d);
-  return dims;
-}
 
 absl::StatusOr<at::Tensor> AdvantagesIn(const std::string& mode, const at::Tensor& clipped,
                                         double a) {
@@ -64,9 +58,7 @@ absl::StatusOr<NftLossOutput> NftLoss(const NftLossInput& in, const NftLossOptio
     return absl::InvalidArgumentError("nft loss: beta must be > 0 and accumulation_steps >= 1");
   }
   const double a = options.adv_clip_max, beta = options.beta;
-  std::vector<int64_t> per_sample(in.x0.dim(), 1);
-  per_sample[0] = -1;
-  const at::Tensor t = in.t.view(per_sample);
+  const at::Tensor t = in.t.view(PerSampleShape(in.x0));
   NftLossOutput out;
   out.xt = (1 - t) * in.x0 + t * in.noise;
   auto advantages = AdvantagesIn(options.adv_mode, at::clamp(in.advantages, -a, a), a);

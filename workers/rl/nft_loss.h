@@ -6,10 +6,12 @@
 // implicit positive policy v+ = beta v + (1 - beta) v_old and negative one
 // v- = (1 + beta) v_old - beta v, whose x0 predictions are pulled toward x0
 // in proportion r (from the advantage) and 1 - r:
-//   xt = (1 - t) x0 + t noise;  A = clamp(adv, +-a) (then adv_mode);  r = clamp(A / a / 2 + 0.5, 0,
-//   1) L+ = mean((xt - t v+ - x0)^2 / w+),  w+ = max(mean |xt - t v+ - x0| (float64, constant),
-//   1e-5) L- likewise;  policy_loss = mean_b (r L+ / beta + (1 - r) L- / beta) a loss =
-//   (policy_loss + kl_beta mean_b mean (v - v_ref)^2) / G
+//   xt = (1 - t) x0 + t noise
+//   A = clamp(adv, +-a), then adv_mode;  r = clamp(A / a / 2 + 0.5, 0, 1)
+//   L+ = mean((xt - t v+ - x0)^2 / w+),
+//     w+ = max(mean |xt - t v+ - x0| (float64, a constant), 1e-5);  L- likewise
+//   policy_loss = mean_b (r L+ / beta + (1 - r) L- / beta) a
+//   loss = (policy_loss + kl_beta mean_b mean (v - v_ref)^2) / G
 //
 //   DRAY_ASSIGN_OR_RETURN(NftLossOutput out, NftLoss(input, options));
 //   out.loss.backward();

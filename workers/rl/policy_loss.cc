@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "workers/rl/per_sample.h"
 #include "workers/rl/registry.h"
 
 namespace dray::rl {
@@ -48,11 +49,10 @@ absl::StatusOr<PolicyLossOutput> Surrogate(const PolicyLossInput& in,
   out.policy_loss = out.policy_loss / g;
   out.loss = out.policy_loss;
   if (options.beta > 0) {
-    std::vector<int64_t> sample_dims;
-    for (int64_t d = 1; d < in.prev_sample_mean.dim(); ++d) sample_dims.push_back(d);
-    const at::Tensor kl =
-        (in.prev_sample_mean - in.prev_sample_mean_ref).pow(2).mean(sample_dims, true) /
-        (2 * in.std_dev_t.pow(2));
+    const at::Tensor kl = (in.prev_sample_mean - in.prev_sample_mean_ref)
+                              .pow(2)
+                              .mean(SampleDims(in.prev_sample_mean), true) /
+                          (2 * in.std_dev_t.pow(2));
     out.kl_loss = at::mean(kl) / g;
     out.loss = out.policy_loss + options.beta * out.kl_loss;
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/shape_string.h"
 #include "base/status_macros.h"
+#include "workers/rl/per_sample.h"
 
 namespace dray::rl {
 namespace {
@@ -98,8 +99,7 @@ absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStep
   DRAY_ASSIGN_OR_RETURN(at::Tensor index, Indices(schedule, in.timestep));
   const at::Tensor v = AtLeastFloat32(in.model_output);
   const at::Tensor x = AtLeastFloat32(in.sample);
-  std::vector<int64_t> per_sample(x.dim(), 1);
-  per_sample[0] = -1;
+  const std::vector<int64_t> per_sample = PerSampleShape(x);
   const at::Tensor& sigmas = schedule.sigmas;
   const at::Tensor sigma = sigmas.index_select(0, index).view(per_sample);
   const at::Tensor sigma_next = sigmas.index_select(0, index + 1).view(per_sample);
@@ -155,9 +155,7 @@ absl::StatusOr<SdeStepResult> SdeStep(const SdeSchedule& schedule, const SdeStep
                                      : out.prev_sample_mean + s * AtLeastFloat32(in.noise);
     out.log_prob = -(out.prev_sample.detach() - out.prev_sample_mean).pow(2);
   }
-  std::vector<int64_t> sample_dims;
-  for (int64_t d = 1; d < out.log_prob.dim(); ++d) sample_dims.push_back(d);
-  out.log_prob = out.log_prob.mean(sample_dims);
+  out.log_prob = out.log_prob.mean(SampleDims(out.log_prob));
   return out;
 }
 

@@ -9,7 +9,7 @@ namespace dray {
 
 absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(
     const TrainConfig& config) {
-  if (config.name == "grpo" || config.name == "flow_grpo_fast" || config.name == "grpo_guard") {
+  if (config.grpo()) {
     DRAY_ASSIGN_OR_RETURN(std::unique_ptr<GrpoAlgorithm> grpo, GrpoAlgorithm::Create(config));
     return grpo;
   }

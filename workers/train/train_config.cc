@@ -163,8 +163,7 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (name != "grpo" && name != "flow_grpo_fast" && name != "grpo_guard" && name != "sft" &&
-      name != "vae")
+  if (!grpo() && !sft() && !vae())
     return bad("algorithm.name", "must be grpo, flow_grpo_fast, grpo_guard, sft or vae");
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",

@@ -157,6 +157,9 @@ struct TrainConfig {
   absl::Status Validate() const;
 
   bool embedded_task() const { return train_files.empty(); }
+  // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard): rollouts,
+  // rewards, advantages and a policy loss.
+  bool grpo() const { return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard"; }
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }
   // paired: the job reads pairs (image and target) and needs no rewards.
