@@ -1,5 +1,6 @@
 // Parity with flow_grpo on every case in tests/data/reference/flow_grpo and
-// grpo_guard (GRPO-Guard's step and loss), run
+// grpo_guard (GRPO-Guard's step and loss), and with DanceGRPO, DiffusionNFT
+// and MixGRPO on theirs, run
 // through the same library as `dray parity`: the SDE step and log-probability
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
 // advantages, the GRPO loss with KL and gradients, and two Edit-Plus rollouts
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/models/reference.h"
+#include "workers/parity/mix_grpo_parity.h"
 #include "workers/parity/parity.h"
 
 namespace dray {
@@ -43,6 +45,7 @@ std::vector<ParityCase> AllCases() {
   for (const char* folder : {"grpo_guard", "dance_grpo", "diffusion_nft"}) {
     for (ParityCase& c : FlowGrpoParityCases(ReferenceDir(folder))) cases.push_back(c);
   }
+  for (ParityCase& c : MixGrpoParityCases(ReferenceDir("mix_grpo"))) cases.push_back(c);
   return cases;
 }
 
@@ -64,7 +67,10 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   // rollouts; 8 GRPO-Guard steps and losses; DanceGRPO's 2 schedules, 16
   // steps and 7 advantages (its training chain, train.qwen_edit_chain, is
   // not run yet: DanceGRPO's training loop is not built); DiffusionNFT's 11
-  // losses, 3 decay schedules and 7 sampling-policy updates.
+  // losses, 3 decay schedules and 7 sampling-policy updates; MixGRPO's 6
+  // window tables (not its numpy-random one), 18 of its steps (not its 2 bfloat16 ones: see
+  // mix_grpo_parity.h) and 4 of DanceGRPO's copy, 3 rollouts, 4 losses and 5
+  // advantages.
   EXPECT_EQ(kinds, (std::map<std::string, int>{{"dance_grpo/adv", 7},
                                                {"dance_grpo/flux", 16},
                                                {"dance_grpo/schedule", 2},
@@ -75,7 +81,13 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
                                                {"flow_grpo/loss", 4},
                                                {"flow_grpo/rollout", 2},
                                                {"flow_grpo/sde", 62},
-                                               {"grpo_guard/guard", 8}}));
+                                               {"grpo_guard/guard", 8},
+                                               {"mix_grpo/adv", 5},
+                                               {"mix_grpo/dance_grpo_step", 4},
+                                               {"mix_grpo/flow_grpo_step", 18},
+                                               {"mix_grpo/loss", 4},
+                                               {"mix_grpo/rollout", 3},
+                                               {"mix_grpo/states", 6}}));
 }
 
 TEST(FlowGrpoParityListTest, DrayParityFindsTheFolderAndItsParent) {

@@ -78,6 +78,29 @@ TEST(TrainConfigTest, BadKeysAndValuesNameTheKey) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
 }
 
+TEST(TrainConfigTest, MixGrpoKeysBelongToMixGrpo) {
+  // MixGRPO: a window of 4 unless set, DanceGRPO's advantages, its window
+  // options checked; its keys are errors under another algorithm.
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig mix, TrainConfig::Load("", {"algorithm.name=mix_grpo"}));
+  EXPECT_EQ(mix.sde_window_size, 4);
+  EXPECT_EQ(mix.adv_estimator, "dance_grpo");
+  EXPECT_EQ(mix.MixWindow().max_timesteps, mix.num_inference_steps - 2);
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig again, TrainConfig::FromYaml(mix.ToYaml()));
+  EXPECT_EQ(again.mix_window.iters_per_group, mix.mix_window.iters_per_group);
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.iters_per_group=5"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.iters_per_group is MixGRPO's")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=flow_grpo_fast", "algorithm.kl_coeff=0.01"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.kl_coeff")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.sample_strategy=sweep"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sample_strategy 'sweep'")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.sde_window_size=7"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.trimmed_ratio=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.trimmed_ratio")));
+}
+
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
   DRAY_ASSERT_OK_AND_ASSIGN(
       TrainConfig config,

@@ -4,18 +4,14 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 
-#include <filesystem>
-#include <map>
-#include <memory>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "runtime/io/safetensors.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/parity/rl_case.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/nft_loss.h"
 #include "workers/rl/policy_loss.h"
@@ -25,102 +21,7 @@
 namespace dray::rl {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
-using Outputs = std::map<std::string, at::Tensor>;
-
-// CaseData: one case of cases.json with its tensors.
-struct CaseData {
-  json all;   // the whole cases.json (schedules)
-  json spec;  // this case
-  std::shared_ptr<const SafetensorsFile> file;
-
-  at::Tensor Get(const json& tensor_name) const {
-    absl::StatusOr<at::Tensor> tensor = file->Get(tensor_name.get<std::string>());
-    if (!tensor.ok()) throw std::runtime_error(std::string(tensor.status().message()));
-    return tensor->clone();
-  }
-  at::Tensor Input(const std::string& name) const { return Get(spec.at("inputs").at(name)); }
-  const json& Param(const std::string& name) const { return spec.at("params").at(name); }
-};
-
-absl::StatusOr<CaseData> Load(const ParityCase& c) {
-  CaseData data;
-  DRAY_ASSIGN_OR_RETURN(data.all, ReadJsonFile((fs::path(c.folder) / "cases.json").string()));
-  for (const json& spec : data.all.at("cases")) {
-    if (spec.at("name") == c.name) data.spec = spec;
-  }
-  if (data.spec.is_null()) return absl::NotFoundError(absl::StrCat("no case ", c.name));
-  DRAY_ASSIGN_OR_RETURN(
-      data.file, SafetensorsFile::Open(
-                     (fs::path(c.folder) / data.spec.at("file").get<std::string>()).string()));
-  return data;
-}
-
-// Check compares `actual` with the reference tensor `tensor_name` at the
-// case's tolerance for `output`.
-void Check(const ParityCase& c, const CaseData& data, const std::string& output,
-           const json& tensor_name, const at::Tensor& actual, std::vector<ParityResult>& results) {
-  const json& tolerance = data.spec.at("tolerance");
-  const std::string key = output.substr(output.rfind('.') + 1);
-  const json& chosen = tolerance.contains("per_tensor") && tolerance["per_tensor"].contains(key)
-                           ? tolerance["per_tensor"][key]
-                           : tolerance.at("default");
-  if (!actual.defined()) {
-    ParityResult missing{c.component, c.name, output};
-    missing.error = "dray computed no such output";
-    results.push_back(missing);
-    return;
-  }
-  results.push_back(CompareTensors(c, output, actual, data.Get(tensor_name),
-                                   chosen.at("atol").get<double>(),
-                                   chosen.at("rtol").get<double>()));
-}
-
-// CheckAll checks every entry of `names` (output -> tensor name) found in
-// `computed`, prefixing the output with `prefix`; names in `skip` are inputs.
-void CheckAll(const ParityCase& c, const CaseData& data, const json& names, const Outputs& computed,
-              const std::string& prefix, std::vector<ParityResult>& results) {
-  for (const auto& [output, tensor_name] : names.items()) {
-    if (!tensor_name.is_string()) continue;
-    auto found = computed.find(output);
-    Check(c, data, prefix + output, tensor_name,
-          found == computed.end() ? at::Tensor() : found->second, results);
-  }
-}
-
-// CheckPart checks the entries of the case's `part` ("info", "derived"),
-// computed as "<part>.<name>", but those named in `skip`.
-void CheckPart(const ParityCase& c, const CaseData& data, const std::string& part,
-               const Outputs& computed, std::vector<ParityResult>& results,
-               const std::set<std::string>& skip = {}) {
-  json named;
-  for (const auto& [name, tensor_name] : data.spec.at(part).items()) {
-    if (skip.count(name) == 0) named[part + "." + name] = tensor_name;
-  }
-  CheckAll(c, data, named, computed, "", results);
-}
-
-// kAcrossNormalKernels bounds how far two CPUs' torch.randn draws from one
-// seed lie apart. Both turn the same uniforms into Box-Muller pairs
-// r·cos(θ), r·sin(θ) in float32, but with different code: the reference's
-// AVX2 kernel (avx_mathfun's log and sincos, θ = float(2π)·u in float) or the
-// scalar one that AVX-512 CPUs and ATEN_CPU_CAPABILITY=default run (libm,
-// θ rounded once from double). θ then differs by at most 3·2^-24·θ ≤ 1.2e-6,
-// cos and sin by that plus 2·2^-22 for the two implementations, and the
-// result by r·2^-19 with r ≤ sqrt(2·24·ln 2) = 5.77 (u ≥ 2^-24), the
-// radius's and products' roundings included. Measured over 2e7 draws:
-// 2.5e-6. A draw with another seed, order, shape or dtype misses by O(1).
-constexpr double kAcrossNormalKernels = 5.77 / (1 << 19);
-
-// CheckDraw checks dray's draw of the noise named `tensor_name` (same
-// generator, seed and order as flow_grpo) within kAcrossNormalKernels.
-void CheckDraw(const ParityCase& c, const CaseData& data, const std::string& output,
-               const json& tensor_name, const at::Tensor& drawn,
-               std::vector<ParityResult>& results) {
-  results.push_back(
-      CompareTensors(c, output, drawn, data.Get(tensor_name), kAcrossNormalKernels, 0));
-}
 
 at::Tensor Randn(at::IntArrayRef shape, at::Generator& generator) {
   return at::randn(shape, generator, at::kFloat);
@@ -128,7 +29,7 @@ at::Tensor Randn(at::IntArrayRef shape, at::Generator& generator) {
 
 // CaseSchedule: the case's schedule, its sigmas float32 values (held in
 // float64 by a float64 case).
-SdeSchedule CaseSchedule(const CaseData& data) {
+SdeSchedule CaseSchedule(const RlCase& data) {
   const bool f64 = data.spec.at("dtype") == "f64";
   const json& schedule_json =
       data.all.at("schedules").at(data.spec.at("schedule").get<std::string>());
@@ -140,7 +41,7 @@ SdeSchedule CaseSchedule(const CaseData& data) {
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunSdeStep(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const SdeSchedule schedule = CaseSchedule(data);
   DRAY_ASSIGN_OR_RETURN(SdeType type, ParseSdeType(data.Param("sde_type").get<std::string>()));
   SdeStepInput input{data.Input("model_output"), data.Input("timestep"), data.Input("sample"),
@@ -176,7 +77,7 @@ absl::StatusOr<std::vector<ParityResult>> RunSdeStep(const ParityCase& c) {
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunAdvantages(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const at::Tensor rewards = data.Input("rewards");
   const bool per_prompt = data.spec.at("params").contains("prompts");
   const std::vector<std::string> groups =
@@ -213,7 +114,7 @@ PolicyLossOptions LossOptions(const json& params, int64_t accumulation_steps) {
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const int64_t j = data.Param("j").get<int64_t>();
   PolicyLossInput input{data.Input("advantages_all").select(1, j),
                         data.Input("log_prob").requires_grad_(true),
@@ -241,7 +142,7 @@ absl::StatusOr<std::vector<ParityResult>> RunLoss(const ParityCase& c) {
 // GuardStep: flow_grpo's GRPO-Guard compute_log_prob on a stand-in
 // transformer's output (cfg: [uncond; text] rows, guided as upstream), the
 // velocity rounded to float32 as its `.float()` does.
-absl::StatusOr<SdeStepResult> GuardStep(const CaseData& data, const at::Tensor& output) {
+absl::StatusOr<SdeStepResult> GuardStep(const RlCase& data, const at::Tensor& output) {
   at::Tensor velocity = output;
   if (data.Param("train.cfg").get<bool>()) {
     const std::vector<at::Tensor> halves = output.chunk(2);
@@ -258,7 +159,7 @@ absl::StatusOr<SdeStepResult> GuardStep(const CaseData& data, const at::Tensor& 
 // The reference's loss is not divided by accelerate's G, its backward is:
 // dray's loss is run with G and its values multiplied back.
 absl::StatusOr<std::vector<ParityResult>> RunGuard(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const int64_t j = data.Param("j").get<int64_t>();
   const at::Tensor output = data.Input("transformer_output").requires_grad_(true);
   DRAY_ASSIGN_OR_RETURN(SdeStepResult step, GuardStep(data, output));
@@ -315,7 +216,7 @@ absl::StatusOr<std::vector<ParityResult>> RunGuard(const ParityCase& c) {
 // flux_step as SdeType::kDance and its group advantages.
 
 absl::StatusOr<std::vector<ParityResult>> RunDanceSchedule(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const SdeSchedule schedule = DanceGrpoSchedule(
       data.Param("sampling_steps").get<int64_t>(), data.Param("shift").get<double>(),
       data.spec.at("dtype") == "f64" ? at::kDouble : at::kFloat);
@@ -327,7 +228,7 @@ absl::StatusOr<std::vector<ParityResult>> RunDanceSchedule(const ParityCase& c) 
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunFluxStep(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const bool bf16 = data.spec.at("dtype") == "bf16+f32";
   // The schedule the case names, as DanceGRPO made it (the bf16 cases': float32's).
   const std::string schedule_case =
@@ -368,7 +269,7 @@ absl::StatusOr<std::vector<ParityResult>> RunFluxStep(const ParityCase& c) {
 // otherwise this rank's rows (the first of the gathered rewards) against
 // all of them, as one group.
 absl::StatusOr<std::vector<ParityResult>> RunDanceAdvantages(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const bool use_group = data.Param("use_group").get<bool>();
   const at::Tensor rewards = use_group ? data.Input("rewards") : data.Input("gathered_reward");
   const int64_t generations = data.Param("num_generations").get<int64_t>();
@@ -388,7 +289,7 @@ absl::StatusOr<std::vector<ParityResult>> RunDanceAdvantages(const ParityCase& c
 // the sampling policy's update.
 
 absl::StatusOr<std::vector<ParityResult>> RunNftLoss(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const int64_t j = data.Param("j_idx").get<int64_t>();
   const at::Tensor velocity = data.Input("forward_prediction").requires_grad_(true);
   NftLossInput input{data.Input("latents_clean"),
@@ -447,7 +348,7 @@ absl::StatusOr<std::vector<ParityResult>> RunNftLoss(const ParityCase& c) {
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunNftDecay(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const at::Tensor steps = data.Input("step");
   std::vector<double> decays;
   for (int64_t i = 0; i < steps.size(0); ++i) {
@@ -464,7 +365,7 @@ absl::StatusOr<std::vector<ParityResult>> RunNftDecay(const ParityCase& c) {
 // RunNftOldUpdate: old * decay + policy * (1 - decay), in the parameters'
 // dtype, the decay from NftOldPolicyDecay.
 absl::StatusOr<std::vector<ParityResult>> RunNftOldUpdate(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   DRAY_ASSIGN_OR_RETURN(double decay, NftOldPolicyDecay(data.Param("global_step").get<int64_t>(),
                                                         data.Param("decay_type").get<int>()));
   Outputs computed;
@@ -516,7 +417,7 @@ qwen_image::PreparedEdit ToyEdit(const at::Tensor& image_latents) {
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
-  DRAY_ASSIGN_OR_RETURN(CaseData data, Load(c));
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   const json& params = data.spec.at("params");
   const json& tensors = data.spec.at("tensors");
   const json& inputs = tensors.at("inputs");
@@ -647,33 +548,20 @@ absl::StatusOr<std::vector<ParityResult>> RunRollout(const ParityCase& c) {
 }  // namespace
 
 std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
-  const absl::StatusOr<json> all = ReadJsonFile((fs::path(folder) / "cases.json").string());
-  if (!all.ok() || !all->is_object() || !all->contains("cases")) return {};
-  const std::string upstream = all->value("upstream", json::object()).value("repository", "");
-  const std::map<std::string, ParityRun> flow_grpo_runs = {{"sde", RunSdeStep},
-                                                           {"adv", RunAdvantages},
-                                                           {"loss", RunLoss},
-                                                           {"rollout", RunRollout},
-                                                           {"guard", RunGuard}};
-  const std::map<std::string, ParityRun> dance_grpo_runs = {
-      {"schedule", RunDanceSchedule}, {"flux", RunFluxStep}, {"adv", RunDanceAdvantages}};
-  const std::map<std::string, ParityRun> nft_runs = {
-      {"nft", RunNftLoss}, {"return_decay", RunNftDecay}, {"old_update", RunNftOldUpdate}};
-  const std::map<std::string, ParityRun>* known = nullptr;
-  if (all->contains("flow_grpo_files") || absl::EndsWith(upstream, "/flow_grpo"))
-    known = &flow_grpo_runs;
-  if (absl::EndsWith(upstream, "/DanceGRPO")) known = &dance_grpo_runs;
-  if (absl::EndsWith(upstream, "/DiffusionNFT")) known = &nft_runs;
-  if (known == nullptr) return {};
-  const std::map<std::string, ParityRun>& runs = *known;
-  const std::string component = fs::path(folder).filename().string();
-  std::vector<ParityCase> cases;
-  for (const json& spec : (*all)["cases"]) {
-    const std::string name = spec.value("name", "");
-    auto run = runs.find(name.substr(0, name.find('.')));
-    if (run == runs.end()) continue;
-    cases.push_back({component, folder, name, run->second});
-  }
+  std::vector<ParityCase> cases = RlCasesIn(folder, "/flow_grpo",
+                                            {{"sde", RunSdeStep},
+                                             {"adv", RunAdvantages},
+                                             {"loss", RunLoss},
+                                             {"rollout", RunRollout},
+                                             {"guard", RunGuard}});
+  for (std::vector<ParityCase> more :
+       {RlCasesIn(
+            folder, "/DanceGRPO",
+            {{"schedule", RunDanceSchedule}, {"flux", RunFluxStep}, {"adv", RunDanceAdvantages}}),
+        RlCasesIn(
+            folder, "/DiffusionNFT",
+            {{"nft", RunNftLoss}, {"return_decay", RunNftDecay}, {"old_update", RunNftOldUpdate}})})
+    cases.insert(cases.end(), more.begin(), more.end());
   return cases;
 }
 

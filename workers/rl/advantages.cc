@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -59,10 +61,11 @@ absl::StatusOr<at::Tensor> BatchNormalized(const std::vector<std::string>& group
 }
 
 // DanceGroupNormalized is DanceGRPO's use_group advantage ("dance_grpo"):
-// the unbiased std (n - 1) and 1e-8, in the rewards' own dtype.
+// the unbiased std (n - 1) and 1e-8, in the rewards' own dtype; MixGRPO's
+// with trimmed_ratio.
 absl::StatusOr<at::Tensor> DanceGroupNormalized(const std::vector<std::string>& groups,
                                                 const at::Tensor& rewards,
-                                                const AdvantageOptions&) {
+                                                const AdvantageOptions& options) {
   DRAY_RETURN_IF_ERROR(CheckRewards(groups, rewards));
   const at::Tensor r = rewards.to(at::kCPU);
   at::Tensor advantages = at::zeros_like(r);
@@ -73,9 +76,14 @@ absl::StatusOr<at::Tensor> DanceGroupNormalized(const std::vector<std::string>& 
     }
     const at::Tensor index = at::tensor(members, at::kLong);
     const at::Tensor group_rewards = r.index_select(0, index);
+    // MixGRPO's trimmed statistics: the group's lowest rewards left out.
+    const int64_t n = group_rewards.size(0);
+    const int64_t trimmed =
+        std::min<int64_t>(static_cast<int64_t>(n * options.trimmed_ratio), n - 1);
+    const at::Tensor kept = std::get<0>(at::sort(group_rewards, 0)).narrow(0, trimmed, n - trimmed);
     advantages.index_copy_(0, index,
-                           (group_rewards - group_rewards.mean(0, /*keepdim=*/true)) /
-                               (group_rewards.std(0, /*unbiased=*/true, true) + 1e-8));
+                           (group_rewards - kept.mean(0, /*keepdim=*/true)) /
+                               (kept.std(0, /*unbiased=*/true, true) + 1e-8));
   }
   return advantages;
 }
@@ -93,6 +101,20 @@ const std::map<std::string, AdvantageEstimator>& Registry() {
 
 absl::StatusOr<AdvantageEstimator> FindAdvantageEstimator(absl::string_view name) {
   return FindRegistered(Registry(), "advantage estimator", name);
+}
+
+absl::StatusOr<at::Tensor> MixedAdvantages(const AdvantageEstimator& estimate,
+                                           const std::vector<std::string>& groups,
+                                           const at::Tensor& rewards,
+                                           const std::vector<double>& weights,
+                                           const AdvantageOptions& options) {
+  if (rewards.dim() != 2 || rewards.size(1) != static_cast<int64_t>(weights.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("advantages: mixed rewards must be [N, F] with one weight per column (",
+                     weights.size(), " weights)"));
+  }
+  DRAY_ASSIGN_OR_RETURN(at::Tensor each, estimate(groups, rewards, options));
+  return (each * at::tensor(weights, each.options())).sum(1);
 }
 
 std::vector<std::string> AdvantageEstimatorNames() { return RegisteredNames(Registry()); }

@@ -15,7 +15,10 @@
 //   dance_grpo  DanceGRPO's (tests/data/reference/dance_grpo/README.md, c):
 //           per group (r - mean) / (std + 1e-8), std unbiased (n - 1), in the
 //           rewards' dtype; one group holding every row is DanceGRPO's
-//           use_group False.
+//           use_group False. MixGRPO's is the same, and with trimmed_ratio
+//           takes each group's mean and std without its lowest
+//           min(int(n trimmed_ratio), n - 1) rewards
+//           (tests/data/reference/mix_grpo/README.md, e).
 //
 // Thread-safety: pure functions.
 #ifndef DRAY_WORKERS_RL_ADVANTAGES_H_
@@ -35,6 +38,8 @@ namespace dray::rl {
 struct AdvantageOptions {
   // grpo: normalise by the std of the whole batch instead of each group's.
   bool global_std = true;
+  // dance_grpo: the share of each group's lowest rewards its statistics leave out.
+  double trimmed_ratio = 0.0;
 };
 
 // AdvantageEstimator maps `rewards` ([N] or [N, T]: one row per sample) and
@@ -46,6 +51,16 @@ using AdvantageEstimator = std::function<absl::StatusOr<at::Tensor>(
 // FindAdvantageEstimator returns the estimator registered as `name`;
 // NOT_FOUND lists the registered names.
 absl::StatusOr<AdvantageEstimator> FindAdvantageEstimator(absl::string_view name);
+
+// MixedAdvantages: MixGRPO's advantage_aggr: the advantages of each reward
+// column of `rewards` [N, F] (each reward function's scores) by `estimate`,
+// weighted by `weights` [F] and summed ([N]). One column weighted 1 gives
+// `estimate`'s own advantages of it.
+absl::StatusOr<at::Tensor> MixedAdvantages(const AdvantageEstimator& estimate,
+                                           const std::vector<std::string>& groups,
+                                           const at::Tensor& rewards,
+                                           const std::vector<double>& weights,
+                                           const AdvantageOptions& options);
 
 // AdvantageEstimatorNames lists the registered names, sorted.
 std::vector<std::string> AdvantageEstimatorNames();

@@ -56,6 +56,8 @@ absl::StatusOr<PolicyLossOutput> Surrogate(const PolicyLossInput& in,
     out.kl_loss = at::mean(kl) / g;
     out.loss = out.policy_loss + options.beta * out.kl_loss;
   }
+  out.log_prob_kl_loss = 0.5 * at::mean((in.log_prob - in.old_log_prob).pow(2)) / g;
+  if (options.kl_coeff > 0) out.loss = out.loss + options.kl_coeff * out.log_prob_kl_loss;
   const at::Tensor drift = (in.log_prob - in.old_log_prob).detach();
   const at::Tensor ratio = out.ratio.detach();
   out.approx_kl = 0.5 * at::mean(drift.pow(2));

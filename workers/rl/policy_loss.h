@@ -13,6 +13,10 @@
 //   kl_loss = mean_b [mean(mean - mean_ref)^2 / (2 std_dev_t^2)] / G        (beta > 0)
 //   loss = policy_loss + beta kl_loss
 // with G = accumulation_steps (every backward pass before an optimizer step).
+// MixGRPO's log-probability penalty (tests/data/reference/mix_grpo/README.md,
+// section d) is added to either loss when kl_coeff > 0:
+//   log_prob_kl_loss = 0.5 mean_b (log_prob - old_log_prob)^2 / G
+//   loss += kl_coeff log_prob_kl_loss  (computed, and differentiable, either way)
 //
 // "grpo_guard", GRPO-Guard (flow_grpo's train_sd3_GRPO_Guard.py with
 // config.rationorm; tests/data/reference/grpo_guard/README.md): the same
@@ -59,12 +63,14 @@ struct PolicyLossOptions {
   double adv_clip_max = 5.0;       // advantages are clamped to +-adv_clip_max
   double beta = 0.0;               // weight of the KL term to the reference policy
   int64_t accumulation_steps = 1;  // G: backward passes per optimizer step
+  double kl_coeff = 0.0;           // weight of MixGRPO's log-probability penalty
 };
 
 struct PolicyLossOutput {
   at::Tensor loss;                          // what backward runs on
   at::Tensor policy_loss;                   // divided by G
   at::Tensor kl_loss;                       // divided by G; undefined when beta == 0
+  at::Tensor log_prob_kl_loss;              // divided by G
   at::Tensor advantages;                    // [B], clipped
   at::Tensor ratio;                         // [B]
   at::Tensor ratio_bias;                    // GRPO-Guard's RatioNorm bias (a scalar)

@@ -16,17 +16,16 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     const std::function<absl::Status(int step, int steps)>& on_step) {
   const int steps = static_cast<int>(schedule.timesteps.size(0));
   const SdeWindow& window = options.window;
-  if (window.begin < 0 || window.end > steps || window.begin >= window.end) {
+  if (window.begin < 0 || window.end > steps || window.begin > window.end) {
     return absl::InvalidArgumentError(absl::StrCat("SDE window [", window.begin, ", ", window.end,
-                                                   ") must be a non-empty part of the ", steps,
-                                                   " steps"));
+                                                   ") must be a part of the ", steps, " steps"));
   }
   at::NoGradGuard no_grad;  // a rollout only samples; training recomputes its steps
   const int64_t batch = latents.size(0);
   std::vector<at::Tensor> kept, log_probs, means, timesteps;
   for (int i = 0; i < steps; ++i) {
     const bool stochastic = i >= window.begin && i < window.end;
-    if (i == window.begin) kept.push_back(latents);
+    if (stochastic && i == window.begin) kept.push_back(latents);
     const at::Tensor timestep = schedule.timesteps[i].expand({batch}).contiguous();
     DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(latents, timestep));
     SdeStepInput input{velocity, timestep, latents, stochastic ? options.noise_level : 0.0,
@@ -43,6 +42,15 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
   }
   Trajectory trajectory;
+  trajectory.final_latents = latents;
+  if (kept.empty()) {  // an empty window: every step was an ODE step
+    trajectory.latents = latents.unsqueeze(1).narrow(1, 0, 0);
+    trajectory.next_latents = trajectory.latents;
+    trajectory.prev_sample_means = trajectory.latents;
+    trajectory.log_probs = at::empty({batch, 0}, latents.options());
+    trajectory.timesteps = at::empty({batch, 0}, schedule.timesteps.options());
+    return trajectory;
+  }
   const at::Tensor all = at::stack(kept, 1);
   const int64_t t = all.size(1) - 1;
   trajectory.latents = all.narrow(1, 0, t);
@@ -50,7 +58,6 @@ absl::StatusOr<Trajectory> SampleTrajectory(
   trajectory.log_probs = at::stack(log_probs, 1);
   trajectory.prev_sample_means = at::stack(means, 1);
   trajectory.timesteps = at::stack(timesteps, 1);
-  trajectory.final_latents = latents;
   return trajectory;
 }
 

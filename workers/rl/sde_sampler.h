@@ -33,7 +33,8 @@ using PredictVelocity = std::function<absl::StatusOr<at::Tensor>(const at::Tenso
 // `step` (drawn for every step, as flow_grpo does, so draws line up).
 using DrawNoise = std::function<at::Tensor(int step)>;
 
-// SdeWindow: schedule steps [begin, end) are stochastic and trained.
+// SdeWindow: schedule steps [begin, end) are stochastic and trained (none
+// when begin == end, as MixGRPO's window at the schedule's end).
 struct SdeWindow {
   int begin = 0;
   int end = 0;
@@ -58,7 +59,8 @@ struct Trajectory {
 // SampleTrajectory denoises `latents` over the whole schedule, without
 // gradients. `on_step`
 // (optional) is called after each step with (steps done, steps); its error
-// ends the loop. A window outside [0, steps) or empty is INVALID_ARGUMENT.
+// ends the loop. An empty window makes every step an ODE step and keeps
+// none (T = 0); a window outside [0, steps) is INVALID_ARGUMENT.
 absl::StatusOr<Trajectory> SampleTrajectory(
     const SdeSchedule& schedule, at::Tensor latents, const PredictVelocity& predict,
     const DrawNoise& draw_noise, const SdeSamplerOptions& options,

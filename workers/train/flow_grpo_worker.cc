@@ -517,7 +517,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
 
   const int64_t accumulation = static_cast<int64_t>(micro_batches.size() * train_steps.size());
   const rl::PolicyLossOptions loss_options{config.clip_range, config.adv_clip_max, config.beta,
-                                           accumulation};
+                                           accumulation, config.kl_coeff};
   std::map<std::string, double> sums;
   for (const MicroBatch& micro : micro_batches) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));

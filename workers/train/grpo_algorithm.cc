@@ -98,8 +98,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   for (const TrainPrompt* prompt : context.sampler.PromptsOf(step))
     groups.insert(groups.end(), config_.group_size, prompt->group());
   const at::Tensor reward_tensor = at::tensor(rewards, at::kDouble);
+  rl::AdvantageOptions advantage_options;
+  advantage_options.global_std = config_.global_std;
+  advantage_options.trimmed_ratio = config_.trimmed_ratio;
   DRAY_ASSIGN_OR_RETURN(at::Tensor advantages,
-                        advantages_(groups, reward_tensor, {config_.global_std}));
+                        advantages_(groups, reward_tensor, advantage_options));
   metrics["reward_mean"] = reward_tensor.mean().item<double>();
   metrics["reward_std"] = reward_tensor.std(/*unbiased=*/false).item<double>();
   metrics["advantage_abs_mean"] = advantages.abs().mean().item<double>();
@@ -117,6 +120,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   const std::vector<int64_t> train_steps =
       context.sampler.TrainedSteps(step, window_end - window_begin);
   metrics["lr"] = context.lr;
+  metrics["trained_steps"] = static_cast<double>(train_steps.size());
+  if (train_steps.empty()) {  // MixGRPO's empty window at the schedule's end: nothing to train
+    metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+    return WithSamples(step, context, rollout, rewards, std::move(metrics));
+  }
 
   // The trajectories stay where they were sampled: the update names each
   // row by its place in its rank's share, with its advantage.
@@ -153,6 +161,13 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   for (const auto& [key, value] : update_sums) metrics[key] = value;
   metrics["update_s"] = Seconds(updating);
   metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+  return WithSamples(step, context, rollout, rewards, std::move(metrics));
+}
+
+absl::StatusOr<Metrics> GrpoAlgorithm::WithSamples(int64_t step, const StepContext& context,
+                                                   const DataProto& rollout,
+                                                   const std::vector<double>& rewards,
+                                                   Metrics metrics) const {
   if (context.samples_due) {
     DRAY_ASSIGN_OR_RETURN(std::vector<SampleRow> grid, Samples(step, context, rollout, rewards));
     DRAY_RETURN_IF_ERROR(context.write_samples(grid));

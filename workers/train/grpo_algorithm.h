@@ -3,7 +3,8 @@
 // functions where worker.reward.placement runs them, the remote scorers
 // meanwhile), group advantages from the registered estimator, and
 // num_inner_epochs updates of the clipped surrogate on a seeded share of
-// the window's steps, the rows shuffled within each rank's share.
+// the window's steps, the rows shuffled within each rank's share (none when
+// MixGRPO's window is empty).
 // docs/training.md walks through it.
 //
 // Thread-safety: not thread-safe.
@@ -41,6 +42,10 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const StepContext& context,
                                             const std::vector<RewardInput>& samples,
                                             const DataProto& rollout, const DataProto& rows) const;
+  // WithSamples writes the step's sample grid when one is due; `metrics` back.
+  absl::StatusOr<Metrics> WithSamples(int64_t step, const StepContext& context,
+                                      const DataProto& rollout, const std::vector<double>& rewards,
+                                      Metrics metrics) const;
   // Samples: the step's prompts, each with its samples captioned by reward.
   absl::StatusOr<std::vector<SampleRow>> Samples(int64_t step, const StepContext& context,
                                                  const DataProto& rollout,

@@ -83,19 +83,29 @@ absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies) 
 
 absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
   DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, config_.group_size));
-  // The SDE window: every step but the last, or a seeded window of the given size.
-  const int64_t steps = config_.num_inference_steps;
-  int64_t begin = 0, end = steps - 1;
-  if (config_.sde_window_size > 0) {
-    const int64_t lo = config_.sde_window_range[0];
-    const int64_t hi = config_.sde_window_range[1] > 0 ? config_.sde_window_range[1] : steps - 1;
-    const int64_t starts = std::max<int64_t>(1, hi - config_.sde_window_size - lo + 1);
-    begin = lo + static_cast<int64_t>(Seed(SeedStream::kSdeWindow, step) % starts);
-    end = begin + config_.sde_window_size;
-  }
+  const auto [begin, end] = SdeWindowOf(step);
   batch.SetMeta(kSdeWindowBeginKey, begin);
   batch.SetMeta(kSdeWindowEndKey, end);
   return batch;
+}
+
+std::pair<int64_t, int64_t> PromptSampler::SdeWindowOf(int64_t step) const {
+  const int64_t steps = config_.num_inference_steps;
+  const rl::MixGrpoWindowOptions mix = config_.MixWindow();
+  if (config_.name == "mix_grpo" && mix.strategy != "random") {
+    const rl::MixGrpoWindow window = rl::MixGrpoWindowAt(mix, step);
+    return {window.begin, window.end};
+  }
+  if (config_.sde_window_size == 0) return {0, steps - 1};  // every step but the last
+  // A seeded window of the given size within its range (mix_grpo's random
+  // strategy: within MixGRPO's trainable steps).
+  const int64_t lo = config_.name == "mix_grpo" ? 0 : config_.sde_window_range[0];
+  const int64_t hi = config_.name == "mix_grpo"        ? mix.max_timesteps
+                     : config_.sde_window_range[1] > 0 ? config_.sde_window_range[1]
+                                                       : steps - 1;
+  const int64_t starts = std::max<int64_t>(1, hi - config_.sde_window_size - lo + 1);
+  const int64_t begin = lo + static_cast<int64_t>(Seed(SeedStream::kSdeWindow, step) % starts);
+  return {begin, begin + config_.sde_window_size};
 }
 
 absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
@@ -114,6 +124,7 @@ absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
 }
 
 std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {
+  if (window == 0) return {};
   std::vector<int64_t> steps(window);
   std::iota(steps.begin(), steps.end(), 0);
   std::shuffle(steps.begin(), steps.end(), std::mt19937_64(Seed(SeedStream::kTrainedSteps, step)));

@@ -10,8 +10,9 @@
 //     instruction, group_size times for GRPO's group (once for SFT and VAE
 //     pairs, with the target and a sigma draw each), each row with a
 //     sampling seed of its own;
-//   - GRPO's SDE window, the window's steps that are trained, and the
-//     order of the rows in each inner epoch.
+//   - GRPO's SDE window (drawn, or MixGRPO's sliding one), the window's
+//     steps that are trained, and the order of the rows in each inner
+//     epoch.
 //
 // Each kind of draw has a stream of its own (SeedStream), so that a new kind
 // never shifts the others: a run's draws stay bit-exact across versions.
@@ -26,6 +27,7 @@
 #define DRAY_WORKERS_TRAIN_PROMPT_SAMPLER_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -70,8 +72,14 @@ class PromptSampler {
   // and a sigma draw in [0, 1) (kTargetsColumn, kSigmaDrawsColumn).
   absl::StatusOr<DataProto> PairedRows(int64_t step) const;
 
+  // SdeWindowOf: step `step`'s SDE window [begin, end): every step but the
+  // last, a seeded window of sde_window_size within sde_window_range, or
+  // mix_grpo's sliding window (empty at the schedule's end).
+  std::pair<int64_t, int64_t> SdeWindowOf(int64_t step) const;
+
   // TrainedSteps: which of a `window`-step SDE window's steps step `step`
-  // trains: a seeded timestep_fraction of them (at least one), ascending.
+  // trains: a seeded timestep_fraction of them (at least one of a non-empty
+  // window), ascending.
   std::vector<int64_t> TrainedSteps(int64_t step, int64_t window) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled

@@ -114,6 +114,31 @@ TEST(PromptSamplerTest, RolloutRowsRepeatEachPromptWithSeedsOfTheirOwn) {
   }
 }
 
+TEST(PromptSamplerTest, MixGrpoSlidesItsWindowOrDrawsItWithinTheTrainableSteps) {
+  TrainConfig config = Config(2);
+  config.name = "mix_grpo";
+  config.num_inference_steps = 8;  // trainable: steps 0..5
+  config.sde_window_size = 4;
+  config.mix_window.iters_per_group = 2;
+  const PromptSampler sliding(config, Prompts(2));
+  const std::vector<std::pair<int64_t, int64_t>> expected = {
+      {0, 4}, {0, 4}, {1, 5}, {1, 5}, {2, 6}, {2, 6}, {3, 6}, {3, 6},
+      {4, 6}, {4, 6}, {5, 6}, {5, 6}, {6, 6}, {6, 6}, {0, 4}};  // empty at the end, then back
+  for (size_t step = 0; step < expected.size(); ++step)
+    EXPECT_EQ(sliding.SdeWindowOf(step), expected[step]) << "step " << step;
+  EXPECT_TRUE(sliding.TrainedSteps(12, 0).empty());
+  config.mix_window.strategy = "random";
+  const PromptSampler random(config, Prompts(2));
+  std::set<int64_t> begins;
+  for (int64_t step = 0; step < 40; ++step) {
+    const auto [begin, end] = random.SdeWindowOf(step);
+    EXPECT_EQ(end - begin, 4);
+    EXPECT_LE(end, 6);
+    begins.insert(begin);
+  }
+  EXPECT_EQ(begins, (std::set<int64_t>{0, 1, 2}));
+}
+
 TEST(PromptSamplerTest, PairedRowsCarryTargetsAndSigmaDraws) {
   const PromptSampler sampler(Config(3), Prompts(3));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.PairedRows(0));

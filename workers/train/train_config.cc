@@ -68,11 +68,36 @@ ConfigKey RemoteRewardsKey(std::vector<RemoteRewardConfig>& member) {
   return {kKey, set, get};
 }
 
+// MixGrpoKeys: the keys that only algorithm.name mix_grpo reads.
+std::vector<ConfigKey> MixGrpoKeys(TrainConfig& c) {
+  rl::MixGrpoWindowOptions& w = c.mix_window;
+  return {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
+          Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
+          Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
+          Key("algorithm.prog_overlap_step", w.prog_overlap_step, "an integer"),
+          Key("algorithm.roll_back", w.roll_back, "true or false"),
+          Key("algorithm.max_iters_per_group", w.max_iters_per_group, "an integer"),
+          Key("algorithm.min_iters_per_group", w.min_iters_per_group, "an integer"),
+          Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
+          Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number")};
+}
+
+// ForeignMixGrpoKey: the first of MixGrpoKeys that `c` sets away from its
+// default (empty if none).
+std::string ForeignMixGrpoKey(const TrainConfig& c) {
+  TrainConfig defaults, copy = c;
+  std::vector<ConfigKey> set = MixGrpoKeys(copy), unset = MixGrpoKeys(defaults);
+  for (size_t i = 0; i < set.size(); ++i) {
+    if (YAML::Dump(set[i].get()) != YAML::Dump(unset[i].get())) return set[i].key;
+  }
+  return "";
+}
+
 std::vector<ConfigKey> Keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = {
       Key("data.train_files", c.train_files, "a path"),
       Key("data.prompts_per_step", c.prompts_per_step, "an integer"),
-      Key("algorithm.name", c.name, "grpo, sft or vae"),
+      Key("algorithm.name", c.name, "grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae"),
       Key("algorithm.adv_estimator", c.adv_estimator, "a name"),
       Key("algorithm.loss", c.loss, "a name"),
       Key("algorithm.group_size", c.group_size, "an integer"),
@@ -87,6 +112,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
       Key("algorithm.sde_window_size", c.sde_window_size, "an integer"),
       Key("algorithm.sde_window_range", c.sde_window_range, "a list of two integers"),
   };
+  for (ConfigKey& key : MixGrpoKeys(c)) keys.push_back(std::move(key));
   for (ConfigKey& key : ImageEditConfigKeys(c.model)) keys.push_back(std::move(key));
   for (ConfigKey& key : std::vector<ConfigKey>{
            Key("worker.actor.lr", c.lr, "a number"),
@@ -144,6 +170,8 @@ TrainConfig EmbeddedDefaults(const std::string& algorithm, bool embedded_task) {
   c.lora_alpha = 16;
   c.total_steps = 30;
   c.sample_every = 10;
+  // MixGRPO's window visits the 6 trainable of 8 steps within the 30 steps.
+  if (algorithm == "mix_grpo") c.mix_window.iters_per_group = 4;
   return c;
 }
 
@@ -164,7 +192,20 @@ absl::Status TrainConfig::Validate() const {
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
   if (!grpo() && !sft() && !vae())
-    return bad("algorithm.name", "must be grpo, flow_grpo_fast, grpo_guard, sft or vae");
+    return bad("algorithm.name", "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae");
+  if (name != "mix_grpo") {
+    const std::string foreign = ForeignMixGrpoKey(*this);
+    if (!foreign.empty())
+      return bad(foreign.c_str(),
+                 absl::StrCat("is MixGRPO's: set algorithm.name mix_grpo to use it, not ", name));
+  } else {
+    DRAY_RETURN_IF_ERROR(rl::ValidateMixGrpoWindow(MixWindow()));
+    if (!(kl_coeff >= 0)) return bad("algorithm.kl_coeff", "must be >= 0");
+    if (!(trimmed_ratio >= 0 && trimmed_ratio < 1))
+      return bad("algorithm.trimmed_ratio", "must lie in [0, 1)");
+    if (trimmed_ratio > 0 && adv_estimator != "dance_grpo")
+      return bad("algorithm.trimmed_ratio", "needs algorithm.adv_estimator dance_grpo");
+  }
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",
                "must be at least 1 for flow_grpo_fast, which trains a window of SDE steps");
@@ -265,6 +306,10 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   if (asked.embedded_task() || asked.model.model_path.empty())
     defaults = EmbeddedDefaults(asked.name, asked.embedded_task());
   if (asked.name == "flow_grpo_fast") defaults.sde_window_size = 2;  // flow_grpo's default
+  if (asked.name == "mix_grpo") {  // MixGRPO's script: a window of 4, DanceGRPO's advantages
+    defaults.sde_window_size = 4;
+    defaults.adv_estimator = "dance_grpo";
+  }
   DRAY_ASSIGN_OR_RETURN(TrainConfig config, read(defaults));
   // Flow-GRPO-Fast's window within the schedule's first half unless placed,
   // as flow_grpo's configs put it (e.g. within (0, 5) of 10 steps).

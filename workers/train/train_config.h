@@ -3,10 +3,13 @@
 //
 //   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT and
 //              VAE: and "target"), prompts_per_step
-//   algorithm: name (grpo, sft or vae), adv_estimator, loss, group_size, global_std, clip_range,
-//   adv_clip_max,
-//              beta, timestep_fraction, num_inner_epochs, noise_level, sde_type,
-//              sde_window_size, sde_window_range
+//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae),
+//              adv_estimator, loss, group_size, global_std, clip_range,
+//              adv_clip_max, beta, timestep_fraction, num_inner_epochs,
+//              noise_level, sde_type, sde_window_size, sde_window_range;
+//              MixGRPO's: sample_strategy, iters_per_group, prog_overlap,
+//              prog_overlap_step, roll_back, max_iters_per_group,
+//              min_iters_per_group, kl_coeff, trimmed_ratio
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -39,6 +42,7 @@
 #include "absl/status/statusor.h"
 #include "workers/config/cluster_config.h"
 #include "workers/pipeline/edit_config.h"
+#include "workers/rl/mix_grpo_window.h"
 
 namespace dray {
 
@@ -71,6 +75,9 @@ struct TrainConfig {
   // steps, 2 unless set, within the schedule's first half unless
   // sde_window_range is set, the rest ODE: flow_grpo's Flow-GRPO-Fast),
   // "grpo_guard" (GRPO with GRPO-Guard's loss, flow_grpo's config.rationorm),
+  // "mix_grpo" (GRPO on MixGRPO's sliding window of sde_window_size SDE
+  // steps, 4 unless set, moved as `mix_window` says; DanceGRPO's advantages
+  // unless adv_estimator is set),
   // "sft" (supervised flow matching on paired data) or "vae" (the VAE as an
   // autoencoder on the paired rows' images and targets).
   std::string name = "grpo";
@@ -90,6 +97,13 @@ struct TrainConfig {
   int64_t sde_window_size = 0;     // 0: every step but the last is stochastic
   std::vector<int64_t> sde_window_range = {
       0, 0};  // where a window may start and end; {0, 0}: anywhere
+  // mix_grpo's: how its window moves (its size and end are sde_window_size
+  // and num_inference_steps - 2), the weight of its log-probability penalty
+  // (workers/rl/policy_loss.h) and the share of each group's lowest rewards
+  // its advantages' statistics leave out (workers/rl/advantages.h).
+  rl::MixGrpoWindowOptions mix_window;
+  double kl_coeff = 0.0;
+  double trimmed_ratio = 0.0;
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;
@@ -157,15 +171,24 @@ struct TrainConfig {
   absl::Status Validate() const;
 
   bool embedded_task() const { return train_files.empty(); }
-  // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard): rollouts,
+  // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard, mix_grpo): rollouts,
   // rewards, advantages and a policy loss.
-  bool grpo() const { return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard"; }
+  bool grpo() const {
+    return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard" || name == "mix_grpo";
+  }
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }
   // paired: the job reads pairs (image and target) and needs no rewards.
   bool paired() const { return sft() || vae(); }
   // policy_loss: the loss GRPO trains with (grpo_guard's own for it).
   std::string policy_loss() const { return name == "grpo_guard" ? "grpo_guard" : loss; }
+  // MixWindow: mix_grpo's window options, sized and bounded by this job.
+  rl::MixGrpoWindowOptions MixWindow() const {
+    rl::MixGrpoWindowOptions options = mix_window;
+    options.size = sde_window_size;
+    options.max_timesteps = num_inference_steps - 2;
+    return options;
+  }
   // rows_per_step: samples per step, prompts_per_step x group_size (SFT
   // and VAE: prompts_per_step pairs).
   int64_t rows_per_step() const { return prompts_per_step * (paired() ? 1 : group_size); }

@@ -297,10 +297,11 @@ void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metric
           ? absl::StrFormat("  reward %.4f (std %.4f)", metrics.at("reward_mean"),
                             metrics.at("reward_std"))
           : "";
-  const std::string line =
-      absl::StrFormat("step %d/%d%s  loss %.3g  %.1f img/s  elapsed %s  ETA %s", done,
-                      config_.total_steps, reward, metrics.count("loss") ? metrics.at("loss") : NAN,
-                      metrics.at("images_per_s"), Duration(elapsed), Duration(eta));
+  const std::string loss =
+      metrics.count("loss") ? absl::StrFormat("%.3g", metrics.at("loss")) : "- (not trained)";
+  const std::string line = absl::StrFormat(
+      "step %d/%d%s  loss %s  %.1f img/s  elapsed %s  ETA %s", done, config_.total_steps, reward,
+      loss, metrics.at("images_per_s"), Duration(elapsed), Duration(eta));
   if (options_.progress_bar) {
     const int width = 20, filled = static_cast<int>(width * done / config_.total_steps);
     std::fprintf(stderr, "\r[%s%s] %s", std::string(filled, '#').c_str(),
