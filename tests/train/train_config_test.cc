@@ -89,7 +89,7 @@ TEST(TrainConfigTest, MixGrpoKeysBelongToMixGrpo) {
   EXPECT_EQ(again.mix_window.iters_per_group, mix.mix_window.iters_per_group);
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.iters_per_group=5"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("algorithm.iters_per_group is MixGRPO's")));
+                       HasSubstr("algorithm.iters_per_group is mix_grpo's")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=flow_grpo_fast", "algorithm.kl_coeff=0.01"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.kl_coeff")));
   EXPECT_THAT(
@@ -99,6 +99,24 @@ TEST(TrainConfigTest, MixGrpoKeysBelongToMixGrpo) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.trimmed_ratio=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.trimmed_ratio")));
+}
+
+TEST(TrainConfigTest, DanceGrpoRunsAsItsScriptDoes) {
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig dance,
+                            TrainConfig::Load("", {"algorithm.name=dance_grpo"}));
+  EXPECT_EQ(dance.sde_type, "dance");
+  EXPECT_EQ(dance.adv_estimator, "dance_grpo");
+  EXPECT_EQ(dance.noise_level, 0.3);
+  EXPECT_EQ(dance.timestep_fraction, 0.6);
+  EXPECT_EQ(dance.model.negative_prompt, "") << "no CFG";
+  EXPECT_TRUE(dance.init_same_noise);
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.shift=2"}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("algorithm.shift is dance_grpo's: set algorithm.name dance_grpo")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dance_grpo", "algorithm.shift=0"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.shift must be > 0")));
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

@@ -313,7 +313,7 @@ TEST(TrainerTest, TheEmbeddedTaskIsLearnedWithoutCollapse) {
 // grpo_guard at flow_grpo's clip_range 2e-6 0.211 -> 0.311; flow_grpo_fast
 // (2 SDE steps of the first 4) 0.208 -> 0.265.
 TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
-  for (const std::string algorithm : {"flow_grpo_fast", "grpo_guard", "mix_grpo"}) {
+  for (const std::string algorithm : {"flow_grpo_fast", "grpo_guard", "mix_grpo", "dance_grpo"}) {
     SCOPED_TRACE(algorithm);
     const std::string dir = SaveDir("learns_" + algorithm);
     DRAY_ASSERT_OK_AND_ASSIGN(

@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<TrainingAlgorithm>> MakeTrainingAlgorithm(
   if (config.name == "vae") return std::make_unique<PairedAlgorithm>(/*vae=*/true);
   return absl::InvalidArgumentError(
       absl::StrCat("algorithm.name: unknown algorithm '", config.name,
-                   "' (grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae)"));
+                   "' (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft or vae)"));
 }
 
 }  // namespace dray

@@ -57,6 +57,7 @@ struct MicroBatch {
   std::vector<qwen_image::EditInput> inputs;
   rl::Trajectory trajectory;
   at::Tensor advantages;
+  std::vector<int64_t> sde_seeds;   // where they differ from the inputs' seeds (kSdeSeedsColumn)
   std::vector<at::Tensor> targets;  // SFT: the edited images asked for
   at::Tensor sigma_draws;           // SFT: where in the schedule each row is noised
 };
@@ -148,8 +149,14 @@ struct FlowGrpoWorker::State {
     return out;
   }
 
-  // Schedule: the sampler's schedule for latents of `tokens` tokens.
+  // Schedule: the sampler's schedule for latents of `tokens` tokens (the
+  // model's scheduler's, or DanceGRPO's).
   absl::StatusOr<rl::SdeSchedule> Schedule(int64_t tokens) {
+    if (config.name == "dance_grpo") {  // DanceGRPO's own shifted schedule
+      const rl::SdeSchedule dance =
+          rl::DanceGrpoSchedule(options.num_inference_steps, config.shift);
+      return rl::SdeSchedule{dance.sigmas.to(model->device), dance.timesteps};
+    }
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
                           pipeline().Scheduler(tokens, options.num_inference_steps));
     return rl::SdeSchedule{scheduler.sigmas().to(model->device), scheduler.timesteps()};
@@ -230,6 +237,11 @@ struct FlowGrpoWorker::State {
           }
           micro.targets.push_back(*std::move(target));
         }
+      }
+      if (batch.HasColumn(kSdeSeedsColumn)) {
+        DRAY_ASSIGN_OR_RETURN(const std::vector<int64_t>* seeds,
+                              batch.GetRows<int64_t>(kSdeSeedsColumn));
+        micro.sde_seeds.assign(seeds->begin() + start, seeds->begin() + end);
       }
       if (batch.HasColumn(kSigmaDrawsColumn)) {
         DRAY_ASSIGN_OR_RETURN(micro.sigma_draws, rows_of(kSigmaDrawsColumn));
@@ -418,8 +430,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
     DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
     std::vector<at::Generator> generators;
-    for (const qwen_image::EditInput& input : micro.inputs)
-      generators.push_back(at::make_generator<at::CPUGeneratorImpl>(input.seed + kSdeNoiseStream));
+    for (size_t i = 0; i < micro.inputs.size(); ++i) {
+      const uint64_t own = micro.sde_seeds.empty() ? micro.inputs[i].seed : micro.sde_seeds[i];
+      generators.push_back(at::make_generator<at::CPUGeneratorImpl>(own + kSdeNoiseStream));
+    }
     auto draw = [&](int) {
       std::vector<at::Tensor> noise;
       for (at::Generator& generator : generators) {

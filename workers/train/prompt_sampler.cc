@@ -66,7 +66,8 @@ std::vector<const TrainPrompt*> PromptSampler::PromptsOf(int64_t step) const {
   return prompts;
 }
 
-absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies) const {
+absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies,
+                                                  bool shared_initial_noise) const {
   std::vector<std::vector<Bytes>> images;
   std::vector<std::string> instructions;
   std::vector<int64_t> seeds;
@@ -78,11 +79,20 @@ absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies) 
           static_cast<int64_t>(Seed(SeedStream::kSampleSeed, step * 1000003 + seeds.size()) >> 2));
     }
   }
-  return MakeEditBatch(images, instructions, seeds);
+  if (!shared_initial_noise) return MakeEditBatch(images, instructions, seeds);
+  // Each copy starts from its prompt's first row's noise; its SDE noise is
+  // still its own.
+  std::vector<int64_t> shared(seeds.size());
+  for (size_t i = 0; i < seeds.size(); ++i) shared[i] = seeds[i - i % static_cast<size_t>(copies)];
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, shared));
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kSdeSeedsColumn, std::move(seeds)));
+  return batch;
 }
 
 absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
-  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, config_.group_size));
+  DRAY_ASSIGN_OR_RETURN(
+      DataProto batch,
+      EditRows(step, config_.group_size, config_.name == "dance_grpo" && config_.init_same_noise));
   const auto [begin, end] = SdeWindowOf(step);
   batch.SetMeta(kSdeWindowBeginKey, begin);
   batch.SetMeta(kSdeWindowEndKey, end);
@@ -96,6 +106,7 @@ std::pair<int64_t, int64_t> PromptSampler::SdeWindowOf(int64_t step) const {
     const rl::MixGrpoWindow window = rl::MixGrpoWindowAt(mix, step);
     return {window.begin, window.end};
   }
+  if (config_.name == "dance_grpo") return {0, steps};      // every step (the last untrained)
   if (config_.sde_window_size == 0) return {0, steps - 1};  // every step but the last
   // A seeded window of the given size within its range (mix_grpo's random
   // strategy: within MixGRPO's trainable steps).
@@ -124,11 +135,16 @@ absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
 }
 
 std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {
-  if (window == 0) return {};
-  std::vector<int64_t> steps(window);
+  // DanceGRPO never trains its last step and takes int((S - 1) fraction).
+  const bool dance = config_.name == "dance_grpo";
+  const int64_t candidates = dance ? window - 1 : window;
+  if (candidates <= 0) return {};
+  std::vector<int64_t> steps(candidates);
   std::iota(steps.begin(), steps.end(), 0);
   std::shuffle(steps.begin(), steps.end(), std::mt19937_64(Seed(SeedStream::kTrainedSteps, step)));
-  steps.resize(std::max<int64_t>(1, std::llround(config_.timestep_fraction * window)));
+  const double share = config_.timestep_fraction * static_cast<double>(candidates);
+  steps.resize(std::max<int64_t>(
+      1, dance ? static_cast<int64_t>(share) : static_cast<int64_t>(std::llround(share))));
   std::sort(steps.begin(), steps.end());
   return steps;
 }

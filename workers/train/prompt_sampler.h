@@ -65,7 +65,8 @@ class PromptSampler {
 
   // RolloutRows: GRPO's rows (MakeEditBatch's columns), group_size per
   // prompt, with the SDE window in meta "sde_window_begin" and
-  // "sde_window_end".
+  // "sde_window_end" (dance_grpo with init_same_noise: a group's rows share
+  // their first row's seed, their own in kSdeSeedsColumn).
   absl::StatusOr<DataProto> RolloutRows(int64_t step) const;
 
   // PairedRows: SFT's and VAE's rows, one per prompt, with its target image
@@ -73,13 +74,14 @@ class PromptSampler {
   absl::StatusOr<DataProto> PairedRows(int64_t step) const;
 
   // SdeWindowOf: step `step`'s SDE window [begin, end): every step but the
-  // last, a seeded window of sde_window_size within sde_window_range, or
-  // mix_grpo's sliding window (empty at the schedule's end).
+  // last (dance_grpo: every step), a seeded window of sde_window_size
+  // within sde_window_range, or mix_grpo's sliding window (empty at the
+  // schedule's end).
   std::pair<int64_t, int64_t> SdeWindowOf(int64_t step) const;
 
   // TrainedSteps: which of a `window`-step SDE window's steps step `step`
   // trains: a seeded timestep_fraction of them (at least one of a non-empty
-  // window), ascending.
+  // window), ascending; dance_grpo's of all but the last, rounded down.
   std::vector<int64_t> TrainedSteps(int64_t step, int64_t window) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled
@@ -89,8 +91,11 @@ class PromptSampler {
   std::vector<int64_t> UpdateOrder(int64_t step, int64_t epoch, int64_t rows, int ranks) const;
 
  private:
-  // EditRows: each of the step's prompts `copies` times, each row seeded.
-  absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies) const;
+  // EditRows: each of the step's prompts `copies` times, each row seeded
+  // (with `shared_initial_noise`, a prompt's copies share its first row's
+  // seed, their own in kSdeSeedsColumn).
+  absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies,
+                                     bool shared_initial_noise = false) const;
   uint64_t Seed(SeedStream stream, uint64_t index) const;
 
   TrainConfig config_;

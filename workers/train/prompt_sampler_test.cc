@@ -139,6 +139,27 @@ TEST(PromptSamplerTest, MixGrpoSlidesItsWindowOrDrawsItWithinTheTrainableSteps) 
   EXPECT_EQ(begins, (std::set<int64_t>{0, 1, 2}));
 }
 
+TEST(PromptSamplerTest, DanceGrpoGroupsShareTheirInitialNoiseAndTrainAllButTheLastStep) {
+  TrainConfig config = Config(/*prompts_per_step=*/2, /*group_size=*/3);
+  config.name = "dance_grpo";
+  config.num_inference_steps = 20;
+  config.timestep_fraction = 0.6;
+  const PromptSampler sampler(config, Prompts(4));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.RolloutRows(0));
+  DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t>* seeds, rows.GetRows<int64_t>(kSeedsColumn));
+  DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<int64_t>* own,
+                            rows.GetRows<int64_t>(kSdeSeedsColumn));
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ((*seeds)[i], (*own)[i - i % 3]) << "row " << i;
+  EXPECT_EQ(std::set<int64_t>(own->begin(), own->end()).size(), 6u) << "SDE noise of its own";
+  EXPECT_EQ(sampler.SdeWindowOf(0), std::make_pair(int64_t{0}, int64_t{20}));
+  const std::vector<int64_t> trained = sampler.TrainedSteps(0, 20);
+  EXPECT_EQ(trained.size(), 11u);  // int(19 x 0.6), as DanceGRPO
+  EXPECT_LT(trained.back(), 19) << "the last step is never trained";
+  config.init_same_noise = false;
+  DRAY_ASSERT_OK_AND_ASSIGN(rows, PromptSampler(config, Prompts(4)).RolloutRows(0));
+  EXPECT_FALSE(rows.HasColumn(kSdeSeedsColumn));
+}
+
 TEST(PromptSamplerTest, PairedRowsCarryTargetsAndSigmaDraws) {
   const PromptSampler sampler(Config(3), Prompts(3));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.PairedRows(0));

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -68,36 +69,44 @@ ConfigKey RemoteRewardsKey(std::vector<RemoteRewardConfig>& member) {
   return {kKey, set, get};
 }
 
-// MixGrpoKeys: the keys that only algorithm.name mix_grpo reads.
-std::vector<ConfigKey> MixGrpoKeys(TrainConfig& c) {
+// OwnKeys: the keys only one algorithm reads, by its algorithm.name.
+std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig& c) {
   rl::MixGrpoWindowOptions& w = c.mix_window;
-  return {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
-          Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
-          Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
-          Key("algorithm.prog_overlap_step", w.prog_overlap_step, "an integer"),
-          Key("algorithm.roll_back", w.roll_back, "true or false"),
-          Key("algorithm.max_iters_per_group", w.max_iters_per_group, "an integer"),
-          Key("algorithm.min_iters_per_group", w.min_iters_per_group, "an integer"),
-          Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
-          Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number")};
+  return {{"mix_grpo",
+           {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
+            Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
+            Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
+            Key("algorithm.prog_overlap_step", w.prog_overlap_step, "an integer"),
+            Key("algorithm.roll_back", w.roll_back, "true or false"),
+            Key("algorithm.max_iters_per_group", w.max_iters_per_group, "an integer"),
+            Key("algorithm.min_iters_per_group", w.min_iters_per_group, "an integer"),
+            Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
+            Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number")}},
+          {"dance_grpo",
+           {Key("algorithm.shift", c.shift, "a number"),
+            Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}}};
 }
 
-// ForeignMixGrpoKey: the first of MixGrpoKeys that `c` sets away from its
-// default (empty if none).
-std::string ForeignMixGrpoKey(const TrainConfig& c) {
+// ForeignKey: the first key of OwnKeys that `c` sets away from its default
+// under another algorithm.name, with its algorithm (empty if none).
+std::pair<std::string, std::string> ForeignKey(const TrainConfig& c) {
   TrainConfig defaults, copy = c;
-  std::vector<ConfigKey> set = MixGrpoKeys(copy), unset = MixGrpoKeys(defaults);
-  for (size_t i = 0; i < set.size(); ++i) {
-    if (YAML::Dump(set[i].get()) != YAML::Dump(unset[i].get())) return set[i].key;
+  const auto set = OwnKeys(copy), unset = OwnKeys(defaults);
+  for (size_t a = 0; a < set.size(); ++a) {
+    if (set[a].first == c.name) continue;
+    for (size_t i = 0; i < set[a].second.size(); ++i) {
+      if (YAML::Dump(set[a].second[i].get()) != YAML::Dump(unset[a].second[i].get()))
+        return {set[a].second[i].key, set[a].first};
+    }
   }
-  return "";
+  return {};
 }
 
 std::vector<ConfigKey> Keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = {
       Key("data.train_files", c.train_files, "a path"),
       Key("data.prompts_per_step", c.prompts_per_step, "an integer"),
-      Key("algorithm.name", c.name, "grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae"),
+      Key("algorithm.name", c.name, "a name"),
       Key("algorithm.adv_estimator", c.adv_estimator, "a name"),
       Key("algorithm.loss", c.loss, "a name"),
       Key("algorithm.group_size", c.group_size, "an integer"),
@@ -112,7 +121,9 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
       Key("algorithm.sde_window_size", c.sde_window_size, "an integer"),
       Key("algorithm.sde_window_range", c.sde_window_range, "a list of two integers"),
   };
-  for (ConfigKey& key : MixGrpoKeys(c)) keys.push_back(std::move(key));
+  for (auto& [algorithm, own] : OwnKeys(c)) {
+    for (ConfigKey& key : own) keys.push_back(std::move(key));
+  }
   for (ConfigKey& key : ImageEditConfigKeys(c.model)) keys.push_back(std::move(key));
   for (ConfigKey& key : std::vector<ConfigKey>{
            Key("worker.actor.lr", c.lr, "a number"),
@@ -192,13 +203,13 @@ absl::Status TrainConfig::Validate() const {
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
   if (!grpo() && !sft() && !vae())
-    return bad("algorithm.name", "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae");
-  if (name != "mix_grpo") {
-    const std::string foreign = ForeignMixGrpoKey(*this);
-    if (!foreign.empty())
-      return bad(foreign.c_str(),
-                 absl::StrCat("is MixGRPO's: set algorithm.name mix_grpo to use it, not ", name));
-  } else {
+    return bad("algorithm.name",
+               "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft or vae");
+  if (const auto [key, owner] = ForeignKey(*this); !key.empty())
+    return bad(key.c_str(), absl::StrCat("is ", owner, "'s: set algorithm.name ", owner,
+                                         " to use it, not ", name));
+  if (name == "dance_grpo" && !(shift > 0)) return bad("algorithm.shift", "must be > 0");
+  if (name == "mix_grpo") {
     DRAY_RETURN_IF_ERROR(rl::ValidateMixGrpoWindow(MixWindow()));
     if (!(kl_coeff >= 0)) return bad("algorithm.kl_coeff", "must be >= 0");
     if (!(trimmed_ratio >= 0 && trimmed_ratio < 1))
@@ -309,6 +320,13 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   if (asked.name == "mix_grpo") {  // MixGRPO's script: a window of 4, DanceGRPO's advantages
     defaults.sde_window_size = 4;
     defaults.adv_estimator = "dance_grpo";
+  }
+  if (asked.name == "dance_grpo") {  // DanceGRPO's Qwen-Image-Edit script: its step, no CFG
+    defaults.sde_type = "dance";
+    defaults.adv_estimator = "dance_grpo";
+    defaults.noise_level = 0.3;
+    defaults.timestep_fraction = 0.6;
+    defaults.model.negative_prompt = "";
   }
   DRAY_ASSIGN_OR_RETURN(TrainConfig config, read(defaults));
   // Flow-GRPO-Fast's window within the schedule's first half unless placed,

@@ -3,13 +3,15 @@
 //
 //   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT and
 //              VAE: and "target"), prompts_per_step
-//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, sft or vae),
+//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft
+//              or vae),
 //              adv_estimator, loss, group_size, global_std, clip_range,
 //              adv_clip_max, beta, timestep_fraction, num_inner_epochs,
 //              noise_level, sde_type, sde_window_size, sde_window_range;
 //              MixGRPO's: sample_strategy, iters_per_group, prog_overlap,
 //              prog_overlap_step, roll_back, max_iters_per_group,
-//              min_iters_per_group, kl_coeff, trimmed_ratio
+//              min_iters_per_group, kl_coeff, trimmed_ratio; DanceGRPO's:
+//              shift, init_same_noise
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -77,7 +79,10 @@ struct TrainConfig {
   // "grpo_guard" (GRPO with GRPO-Guard's loss, flow_grpo's config.rationorm),
   // "mix_grpo" (GRPO on MixGRPO's sliding window of sde_window_size SDE
   // steps, 4 unless set, moved as `mix_window` says; DanceGRPO's advantages
-  // unless adv_estimator is set),
+  // unless adv_estimator is set), "dance_grpo" (GRPO as DanceGRPO runs it:
+  // its step and shifted schedule, every step stochastic, a group's samples
+  // from one initial noise, int((steps - 1) timestep_fraction) steps
+  // trained, no CFG),
   // "sft" (supervised flow matching on paired data) or "vae" (the VAE as an
   // autoencoder on the paired rows' images and targets).
   std::string name = "grpo";
@@ -104,6 +109,10 @@ struct TrainConfig {
   rl::MixGrpoWindowOptions mix_window;
   double kl_coeff = 0.0;
   double trimmed_ratio = 0.0;
+  // dance_grpo's: its schedule's shift (DanceGrpoSchedule) and whether a
+  // group's samples start from one initial noise.
+  double shift = 3.0;
+  bool init_same_noise = true;
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;
@@ -171,10 +180,12 @@ struct TrainConfig {
   absl::Status Validate() const;
 
   bool embedded_task() const { return train_files.empty(); }
-  // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard, mix_grpo): rollouts,
+  // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard, mix_grpo,
+  // dance_grpo): rollouts,
   // rewards, advantages and a policy loss.
   bool grpo() const {
-    return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard" || name == "mix_grpo";
+    return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard" ||
+           name == "mix_grpo" || name == "dance_grpo";
   }
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }

@@ -24,6 +24,10 @@ inline constexpr char kAdvantagesColumn[] = "advantages";
 // picking the row's noise level from the schedule (workers/train/sft.h).
 inline constexpr char kTargetsColumn[] = "target_images";
 inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
+// rollout (optional): each row's own seed, from which its SDE noise is
+// drawn, where a group's rows share their `seeds` and so their initial
+// noise (DanceGRPO's init_same_noise; int64 [B]).
+inline constexpr char kSdeSeedsColumn[] = "sde_seeds";
 
 // Meta keys. rollout: the SDE window's first step and the step after its
 // last (int64).
