@@ -1,6 +1,6 @@
 // Parity with flow_grpo on every case in tests/data/reference/flow_grpo and
-// grpo_guard (GRPO-Guard's step and loss), and with DanceGRPO, DiffusionNFT
-// and MixGRPO on theirs, run
+// grpo_guard (GRPO-Guard's step and loss), and with DanceGRPO, DiffusionNFT,
+// MixGRPO and Diffusion-DPO on theirs, run
 // through the same library as `dray parity`: the SDE step and log-probability
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
 // advantages, the GRPO loss with KL and gradients, and two Edit-Plus rollouts
@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/models/reference.h"
+#include "workers/parity/dpo_parity.h"
 #include "workers/parity/mix_grpo_parity.h"
 #include "workers/parity/parity.h"
 
@@ -46,6 +47,7 @@ std::vector<ParityCase> AllCases() {
     for (ParityCase& c : FlowGrpoParityCases(ReferenceDir(folder))) cases.push_back(c);
   }
   for (ParityCase& c : MixGrpoParityCases(ReferenceDir("mix_grpo"))) cases.push_back(c);
+  for (ParityCase& c : DpoParityCases(ReferenceDir("flow_dpo"))) cases.push_back(c);
   return cases;
 }
 
@@ -70,13 +72,17 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   // losses, 3 decay schedules and 7 sampling-policy updates; MixGRPO's 6
   // window tables (not its numpy-random one), 18 of its steps (not its 2 bfloat16 ones: see
   // mix_grpo_parity.h) and 4 of DanceGRPO's copy, 3 rollouts, 4 losses and 5
-  // advantages.
+  // advantages; Diffusion-DPO's 3 flow-matching and 3 epsilon losses and
+  // flow_grpo's 2 choices of pairs.
   EXPECT_EQ(kinds, (std::map<std::string, int>{{"dance_grpo/adv", 7},
                                                {"dance_grpo/flux", 16},
                                                {"dance_grpo/schedule", 2},
                                                {"diffusion_nft/nft", 11},
                                                {"diffusion_nft/old_update", 7},
                                                {"diffusion_nft/return_decay", 3},
+                                               {"flow_dpo/diffusion_dpo", 3},
+                                               {"flow_dpo/flow_dpo", 3},
+                                               {"flow_dpo/tracker", 2},
                                                {"flow_grpo/adv", 4},
                                                {"flow_grpo/loss", 4},
                                                {"flow_grpo/rollout", 2},

@@ -79,7 +79,7 @@ TrainConfig PlusJob(const std::string& dir, const std::vector<std::string>& over
 TEST(EditPlusTrainingTest, RowsOfTwoPicturesReachTheWorkers) {
   const std::string dir = SaveDir("plus_rows");
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<TrainPrompt> prompts,
-                            ReadTrainPrompts(TwoPictureRows(dir), /*with_targets=*/true));
+                            ReadTrainPrompts(TwoPictureRows(dir), RowKind::kTarget));
   ASSERT_EQ(prompts.size(), 4u);
   EXPECT_EQ(prompts[0].pictures().size(), 2u);
   EXPECT_NE(prompts[0].group(), prompts[1].group());

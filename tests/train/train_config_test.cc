@@ -101,6 +101,28 @@ TEST(TrainConfigTest, MixGrpoKeysBelongToMixGrpo) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.trimmed_ratio")));
 }
 
+TEST(TrainConfigTest, DpoTakesFlowGrpoBetaAndScoresOnlyWhenAsked) {
+  // The embedded task: pairs from the policy's own samples, by its reward.
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig dpo, TrainConfig::Load("", {"algorithm.name=dpo"}));
+  EXPECT_EQ(dpo.dpo_pairs, "samples");
+  EXPECT_FALSE(dpo.paired());
+  EXPECT_EQ(dpo.reward_functions, std::vector<std::string>{"target_psnr"});
+  EXPECT_EQ(dpo.rows_per_step(), dpo.prompts_per_step * dpo.group_size);
+  EXPECT_EQ(dpo.dpo_draws(), dpo.num_inference_steps);
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.dpo_pairs=best"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.dpo_pairs")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.dpo_pairs=data"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is dpo's")));
+  // A dataset's pairs: no rewards unless named.
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      dpo, TrainConfig::Load("", {"algorithm.name=dpo", "data.train_files=pairs.jsonl",
+                                  "worker.image_edit.model_path=/models/qwen"}));
+  EXPECT_EQ(dpo.beta, 100) << "flow_grpo's DPO configs";
+  EXPECT_TRUE(dpo.paired());
+  EXPECT_TRUE(dpo.reward_functions.empty());
+  EXPECT_EQ(dpo.rows_per_step(), dpo.prompts_per_step);
+}
+
 TEST(TrainConfigTest, DanceGrpoRunsAsItsScriptDoes) {
   DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig dance,
                             TrainConfig::Load("", {"algorithm.name=dance_grpo"}));
@@ -136,7 +158,7 @@ TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cluster.nodes must be an integer")));
   EXPECT_THAT(TrainConfig::Load("", {"cluster.port=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown key cluster.port")));
-  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dpo"}),
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=ppo"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("grpo, flow_grpo_fast")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=grpo_guard", "algorithm.loss=other"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.loss")));
@@ -173,6 +195,25 @@ TEST(TrainDataTest, TheEmbeddedTaskReadsBack) {
   DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor exact, ApplyEdit(prompts[0].pixels, "make it yellow"));
   EXPECT_TRUE(prompts[0].target_pixels.equal(exact));
   EXPECT_FALSE(prompts[1].target_pixels.equal(exact));
+}
+
+TEST(TrainDataTest, PreferenceRowsNameAChosenAndARejectedEdit) {
+  DRAY_ASSERT_OK_AND_ASSIGN(std::string jsonl, WriteEmbeddedPreferences(Scratch("preferences")));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<TrainPrompt> prompts,
+                            ReadTrainPrompts(jsonl, RowKind::kPreference));
+  ASSERT_EQ(prompts.size(), 4u);
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor chosen, ApplyEdit(prompts[0].pixels, "make it yellow"));
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor rejected, ApplyEdit(prompts[0].pixels, "make it blue"));
+  EXPECT_TRUE(prompts[0].target_pixels.equal(chosen));
+  EXPECT_TRUE(prompts[0].rejected_pixels.equal(rejected));
+  const std::string dir = Scratch("preference_rows");
+  ASSERT_TRUE(WritePngFile(dir + "/a.png", at::zeros({8, 8, 3}, at::kByte)).ok());
+  ASSERT_TRUE(WriteFile(dir + "/train.jsonl",
+                        R"({"image": "a.png", "instruction": "x", "chosen": "a.png"})")
+                  .ok());
+  EXPECT_THAT(ReadTrainPrompts(dir + "/train.jsonl", RowKind::kPreference),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("train.jsonl:1: the row has no \"rejected\"")));
 }
 
 TEST(TrainDataTest, BadRowsNameTheFileAndLine) {

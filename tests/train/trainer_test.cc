@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -313,7 +314,8 @@ TEST(TrainerTest, TheEmbeddedTaskIsLearnedWithoutCollapse) {
 // grpo_guard at flow_grpo's clip_range 2e-6 0.211 -> 0.311; flow_grpo_fast
 // (2 SDE steps of the first 4) 0.208 -> 0.265.
 TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
-  for (const std::string algorithm : {"flow_grpo_fast", "grpo_guard", "mix_grpo", "dance_grpo"}) {
+  for (const std::string algorithm :
+       {"flow_grpo_fast", "grpo_guard", "mix_grpo", "dance_grpo", "dpo"}) {
     SCOPED_TRACE(algorithm);
     const std::string dir = SaveDir("learns_" + algorithm);
     DRAY_ASSERT_OK_AND_ASSIGN(
@@ -327,6 +329,25 @@ TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
     EXPECT_GT(MeanOf(steps, "reward_mean", 7, 10) - MeanOf(steps, "reward_mean", 0, 3), 0.03)
         << "the reward did not rise";
   }
+}
+
+TEST(TrainerTest, DpoTrainsOnTheDatasPairsFromTheReference) {
+  const std::string dir = SaveDir("dpo_on_data");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      TrainConfig config,
+      TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.dpo_pairs=data",
+                             "trainer.total_steps=3", "trainer.save_dir=" + dir}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  const std::vector<nlohmann::json> steps = Steps(dir);
+  ASSERT_EQ(steps.size(), 3u);
+  // The policy starts as the reference (LoRA's B is zero): every pair's
+  // margin is 0 and the loss log 2; then the chosen edits gain on the rejected.
+  EXPECT_NEAR(steps[0]["loss"].get<double>(), std::log(2.0), 1e-6);
+  EXPECT_EQ(steps[0]["implicit_acc"].get<double>(), 0);
+  EXPECT_GT(steps[2]["implicit_acc"].get<double>(), 0.5);
+  EXPECT_TRUE(steps[2].contains("reward_mean")) << "the embedded task's edits are scored";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/samples/step_0.png"));
 }
 
 }  // namespace

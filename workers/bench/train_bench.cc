@@ -66,11 +66,10 @@ absl::StatusOr<AlgorithmRun> RunAlgorithm(const TrainBenchOptions& options,
 // CompareAlgorithms emits each algorithm's figures and draws their chart.
 absl::Status CompareAlgorithms(const TrainBenchOptions& options,
                                const std::function<void(std::string, double, std::string)>& emit) {
-  const std::vector<std::pair<std::string, Rgb>> algorithms = {{"grpo", {220, 60, 40}},
-                                                               {"flow_grpo_fast", {40, 120, 220}},
-                                                               {"grpo_guard", {40, 160, 60}},
-                                                               {"mix_grpo", {160, 60, 200}},
-      {"dance_grpo", {200, 150, 30}}};
+  const std::vector<std::pair<std::string, Rgb>> algorithms = {
+      {"grpo", {220, 60, 40}},        {"flow_grpo_fast", {40, 120, 220}},
+      {"grpo_guard", {40, 160, 60}},  {"mix_grpo", {160, 60, 200}},
+      {"dance_grpo", {200, 150, 30}}, {"dpo", {90, 90, 90}}};
   std::vector<Series> lines;
   for (const auto& [algorithm, color] : algorithms) {
     DRAY_ASSIGN_OR_RETURN(

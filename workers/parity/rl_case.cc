@@ -35,11 +35,19 @@ std::vector<ParityCase> RlCasesIn(const std::string& folder, const std::string& 
                                   const std::map<std::string, ParityRun>& runs) {
   const absl::StatusOr<json> all = ReadJsonFile((fs::path(folder) / "cases.json").string());
   if (!all.ok() || !all->is_object() || !all->contains("cases")) return {};
+  // The upstream repository, or one of several (upstream.<name>.repository).
+  bool named = false;
   const json upstream = all->value("upstream", json::object());
-  const std::string named = upstream.is_object() ? upstream.value("repository", "") : "";
+  if (upstream.is_object()) {
+    named = absl::EndsWith(upstream.value("repository", ""), repository);
+    for (const auto& [key, source] : upstream.items()) {
+      if (source.is_object())
+        named = named || absl::EndsWith(source.value("repository", ""), repository);
+    }
+  }
   // The flow_grpo set predates the `upstream` field: it names flow_grpo_files.
   const bool legacy_flow_grpo = repository == "/flow_grpo" && all->contains("flow_grpo_files");
-  if (!absl::EndsWith(named, repository) && !legacy_flow_grpo) return {};
+  if (!named && !legacy_flow_grpo) return {};
   const std::string component = fs::path(folder).filename().string();
   std::vector<ParityCase> cases;
   for (const json& spec : (*all)["cases"]) {

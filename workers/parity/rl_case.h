@@ -46,9 +46,9 @@ struct RlCase {
 absl::StatusOr<RlCase> LoadRlCase(const ParityCase& c);
 
 // RlCasesIn lists the cases of `folder` whose name's first part ("sde" of
-// "sde.nl0.7_s0") has a run in `runs`, in cases.json's order; none where
-// the folder's cases.json names another upstream repository than one
-// ending in `repository` ("/MixGRPO").
+// "sde.nl0.7_s0") has a run in `runs`, in cases.json's order; none unless
+// the folder's cases.json names an upstream repository (upstream.repository,
+// or one of upstream.<name>.repository) ending in `repository` ("/MixGRPO").
 std::vector<ParityCase> RlCasesIn(const std::string& folder, const std::string& repository,
                                   const std::map<std::string, ParityRun>& runs);
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/shape_string.h"
 #include "base/status_macros.h"
+#include "workers/models/layers.h"
 #include "workers/rl/per_sample.h"
 
 namespace dray::rl {
@@ -56,12 +57,6 @@ absl::StatusOr<at::Tensor> Indices(const SdeSchedule& schedule, const at::Tensor
     indices.push_back(index);
   }
   return at::tensor(indices, at::kLong).to(schedule.sigmas.device());
-}
-
-// AtLeastFloat32: flow_grpo's .float() on model outputs and latents, which
-// dray leaves float64 tensors out of (for gradient checks in float64).
-at::Tensor AtLeastFloat32(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kDouble ? tensor : tensor.to(at::kFloat);
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "workers/models/lora.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/pipeline/edit_model.h"
+#include "workers/rl/dpo_loss.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -38,6 +39,9 @@ namespace {
 // kSdeNoiseStream: offset of a row's SDE noise seed from its initial-noise
 // seed, so the two streams never coincide.
 constexpr uint64_t kSdeNoiseStream = uint64_t{1} << 40;
+// kDpoNoiseStream: offset of a pair's DPO noise seeds (one per draw) from its
+// row's seed.
+constexpr uint64_t kDpoNoiseStream = uint64_t{2} << 40;
 constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
 
 // SecondsIn adds the time until it goes out of scope to `table[name]`.
@@ -57,9 +61,10 @@ struct MicroBatch {
   std::vector<qwen_image::EditInput> inputs;
   rl::Trajectory trajectory;
   at::Tensor advantages;
-  std::vector<int64_t> sde_seeds;   // where they differ from the inputs' seeds (kSdeSeedsColumn)
-  std::vector<at::Tensor> targets;  // SFT: the edited images asked for
-  at::Tensor sigma_draws;           // SFT: where in the schedule each row is noised
+  std::vector<int64_t> sde_seeds;    // where they differ from the inputs' seeds (kSdeSeedsColumn)
+  std::vector<at::Tensor> targets;   // SFT: the edited images asked for (DPO: the chosen ones)
+  std::vector<at::Tensor> rejected;  // DPO: the edits the targets are preferred over
+  at::Tensor sigma_draws;            // SFT: where in the schedule each row is noised
 };
 
 // RawImage: an RGB uint8 [H, W, 3] image as a raw image row.
@@ -196,21 +201,28 @@ struct FlowGrpoWorker::State {
     return absl::OkStatus();
   }
 
+  // AsReference runs `run` with the reference policy's denoiser (the frozen
+  // copy's; with LoRA, nullptr: the policy's own with its adapters off),
+  // without gradients.
+  template <typename Run>
+  auto AsReference(const Run& run) {
+    torch::NoGradGuard no_grad;
+    if (!reference.is_empty()) return run(qwen_image::DenoiserOf(*reference));
+    torch::nn::Module& transformer = *model->model().transformer;
+    SetLoraEnabled(transformer, false);
+    auto result = run(qwen_image::Denoiser(nullptr));
+    SetLoraEnabled(transformer, true);
+    return result;
+  }
+
   // ReferenceStep: window step `j` under the reference policy, without gradients.
   absl::StatusOr<rl::SdeStepResult> ReferenceStep(const rl::SdeSchedule& schedule,
                                                   const qwen_image::PreparedEdit& prepared,
                                                   const MicroBatch& micro, int64_t j) {
-    torch::NoGradGuard no_grad;
-    if (!reference.is_empty()) {
-      return rl::RecomputeStep(schedule, Predictor(prepared, qwen_image::DenoiserOf(*reference)),
-                               micro.trajectory, j, sampler);
-    }
-    torch::nn::Module& transformer = *model->model().transformer;  // LoRA: adapters off
-    SetLoraEnabled(transformer, false);
-    absl::StatusOr<rl::SdeStepResult> step =
-        rl::RecomputeStep(schedule, Predictor(prepared), micro.trajectory, j, sampler);
-    SetLoraEnabled(transformer, true);
-    return step;
+    return AsReference([&](qwen_image::Denoiser denoiser) {
+      return rl::RecomputeStep(schedule, Predictor(prepared, denoiser), micro.trajectory, j,
+                               sampler);
+    });
   }
 
   // MicroBatches splits a batch's rows (with SFT's columns, when it has them).
@@ -226,16 +238,17 @@ struct FlowGrpoWorker::State {
         DRAY_ASSIGN_OR_RETURN(at::Tensor all, batch.GetTensor(column));
         return all.slice(0, start, end).to(model->device);
       };
-      if (batch.HasColumn(kTargetsColumn)) {
-        DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* targets,
-                              batch.GetRows<Image>(kTargetsColumn));
+      for (const auto& [column, decoded] : {std::pair{kTargetsColumn, &micro.targets},
+                                            std::pair{kRejectedColumn, &micro.rejected}}) {
+        if (!batch.HasColumn(column)) continue;
+        DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, batch.GetRows<Image>(column));
         for (int64_t i = start; i < end; ++i) {
-          absl::StatusOr<at::Tensor> target = DecodeImageRow((*targets)[i]);
-          if (!target.ok()) {
+          absl::StatusOr<at::Tensor> image = DecodeImageRow((*images)[i]);
+          if (!image.ok()) {
             return absl::InvalidArgumentError(
-                absl::StrCat("row ", i, ": target: ", target.status().message()));
+                absl::StrCat("row ", i, ": ", column, ": ", image.status().message()));
           }
-          micro.targets.push_back(*std::move(target));
+          decoded->push_back(*std::move(image));
         }
       }
       if (batch.HasColumn(kSdeSeedsColumn)) {
@@ -352,6 +365,7 @@ FlowGrpoWorker::FlowGrpoWorker() {
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
   Def("sft_update", &FlowGrpoWorker::SftUpdate, per_rank_metrics);
   Def("vae_update", &FlowGrpoWorker::VaeUpdate, per_rank_metrics);
+  Def("dpo_update", &FlowGrpoWorker::DpoUpdate, per_rank_metrics);
   Def("reconstruct", &FlowGrpoWorker::Reconstruct, batched);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
   Def("save_checkpoint", &FlowGrpoWorker::SaveCheckpoint, {kOneToAll});
@@ -387,7 +401,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
-  if (!config.paired() && config.lora_rank == 0 && config.beta > 0)
+  if (config.lora_rank == 0 && (config.dpo() || (!config.paired() && config.beta > 0)))
     DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->trained().shards(),
@@ -611,6 +625,71 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
   }
   DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
   return DataProto::Make({}, {}, {{"loss", loss_sum}, {"grad_norm", grad_norm}});
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "dpo_update");
+  if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before dpo_update");
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  for (const MicroBatch& micro : micro_batches) {
+    if (micro.targets.empty() || micro.rejected.empty() || !micro.sigma_draws.defined() ||
+        micro.sigma_draws.dim() != 2)
+      return absl::InvalidArgumentError(absl::StrCat("dpo_update needs ", kTargetsColumn, ", ",
+                                                     kRejectedColumn, " and a [B, draws] ",
+                                                     kSigmaDrawsColumn, " column"));
+  }
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  state_->BeginUpdate(lr);
+  qwen_image::EditOptions conditional = state_->options;  // no guidance, as SFT
+  conditional.negative_prompt.reset();
+  qwen_image::QwenImageEditPipeline& pipeline = state_->pipeline();
+  const int64_t draws = micro_batches.front().sigma_draws.size(1);
+  const int64_t accumulation = static_cast<int64_t>(micro_batches.size()) * draws;
+  std::map<std::string, double> sums;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
+                          state_->Prepare(micro, conditional, /*cache=*/nullptr));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor chosen, SftTargetLatents(pipeline, micro.targets, prepared));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor rejected,
+                          SftTargetLatents(pipeline, micro.rejected, prepared));
+    DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler schedule,
+                          pipeline.Scheduler(prepared.noise.size(1), kTrainTimesteps));
+    for (int64_t d = 0; d < draws; ++d) {
+      // A pair's chosen and rejected edits share the draw's noise and timestep.
+      std::vector<at::Tensor> noise;
+      for (const qwen_image::EditInput& input : micro.inputs) {
+        at::Generator generator =
+            at::make_generator<at::CPUGeneratorImpl>(input.seed + kDpoNoiseStream + d);
+        noise.push_back(at::randn({1, chosen.size(1), chosen.size(2)}, generator, at::kFloat));
+      }
+      const at::Tensor pair_noise = at::cat(noise).to(chosen.device());
+      const at::Tensor u = micro.sigma_draws.select(1, d);
+      const SftNoising w = SftNoise(schedule, u, chosen, pair_noise);
+      const SftNoising l = SftNoise(schedule, u, rejected, pair_noise);
+      auto velocities = [&](qwen_image::Denoiser denoiser) -> absl::StatusOr<at::Tensor> {
+        DRAY_ASSIGN_OR_RETURN(at::Tensor on_w,
+                              pipeline.Velocity(prepared, w.noisy, w.timesteps, 1.0, denoiser));
+        DRAY_ASSIGN_OR_RETURN(at::Tensor on_l,
+                              pipeline.Velocity(prepared, l.noisy, l.timesteps, 1.0, denoiser));
+        return at::cat({on_w, on_l});
+      };
+      DRAY_ASSIGN_OR_RETURN(at::Tensor prediction, velocities(nullptr));
+      DRAY_ASSIGN_OR_RETURN(at::Tensor reference, state_->AsReference(velocities));
+      DRAY_ASSIGN_OR_RETURN(rl::DpoLossOutput out,
+                            rl::DpoLoss({prediction, reference, at::cat({w.target, l.target})},
+                                        {state_->config.beta, accumulation}));
+      DRAY_RETURN_IF_ERROR(state_->AgreeFinite(group, out.loss, "in the DPO loss"));
+      out.loss.backward();
+      sums["loss"] += out.unscaled_loss.item<double>();
+      sums["implicit_acc"] += out.implicit_acc.item<double>();
+      sums["dpo_margin"] += out.inside.mean().item<double>();
+    }
+  }
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
+  MetaInfo metrics = {{"grad_norm", grad_norm}};
+  for (const auto& [key, sum] : sums) metrics[key] = sum / static_cast<double>(accumulation);
+  return DataProto::Make({}, {}, std::move(metrics));
 }
 
 absl::StatusOr<DataProto> FlowGrpoWorker::VaeUpdate(const DataProto& batch) {

@@ -31,6 +31,13 @@
 //                                       [B] in, meta lr: one optimizer step on the
 //                                       flow-matching loss (workers/train/sft.h); returns
 //                                       loss and grad_norm as meta
+//   dpo_update        DP_COMPUTE_METRIC the edit columns, target_images (chosen),
+//                                       rejected_images and sigma_draws [B, draws] in,
+//                                       meta lr: one optimizer step on Diffusion-DPO's
+//                                       loss (workers/rl/dpo_loss.h) against the
+//                                       reference (LoRA: adapters off; else a frozen
+//                                       copy); returns loss, implicit_acc, dpo_margin
+//                                       and grad_norm as meta
 //   vae_update        DP_COMPUTE_METRIC the edit columns and target_images in, meta lr:
 //                                       one optimizer step of the VAE on every input and
 //                                       target (workers/train/vae_training.h); returns
@@ -84,6 +91,7 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> Edit(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
   absl::StatusOr<DataProto> SftUpdate(const DataProto& batch);
+  absl::StatusOr<DataProto> DpoUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> VaeUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> Reconstruct(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
 #include "workers/pipeline/edit_batch.h"
+#include "workers/rl/dpo_loss.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
 
@@ -113,6 +114,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   }
   metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
   metrics["reward_s"] = Seconds(rewarding);
+  if (config_.dpo()) {
+    DRAY_RETURN_IF_ERROR(PreferenceUpdate(step, context, rows, rollout, groups, rewards, metrics));
+    metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+    return WithSamples(step, context, rollout, rewards, std::move(metrics));
+  }
 
   // The trained window steps: a seeded timestep_fraction of them.
   DRAY_ASSIGN_OR_RETURN(int64_t window_begin, rows.GetMeta<int64_t>(kSdeWindowBeginKey));
@@ -162,6 +168,43 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   metrics["update_s"] = Seconds(updating);
   metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
   return WithSamples(step, context, rollout, rewards, std::move(metrics));
+}
+
+absl::Status GrpoAlgorithm::PreferenceUpdate(int64_t step, const StepContext& context,
+                                             const DataProto& rows, const DataProto& rollout,
+                                             const std::vector<std::string>& groups,
+                                             const std::vector<double>& rewards,
+                                             Metrics& metrics) const {
+  const absl::Time updating = absl::Now();
+  DRAY_ASSIGN_OR_RETURN(std::vector<rl::DpoPair> pairs, rl::DpoPairs(groups, rewards));
+  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
+  std::vector<int64_t> prompt_rows;
+  std::vector<Image> chosen, rejected;
+  double gap = 0;
+  for (const rl::DpoPair& pair : pairs) {
+    prompt_rows.push_back(pair.chosen);
+    chosen.push_back((*outputs)[pair.chosen]);
+    rejected.push_back((*outputs)[pair.rejected]);
+    gap += (rewards[pair.chosen] - rewards[pair.rejected]) / static_cast<double>(pairs.size());
+  }
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, rows.SelectRows(prompt_rows));  // each prompt's inputs
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(chosen)));
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRejectedColumn, std::move(rejected)));
+  DRAY_RETURN_IF_ERROR(
+      batch.AddTensor(kSigmaDrawsColumn, context.sampler.DpoDraws(step, batch.size())));
+  batch.SetMeta(kLearningRateKey, context.lr);
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated,
+                        context.workers.PairedUpdate(batch, PairedKind::kDpo));
+  for (const DataProto& rank : updated) {
+    for (const char* key : {"loss", "implicit_acc", "dpo_margin", "grad_norm"}) {
+      DRAY_ASSIGN_OR_RETURN(double value, rank.GetMeta<double>(key));
+      metrics[key] += value / static_cast<double>(updated.size());
+    }
+  }
+  metrics["dpo_reward_gap"] = gap;
+  metrics["lr"] = context.lr;
+  metrics["update_s"] = Seconds(updating);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Metrics> GrpoAlgorithm::WithSamples(int64_t step, const StepContext& context,
@@ -248,23 +291,10 @@ absl::StatusOr<at::Tensor> GrpoAlgorithm::FunctionScores(int64_t step, const Ste
     batch.SetMeta("functions", Json{nlohmann::json(names).dump()});
     return context.workers.ComputeReward(batch);
   }
-  at::Tensor scores = at::empty(
-      {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
   const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
-  for (size_t f = 0; f < names.size(); ++f) {
-    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(names[f]));
-    for (size_t i = 0; i < samples.size(); ++i) {
-      absl::StatusOr<double> value = reward(samples[i]);
-      if (!value.ok()) {
-        return absl::Status(value.status().code(),
-                            absl::StrCat("reward ", names[f], ", sample ", i, " (",
-                                         prompts[i / config_.group_size]->image_path,
-                                         "): ", value.status().message()));
-      }
-      scores[i][f] = *value;
-    }
-  }
-  return scores;
+  return ScoreSamples(names, samples, [&](size_t i) {
+    return absl::StrCat("sample ", i, " (", prompts[i / config_.group_size]->image_path, ")");
+  });
 }
 
 absl::StatusOr<std::vector<SampleRow>> GrpoAlgorithm::Samples(

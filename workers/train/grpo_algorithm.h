@@ -4,7 +4,9 @@
 // meanwhile), group advantages from the registered estimator, and
 // num_inner_epochs updates of the clipped surrogate on a seeded share of
 // the window's steps, the rows shuffled within each rank's share (none when
-// MixGRPO's window is empty).
+// MixGRPO's window is empty). As algorithm.name dpo with dpo_pairs
+// samples (flow_grpo's DPO), the update is DPO's on each prompt's best and
+// worst sample instead.
 // docs/training.md walks through it.
 //
 // Thread-safety: not thread-safe.
@@ -12,6 +14,7 @@
 #define DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "workers/rl/advantages.h"
@@ -42,6 +45,12 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const StepContext& context,
                                             const std::vector<RewardInput>& samples,
                                             const DataProto& rollout, const DataProto& rows) const;
+  // PreferenceUpdate: DPO's step on the rollout (algorithm.name dpo with
+  // dpo_pairs samples): each prompt's best and worst sample by reward
+  // (rl::DpoPairs) as its chosen and rejected edit; its metrics into `metrics`.
+  absl::Status PreferenceUpdate(int64_t step, const StepContext& context, const DataProto& rows,
+                                const DataProto& rollout, const std::vector<std::string>& groups,
+                                const std::vector<double>& rewards, Metrics& metrics) const;
   // WithSamples writes the step's sample grid when one is due; `metrics` back.
   absl::StatusOr<Metrics> WithSamples(int64_t step, const StepContext& context,
                                       const DataProto& rollout, const std::vector<double>& rewards,

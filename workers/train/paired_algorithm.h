@@ -1,9 +1,12 @@
-// PairedAlgorithm: a step on pairs (algorithm.name sft or vae): one
+// PairedAlgorithm: a step on pairs (algorithm.name sft, vae or dpo): one
 // optimizer step on the workers on the step's pairs (PromptSampler's
-// PairedRows: each input image with its target and a sigma draw), and
-// when samples are due, what the model makes of the inputs now beside what
-// they should become (the VAE: the inputs and their reconstructions).
-// docs/training.md, "Supervised fine-tuning" and "Training the VAE".
+// PairedRows: each input image with its target and a sigma draw; DPO's
+// with the rejected edit and its draws), and when samples are due, what
+// the model makes of the inputs now beside what they should become (the
+// VAE: the inputs and their reconstructions). DPO with reward functions
+// also scores the model's edits of the step's inputs before its update.
+// docs/training.md, "Supervised fine-tuning", "Diffusion-DPO" and
+// "Training the VAE".
 //
 // Thread-safety: not thread-safe.
 #ifndef DRAY_WORKERS_TRAIN_PAIRED_ALGORITHM_H_
@@ -11,20 +14,29 @@
 
 #include <vector>
 
+#include "workers/train/train_config.h"
 #include "workers/train/training_algorithm.h"
+#include "workers/train/training_workers.h"
 
 namespace dray {
 
 class PairedAlgorithm : public TrainingAlgorithm {
  public:
-  // `vae`: the VAE's reconstruction training, else SFT of the transformer.
-  explicit PairedAlgorithm(bool vae) : vae_(vae) {}
+  // `config` names the algorithm (sft, vae or dpo) and DPO's reward
+  // functions.
+  explicit PairedAlgorithm(const TrainConfig& config);
 
   absl::StatusOr<Metrics> Step(int64_t step, const StepContext& context) override;
   std::vector<ChartSpec> Charts() const override;
 
  private:
-  bool vae_;
+  // ScoreEdits: the mean score of the model's edits of `batch` by DPO's
+  // reward functions (each one's too, into `metrics`).
+  absl::Status ScoreEdits(int64_t step, const StepContext& context, const DataProto& batch,
+                          Metrics& metrics) const;
+
+  TrainConfig config_;
+  PairedKind kind_;
 };
 
 }  // namespace dray

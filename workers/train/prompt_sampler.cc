@@ -121,17 +121,37 @@ std::pair<int64_t, int64_t> PromptSampler::SdeWindowOf(int64_t step) const {
 
 absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
   DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
-  std::vector<Image> targets;
-  std::vector<double> draws;
+  std::vector<Image> targets, rejected;
   for (const TrainPrompt* prompt : PromptsOf(step)) {
     targets.push_back(EncodedImageRow(prompt->target));
-    draws.push_back(
-        static_cast<double>(Seed(SeedStream::kSigmaDraw, step * 1000003 + draws.size()) >> 11) /
-        static_cast<double>(uint64_t{1} << 53));  // uniform in [0, 1)
+    if (config_.dpo()) rejected.push_back(EncodedImageRow(prompt->rejected));
   }
   DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(targets)));
-  DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, at::tensor(draws, at::kDouble)));
+  if (config_.dpo()) {
+    DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRejectedColumn, std::move(rejected)));
+    DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, DpoDraws(step, batch.size())));
+  } else {
+    DRAY_RETURN_IF_ERROR(
+        batch.AddTensor(kSigmaDrawsColumn, UniformDraws(step, batch.size()).view({-1})));
+  }
   return batch;
+}
+
+at::Tensor PromptSampler::UniformDraws(int64_t step, int64_t count) const {
+  std::vector<double> draws(count);
+  for (int64_t k = 0; k < count; ++k) {
+    draws[k] = static_cast<double>(Seed(SeedStream::kSigmaDraw, step * 1000003 + k) >> 11) /
+               static_cast<double>(uint64_t{1} << 53);  // uniform in [0, 1)
+  }
+  return at::tensor(draws, at::kDouble);
+}
+
+at::Tensor PromptSampler::DpoDraws(int64_t step, int64_t rows) const {
+  // flow_grpo's logit-normal timesteps: u = sigmoid(n), n ~ N(0, 1)
+  // (diffusers' compute_density_for_timestep_sampling), n from a uniform
+  // draw by the normal's inverse CDF.
+  const at::Tensor uniform = UniformDraws(step, rows * config_.dpo_draws());
+  return at::sigmoid(std::sqrt(2.0) * at::erfinv(2 * uniform - 1)).view({rows, -1});
 }
 
 std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {

@@ -70,7 +70,9 @@ class PromptSampler {
   absl::StatusOr<DataProto> RolloutRows(int64_t step) const;
 
   // PairedRows: SFT's and VAE's rows, one per prompt, with its target image
-  // and a sigma draw in [0, 1) (kTargetsColumn, kSigmaDrawsColumn).
+  // and a sigma draw in [0, 1) (kTargetsColumn, kSigmaDrawsColumn); DPO's
+  // with the rejected image too (kRejectedColumn) and dpo_draws()
+  // logit-normal draws per row ([B, draws]).
   absl::StatusOr<DataProto> PairedRows(int64_t step) const;
 
   // SdeWindowOf: step `step`'s SDE window [begin, end): every step but the
@@ -78,6 +80,10 @@ class PromptSampler {
   // within sde_window_range, or mix_grpo's sliding window (empty at the
   // schedule's end).
   std::pair<int64_t, int64_t> SdeWindowOf(int64_t step) const;
+
+  // DpoDraws: DPO's logit-normal draws in (0, 1) for `rows` pairs of step
+  // `step`, dpo_draws() each ([rows, draws]; kSigmaDrawsColumn).
+  at::Tensor DpoDraws(int64_t step, int64_t rows) const;
 
   // TrainedSteps: which of a `window`-step SDE window's steps step `step`
   // trains: a seeded timestep_fraction of them (at least one of a non-empty
@@ -97,6 +103,8 @@ class PromptSampler {
   absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies,
                                      bool shared_initial_noise = false) const;
   uint64_t Seed(SeedStream stream, uint64_t index) const;
+  // UniformDraws: `count` draws in [0, 1) of step `step`'s kSigmaDraw stream.
+  at::Tensor UniformDraws(int64_t step, int64_t count) const;
 
   TrainConfig config_;
   std::vector<TrainPrompt> prompts_;

@@ -170,6 +170,23 @@ TEST(PromptSamplerTest, PairedRowsCarryTargetsAndSigmaDraws) {
   EXPECT_TRUE((draws >= 0).all().item<bool>() && (draws < 1).all().item<bool>());
 }
 
+TEST(PromptSamplerTest, DpoRowsCarryTheRejectedEditAndLogitNormalDraws) {
+  TrainConfig config = Config(3);
+  config.name = "dpo";
+  config.num_inference_steps = 10;
+  config.timestep_fraction = 0.5;
+  std::vector<TrainPrompt> prompts = Prompts(3);
+  for (TrainPrompt& prompt : prompts) prompt.rejected = prompt.image;
+  const PromptSampler sampler(config, std::move(prompts));
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.PairedRows(0));
+  DRAY_ASSERT_OK_AND_ASSIGN(const std::vector<Image>* rejected,
+                            rows.GetRows<Image>(kRejectedColumn));
+  EXPECT_EQ(rejected->size(), 3u);
+  DRAY_ASSERT_OK_AND_ASSIGN(at::Tensor draws, rows.GetTensor(kSigmaDrawsColumn));
+  EXPECT_EQ(draws.sizes(), (std::vector<int64_t>{3, 5}));  // int(10 x 0.5) draws per pair
+  EXPECT_TRUE((draws > 0).all().item<bool>() && (draws < 1).all().item<bool>());
+}
+
 TEST(PromptSamplerTest, TrainedStepsAreASortedShareOfTheWindow) {
   TrainConfig config = Config(2);
   config.timestep_fraction = 0.5;

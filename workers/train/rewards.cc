@@ -136,6 +136,25 @@ absl::StatusOr<RewardFunction> FindRewardFunction(absl::string_view name) {
   return rl::FindRegistered(Registry(), "reward function", name);
 }
 
+absl::StatusOr<at::Tensor> ScoreSamples(const std::vector<std::string>& names,
+                                        const std::vector<RewardInput>& samples,
+                                        const std::function<std::string(size_t)>& where) {
+  at::Tensor scores = at::empty(
+      {static_cast<int64_t>(samples.size()), static_cast<int64_t>(names.size())}, at::kDouble);
+  for (size_t f = 0; f < names.size(); ++f) {
+    DRAY_ASSIGN_OR_RETURN(RewardFunction reward, FindRewardFunction(names[f]));
+    for (size_t i = 0; i < samples.size(); ++i) {
+      absl::StatusOr<double> value = reward(samples[i]);
+      if (!value.ok()) {
+        return absl::Status(value.status().code(), absl::StrCat("reward ", names[f], ", ", where(i),
+                                                                ": ", value.status().message()));
+      }
+      scores[i][f] = *value;
+    }
+  }
+  return scores;
+}
+
 std::vector<std::string> RewardFunctionNames() { return rl::RegisteredNames(Registry()); }
 
 }  // namespace dray

@@ -55,6 +55,13 @@ using RewardFunction = std::function<absl::StatusOr<double>(const RewardInput&)>
 // lists the registered names.
 absl::StatusOr<RewardFunction> FindRewardFunction(absl::string_view name);
 
+// ScoreSamples scores every sample with each function `names` names:
+// [samples, functions] float64. A sample a function cannot score fails the
+// call, naming the function and `where(i)` (e.g. "sample 3 (a.png)").
+absl::StatusOr<at::Tensor> ScoreSamples(const std::vector<std::string>& names,
+                                        const std::vector<RewardInput>& samples,
+                                        const std::function<std::string(size_t)>& where);
+
 // RewardFunctionNames lists the registered names, sorted.
 std::vector<std::string> RewardFunctionNames();
 

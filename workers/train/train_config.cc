@@ -1,6 +1,7 @@
 #include "workers/train/train_config.h"
 
 #include <cmath>
+#include <functional>
 #include <set>
 #include <utility>
 
@@ -84,22 +85,42 @@ std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig&
             Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number")}},
           {"dance_grpo",
            {Key("algorithm.shift", c.shift, "a number"),
-            Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}}};
+            Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
+          {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}}};
 }
 
-// ForeignKey: the first key of OwnKeys that `c` sets away from its default
-// under another algorithm.name, with its algorithm (empty if none).
-std::pair<std::string, std::string> ForeignKey(const TrainConfig& c) {
-  TrainConfig defaults, copy = c;
-  const auto set = OwnKeys(copy), unset = OwnKeys(defaults);
-  for (size_t a = 0; a < set.size(); ++a) {
-    if (set[a].first == c.name) continue;
-    for (size_t i = 0; i < set[a].second.size(); ++i) {
-      if (YAML::Dump(set[a].second[i].get()) != YAML::Dump(unset[a].second[i].get()))
-        return {set[a].second[i].key, set[a].first};
+// KeysSetIn: the dotted keys `document` and `overrides` ("key=VALUE") set.
+std::set<std::string> KeysSetIn(const YAML::Node& document,
+                                const std::vector<std::string>& overrides) {
+  std::set<std::string> keys;
+  std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& node,
+                                                                        const std::string& at) {
+    if (!node.IsMap()) {
+      if (!at.empty()) keys.insert(at);
+      return;
+    }
+    for (const auto& entry : node)
+      walk(entry.second, at.empty() ? entry.first.as<std::string>()
+                                    : absl::StrCat(at, ".", entry.first.as<std::string>()));
+  };
+  walk(document, "");
+  for (const std::string& text : overrides) keys.insert(text.substr(0, text.find('=')));
+  return keys;
+}
+
+// ForeignKeyError: INVALID_ARGUMENT for the first key of OwnKeys in `set`
+// whose algorithm is not `c`'s.
+absl::Status ForeignKeyError(TrainConfig c, const std::set<std::string>& set) {
+  for (const auto& [owner, keys] : OwnKeys(c)) {
+    if (owner == c.name) continue;
+    for (const ConfigKey& key : keys) {
+      if (set.count(key.key) > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            key.key, " is ", owner, "'s: set algorithm.name ", owner, " to use it, not ", c.name));
+      }
     }
   }
-  return {};
+  return absl::OkStatus();
 }
 
 std::vector<ConfigKey> Keys(TrainConfig& c) {
@@ -202,12 +223,11 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (!grpo() && !sft() && !vae())
+  if (!grpo() && !sft() && !vae() && !dpo())
     return bad("algorithm.name",
-               "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft or vae");
-  if (const auto [key, owner] = ForeignKey(*this); !key.empty())
-    return bad(key.c_str(), absl::StrCat("is ", owner, "'s: set algorithm.name ", owner,
-                                         " to use it, not ", name));
+               "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft, dpo or vae");
+  if (dpo_pairs != "data" && dpo_pairs != "samples")
+    return bad("algorithm.dpo_pairs", "must be data or samples");
   if (name == "dance_grpo" && !(shift > 0)) return bad("algorithm.shift", "must be > 0");
   if (name == "mix_grpo") {
     DRAY_RETURN_IF_ERROR(rl::ValidateMixGrpoWindow(MixWindow()));
@@ -321,6 +341,14 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
     defaults.sde_window_size = 4;
     defaults.adv_estimator = "dance_grpo";
   }
+  if (asked.name == "dpo") {  // flow_grpo's DPO config's beta; data's edits scored only if asked
+    defaults.beta = 100;
+    if (asked.embedded_task()) defaults.dpo_pairs = "samples";  // flow_grpo's online pairs
+    if (!asked.embedded_task() && asked.dpo_pairs == "data") {
+      defaults.reward_functions = {};
+      defaults.reward_weights = {};
+    }
+  }
   if (asked.name == "dance_grpo") {  // DanceGRPO's Qwen-Image-Edit script: its step, no CFG
     defaults.sde_type = "dance";
     defaults.adv_estimator = "dance_grpo";
@@ -333,6 +361,7 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   // as flow_grpo's configs put it (e.g. within (0, 5) of 10 steps).
   if (config.name == "flow_grpo_fast" && config.sde_window_range == std::vector<int64_t>{0, 0})
     config.sde_window_range = {0, config.num_inference_steps / 2};
+  DRAY_RETURN_IF_ERROR(ForeignKeyError(config, KeysSetIn(document, overrides)));
   DRAY_RETURN_IF_ERROR(config.Validate());
   return config;
 }

@@ -2,16 +2,16 @@
 // YAML layout with dotted command-line overrides:
 //
 //   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT and
-//              VAE: and "target"), prompts_per_step
-//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft
-//              or vae),
+//              VAE: and "target"; DPO: "chosen" and "rejected"), prompts_per_step
+//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft,
+//              dpo or vae),
 //              adv_estimator, loss, group_size, global_std, clip_range,
 //              adv_clip_max, beta, timestep_fraction, num_inner_epochs,
 //              noise_level, sde_type, sde_window_size, sde_window_range;
 //              MixGRPO's: sample_strategy, iters_per_group, prog_overlap,
 //              prog_overlap_step, roll_back, max_iters_per_group,
 //              min_iters_per_group, kl_coeff, trimmed_ratio; DanceGRPO's:
-//              shift, init_same_noise
+//              shift, init_same_noise; DPO's: dpo_pairs
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -33,10 +33,13 @@
 // model_path, the embedded tiny model. Either way, keys a file and
 // overrides leave unset default to what suits the tiny model
 // (EmbeddedDefaults: 64-pixel images, a few steps). An unknown key, a
-// wrong type or an out-of-range value is INVALID_ARGUMENT naming the key.
+// wrong type, an out-of-range value or a key of another algorithm than
+// algorithm.name's (MixGRPO's, DanceGRPO's, DPO's own keys) is
+// INVALID_ARGUMENT naming the key.
 #ifndef DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
 #define DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -83,8 +86,13 @@ struct TrainConfig {
   // its step and shifted schedule, every step stochastic, a group's samples
   // from one initial noise, int((steps - 1) timestep_fraction) steps
   // trained, no CFG),
-  // "sft" (supervised flow matching on paired data) or "vae" (the VAE as an
-  // autoencoder on the paired rows' images and targets).
+  // "sft" (supervised flow matching on paired data), "dpo" (Diffusion-DPO:
+  // on the pairs of rows with a "chosen" and a "rejected" edit, or with
+  // dpo_pairs "samples" on the best and the worst of each prompt's
+  // group_size samples by reward, as flow_grpo's DPO; beta its beta,
+  // int(num_inference_steps x timestep_fraction) noise draws per pair and
+  // step) or "vae" (the VAE as an autoencoder on the paired rows' images
+  // and targets).
   std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
@@ -113,6 +121,8 @@ struct TrainConfig {
   // group's samples start from one initial noise.
   double shift = 3.0;
   bool init_same_noise = true;
+  // dpo's: "data" (the rows' chosen and rejected edits) or "samples".
+  std::string dpo_pairs = "data";
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;
@@ -189,8 +199,16 @@ struct TrainConfig {
   }
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }
-  // paired: the job reads pairs (image and target) and needs no rewards.
-  bool paired() const { return sft() || vae(); }
+  bool dpo() const { return name == "dpo"; }
+  // paired: the job reads pairs (image and target; DPO on data: and the
+  // rejected edit) and needs no rewards (DPO scores its edits with any it
+  // names); the others roll out samples and score them.
+  bool paired() const { return sft() || vae() || (dpo() && dpo_pairs == "data"); }
+  // dpo_draws: DPO's noise draws per pair and step (flow_grpo's
+  // num_train_timesteps).
+  int64_t dpo_draws() const {
+    return std::max<int64_t>(1, static_cast<int64_t>(num_inference_steps * timestep_fraction));
+  }
   // policy_loss: the loss GRPO trains with (grpo_guard's own for it).
   std::string policy_loss() const { return name == "grpo_guard" ? "grpo_guard" : loss; }
   // MixWindow: mix_grpo's window options, sized and bounded by this job.

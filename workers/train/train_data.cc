@@ -27,10 +27,38 @@ absl::Status BadLine(const std::string& path, int line, const std::string& why,
   return absl::Status(code, absl::StrCat(path, ":", line, ": ", why));
 }
 
+// WriteEmbeddedRows writes the embedded task's scenes and their exact edits
+// into `dir`, one train.jsonl row each: {"image", "instruction", <edit_key>:
+// the edit} and, with `rejected`, the scene made blue as "rejected".
+absl::StatusOr<std::string> WriteEmbeddedRows(const std::string& dir, const char* edit_key,
+                                              bool rejected) {
+  std::string jsonl;
+  for (int64_t seed = kFirstEmbeddedTaskScene; seed < kFirstEmbeddedTaskScene + 4; ++seed) {
+    const at::Tensor scene = SyntheticScene(seed, 64, 64);
+    DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(scene, kEmbeddedTaskInstruction));
+    const std::string file = absl::StrCat("scene_", seed, ".png");
+    const std::string target_file = absl::StrCat("scene_", seed, "_yellow.png");
+    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
+    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / target_file).string(), target));
+    nlohmann::json row = {
+        {"image", file}, {"instruction", kEmbeddedTaskInstruction}, {edit_key, target_file}};
+    if (rejected) {  // the edit of another colour
+      DRAY_ASSIGN_OR_RETURN(at::Tensor wrong, ApplyEdit(scene, kEmbeddedTaskRejectedEdit));
+      row["rejected"] = absl::StrCat("scene_", seed, "_blue.png");
+      DRAY_RETURN_IF_ERROR(
+          WritePngFile((fs::path(dir) / row["rejected"].get<std::string>()).string(), wrong));
+    }
+    absl::StrAppend(&jsonl, row.dump(), "\n");
+  }
+  const std::string path = (fs::path(dir) / "train.jsonl").string();
+  DRAY_RETURN_IF_ERROR(WriteFile(path, jsonl));
+  return path;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path,
-                                                          bool with_targets) {
+                                                          RowKind kind) {
   std::ifstream in(jsonl_path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read data.train_files ", jsonl_path));
   const fs::path folder = fs::path(jsonl_path).parent_path();
@@ -94,9 +122,12 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
     } else {
       DRAY_RETURN_IF_ERROR(read_image("image", prompt.image_path, prompt.image, prompt.pixels));
     }
-    if (with_targets || row.contains("target")) {
-      std::string target_path;
-      DRAY_RETURN_IF_ERROR(read_image("target", target_path, prompt.target, prompt.target_pixels));
+    std::string path;
+    if (kind == RowKind::kPreference) {
+      DRAY_RETURN_IF_ERROR(read_image("chosen", path, prompt.target, prompt.target_pixels));
+      DRAY_RETURN_IF_ERROR(read_image("rejected", path, prompt.rejected, prompt.rejected_pixels));
+    } else if (kind == RowKind::kTarget || row.contains("target")) {
+      DRAY_RETURN_IF_ERROR(read_image("target", path, prompt.target, prompt.target_pixels));
     }
     prompt.instruction = row["instruction"].get<std::string>();
     row.erase("instruction");
@@ -126,24 +157,11 @@ std::vector<at::Tensor> TrainPrompt::picture_pixels() const {
 }
 
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir) {
-  std::string jsonl;
-  for (int64_t seed = kFirstEmbeddedTaskScene; seed < kFirstEmbeddedTaskScene + 4; ++seed) {
-    const at::Tensor scene = SyntheticScene(seed, 64, 64);
-    DRAY_ASSIGN_OR_RETURN(at::Tensor target, ApplyEdit(scene, kEmbeddedTaskInstruction));
-    const std::string file = absl::StrCat("scene_", seed, ".png");
-    const std::string target_file = absl::StrCat("scene_", seed, "_yellow.png");
-    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / file).string(), scene));
-    DRAY_RETURN_IF_ERROR(WritePngFile((fs::path(dir) / target_file).string(), target));
-    absl::StrAppend(
-        &jsonl,
-        nlohmann::json{
-            {"image", file}, {"instruction", kEmbeddedTaskInstruction}, {"target", target_file}}
-            .dump(),
-        "\n");
-  }
-  const std::string path = (fs::path(dir) / "train.jsonl").string();
-  DRAY_RETURN_IF_ERROR(WriteFile(path, jsonl));
-  return path;
+  return WriteEmbeddedRows(dir, "target", /*rejected=*/false);
+}
+
+absl::StatusOr<std::string> WriteEmbeddedPreferences(const std::string& dir) {
+  return WriteEmbeddedRows(dir, "chosen", /*rejected=*/true);
 }
 
 namespace {

@@ -3,7 +3,8 @@
 // ...], ...} with one to three pictures (PATH relative to the file's
 // folder; the other fields reach the reward functions; a row may name a
 // "target" image, the edit it asks for: SFT's rows must, and the
-// `target_psnr` reward compares with it), or the embedded tasks.
+// `target_psnr` reward compares with it; DPO's rows name a "chosen" and a
+// "rejected" edit instead), or the embedded tasks.
 //
 //   DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts("train.jsonl"));
 //
@@ -37,8 +38,10 @@ struct TrainPrompt {
   std::vector<at::Tensor> more_pixels;
   std::string instruction;
   nlohmann::json fields;  // the row's other fields
-  Bytes target;           // the edited image the row asks for, if it names one
+  Bytes target;           // the edited image the row asks for (DPO: "chosen"), if it names one
   at::Tensor target_pixels;
+  Bytes rejected;  // DPO: the edit the row prefers the target over
+  at::Tensor rejected_pixels;
   // group: what makes samples comparable (GRPO's group): instruction and images.
   std::string group() const;
   // pictures: every input image's bytes, picture 1 first; picture_pixels:
@@ -47,10 +50,16 @@ struct TrainPrompt {
   std::vector<at::Tensor> picture_pixels() const;
 };
 
-// ReadTrainPrompts reads every row and the "target" image of those that
-// name one; `with_targets` (SFT) requires one in every row.
+// RowKind: what every row of a job's data must name beside its input.
+enum class RowKind {
+  kPrompt,      // nothing (GRPO); a "target" where a row names one
+  kTarget,      // a "target" image (SFT, the VAE)
+  kPreference,  // a "chosen" and a "rejected" image (DPO): `target` and `rejected`
+};
+
+// ReadTrainPrompts reads every row and the images `kind` asks for.
 absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jsonl_path,
-                                                          bool with_targets = false);
+                                                          RowKind kind = RowKind::kPrompt);
 
 // WriteEmbeddedTask writes the embedded RL task into `dir` and returns
 // train.jsonl's path: four 64x64 scenes of the kind the embedded model was
@@ -61,6 +70,11 @@ absl::StatusOr<std::vector<TrainPrompt>> ReadTrainPrompts(const std::string& jso
 inline constexpr int64_t kFirstEmbeddedTaskScene = 2000;
 inline constexpr char kEmbeddedTaskInstruction[] = "make it yellow";
 absl::StatusOr<std::string> WriteEmbeddedTask(const std::string& dir);
+// WriteEmbeddedPreferences writes the embedded task as DPO's preference
+// pairs into `dir` and returns train.jsonl's path: each scene's exact edit
+// "chosen" over the same edit to another colour, "rejected".
+inline constexpr char kEmbeddedTaskRejectedEdit[] = "make it blue";
+absl::StatusOr<std::string> WriteEmbeddedPreferences(const std::string& dir);
 
 // Synthetic paired edits (SFT's embedded task, and held-out checks of a
 // trained model): 64x64 scenes (a sky, the ground, a disc) and the images

@@ -78,10 +78,16 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   if (config.embedded_task()) {
     const std::string task = trainer->scratch_->path() + "/task";
     fs::create_directories(task);
-    DRAY_ASSIGN_OR_RETURN(data, config.paired() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
-                                                : WriteEmbeddedTask(task));
+    const bool preferences = config.dpo() && config.paired();
+    DRAY_ASSIGN_OR_RETURN(data, preferences ? WriteEmbeddedPreferences(task)
+                                : config.paired()
+                                    ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
+                                    : WriteEmbeddedTask(task));
   }
-  DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts(data, config.paired()));
+  const RowKind rows = !config.paired() ? RowKind::kPrompt
+                       : config.dpo()   ? RowKind::kPreference
+                                        : RowKind::kTarget;
+  DRAY_ASSIGN_OR_RETURN(std::vector<TrainPrompt> prompts, ReadTrainPrompts(data, rows));
   trainer->sampler_.emplace(config, std::move(prompts));
   DRAY_ASSIGN_OR_RETURN(trainer->algorithm_, MakeTrainingAlgorithm(config));
 

@@ -21,9 +21,12 @@ inline constexpr char kTimestepsColumn[] = "timesteps";
 inline constexpr char kRolloutRowColumn[] = "rollout_row";
 inline constexpr char kAdvantagesColumn[] = "advantages";
 // SFT's columns: the edited image each row asks for, and a draw in [0, 1)
-// picking the row's noise level from the schedule (workers/train/sft.h).
+// picking the row's noise level from the schedule (workers/train/sft.h;
+// DPO: [B, draws], one per noise draw of the pair).
 inline constexpr char kTargetsColumn[] = "target_images";
 inline constexpr char kSigmaDrawsColumn[] = "sigma_draws";
+// DPO's: the edit each row prefers its target over (raw or encoded images).
+inline constexpr char kRejectedColumn[] = "rejected_images";
 // rollout (optional): each row's own seed, from which its SDE noise is
 // drawn, where a group's rows share their `seeds` and so their initial
 // noise (DanceGRPO's init_same_noise; int64 [B]).

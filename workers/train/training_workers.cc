@@ -36,8 +36,13 @@ class GroupTrainingWorkers : public TrainingWorkers {
     return Call(*model_, "update_actor", batch);
   }
 
-  absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch, bool vae) override {
-    return Call(*model_, vae ? "vae_update" : "sft_update", batch);
+  absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
+                                                      PairedKind kind) override {
+    return Call(*model_,
+                kind == PairedKind::kVae   ? "vae_update"
+                : kind == PairedKind::kDpo ? "dpo_update"
+                                           : "sft_update",
+                batch);
   }
 
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override {

@@ -29,6 +29,9 @@
 
 namespace dray {
 
+// PairedKind: which paired algorithm's step PairedUpdate takes.
+enum class PairedKind { kSft, kVae, kDpo };
+
 class TrainingWorkers {
  public:
   virtual ~TrainingWorkers() = default;
@@ -43,9 +46,10 @@ class TrainingWorkers {
   // UpdateActor takes one optimizer step on the rows' trajectories with
   // their advantages; each rank's metrics (meta).
   virtual absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) = 0;
-  // PairedUpdate takes SFT's (or, with `vae`, the VAE's) optimizer step on
+  // PairedUpdate takes SFT's, the VAE's or DPO's optimizer step on
   // PromptSampler::PairedRows; each rank's metrics.
-  virtual absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch, bool vae) = 0;
+  virtual absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
+                                                              PairedKind kind) = 0;
   // Edit edits the rows as the model now does (with `vae`, reconstructs
   // the input images): kEditedColumn in row order.
   virtual absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) = 0;

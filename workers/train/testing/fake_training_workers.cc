@@ -63,10 +63,19 @@ absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::UpdateActor(const Da
 }
 
 absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::PairedUpdate(const DataProto& batch,
-                                                                         bool vae) {
-  state_->calls.push_back(vae ? "vae_update" : "sft_update");
-  return vae ? RankMetrics({"loss", "reconstruction_rmse", "kl", "latent_std", "grad_norm"})
-             : RankMetrics({"loss", "grad_norm"});
+                                                                         PairedKind kind) {
+  switch (kind) {
+    case PairedKind::kVae:
+      state_->calls.push_back("vae_update");
+      return RankMetrics({"loss", "reconstruction_rmse", "kl", "latent_std", "grad_norm"});
+    case PairedKind::kDpo:
+      state_->calls.push_back("dpo_update");
+      return RankMetrics({"loss", "implicit_acc", "dpo_margin", "grad_norm"});
+    case PairedKind::kSft:
+      break;
+  }
+  state_->calls.push_back("sft_update");
+  return RankMetrics({"loss", "grad_norm"});
 }
 
 absl::StatusOr<DataProto> FakeTrainingWorkers::Edit(const DataProto& rows, bool vae) {

@@ -51,7 +51,8 @@ class FakeTrainingWorkers : public TrainingWorkers {
   absl::StatusOr<DataProto> Rollout(const DataProto& rows,
                                     const GroupProgressFn& on_progress) override;
   absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) override;
-  absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch, bool vae) override;
+  absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
+                                                      PairedKind kind) override;
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override;
   absl::StatusOr<at::Tensor> ComputeReward(const DataProto& samples) override;
   absl::Status Save(const std::string& dir) override;
