@@ -50,6 +50,26 @@ TEST(SdeSamplerTest, RecomputedStepsScoreWhatTheRolloutScored) {
     const at::Tensor ratio = at::exp(step.log_prob - trajectory.log_probs.select(1, j));
     EXPECT_LT((ratio - 1).abs().max().item<double>(), 1e-6) << "window step " << j;
   }
+  // Each row at a step of its own scores what its row scored at that step.
+  const at::Tensor own = at::tensor(std::vector<int64_t>{3, 0, 2}, at::kLong);
+  DRAY_ASSERT_OK_AND_ASSIGN(SdeStepResult rows,
+                            RecomputeStep(schedule, Velocity, trajectory, own, options));
+  EXPECT_TRUE(at::allclose(rows.log_prob, AtSteps(trajectory.log_probs, own), 1e-5, 1e-6));
+  EXPECT_THAT(RecomputeStep(schedule, Velocity, trajectory,
+                            at::tensor(std::vector<int64_t>{0, 4, 1}, at::kLong), options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kept steps")));
+}
+
+TEST(SdeSamplerTest, AnEmptyWindowIsEveryStepEuler) {
+  const SdeSchedule schedule = Schedule();
+  const at::Tensor start = at::ones({2, 4, 8}, at::kFloat);
+  auto zeros = [](int) { return at::zeros({2, 4, 8}, at::kFloat); };
+  DRAY_ASSERT_OK_AND_ASSIGN(Trajectory empty, SampleTrajectory(schedule, start, Velocity, zeros,
+                                                               {0.7, SdeType::kSde, {3, 3}}));
+  EXPECT_EQ(empty.log_probs.sizes(), (std::vector<int64_t>{2, 0}));
+  DRAY_ASSERT_OK_AND_ASSIGN(Trajectory ode, SampleTrajectory(schedule, start, Velocity, zeros,
+                                                             {0.0, SdeType::kSde, {0, 5}}));
+  EXPECT_TRUE(at::allclose(empty.final_latents, ode.final_latents));
 }
 
 // The GRPO loss of recomputed steps, with its KL term, as a function of a

@@ -65,16 +65,32 @@ absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,
                                             const PredictVelocity& predict,
                                             const Trajectory& trajectory, int64_t j,
                                             const SdeSamplerOptions& options) {
-  if (j < 0 || j >= trajectory.timesteps.size(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("window step ", j, " is outside the ",
-                                                   trajectory.timesteps.size(1), " kept steps"));
+  return RecomputeStep(schedule, predict, trajectory,
+                       at::full({trajectory.timesteps.size(0)}, j, at::kLong), options);
+}
+
+absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,
+                                            const PredictVelocity& predict,
+                                            const Trajectory& trajectory, const at::Tensor& steps,
+                                            const SdeSamplerOptions& options) {
+  const int64_t kept = trajectory.timesteps.size(1);
+  if (steps.dim() != 1 || steps.size(0) != trajectory.timesteps.size(0) ||
+      (steps.numel() > 0 &&
+       (steps.min().item<int64_t>() < 0 || steps.max().item<int64_t>() >= kept))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window steps must be one per row, each among the ", kept, " kept steps"));
   }
-  const at::Tensor latents = trajectory.latents.select(1, j);
-  const at::Tensor timestep = trajectory.timesteps.select(1, j);
+  const at::Tensor latents = AtSteps(trajectory.latents, steps);
+  const at::Tensor timestep = AtSteps(trajectory.timesteps, steps);
   DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(latents, timestep));
   SdeStepInput input{velocity, timestep, latents, options.noise_level, options.type};
-  input.prev_sample = trajectory.next_latents.select(1, j);
+  input.prev_sample = AtSteps(trajectory.next_latents, steps);
   return SdeStep(schedule, input);
+}
+
+at::Tensor AtSteps(const at::Tensor& part, const at::Tensor& steps) {
+  const at::Tensor index = steps.to(part.device(), at::kLong);
+  return part.index({at::arange(part.size(0), index.options()), index});
 }
 
 }  // namespace dray::rl

@@ -72,6 +72,15 @@ absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,
                                             const PredictVelocity& predict,
                                             const Trajectory& trajectory, int64_t j,
                                             const SdeSamplerOptions& options);
+// RecomputeStep with each row's own window step, `steps` [B] int64
+// (DanceGRPO trains a subset of its own per sample).
+absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,
+                                            const PredictVelocity& predict,
+                                            const Trajectory& trajectory, const at::Tensor& steps,
+                                            const SdeSamplerOptions& options);
+
+// AtSteps: each row's entry steps[b] of a [B, T, ...] trajectory part ([B, ...]).
+at::Tensor AtSteps(const at::Tensor& part, const at::Tensor& steps);
 
 }  // namespace dray::rl
 

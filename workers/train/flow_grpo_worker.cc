@@ -61,6 +61,7 @@ struct MicroBatch {
   std::vector<qwen_image::EditInput> inputs;
   rl::Trajectory trajectory;
   at::Tensor advantages;
+  at::Tensor train_steps;            // [b, K]: each row's own trained steps, where given
   std::vector<int64_t> sde_seeds;    // where they differ from the inputs' seeds (kSdeSeedsColumn)
   std::vector<at::Tensor> targets;   // SFT: the edited images asked for (DPO: the chosen ones)
   std::vector<at::Tensor> rejected;  // DPO: the edits the targets are preferred over
@@ -215,10 +216,11 @@ struct FlowGrpoWorker::State {
     return result;
   }
 
-  // ReferenceStep: window step `j` under the reference policy, without gradients.
+  // ReferenceStep: each row's window step `j` under the reference policy,
+  // without gradients.
   absl::StatusOr<rl::SdeStepResult> ReferenceStep(const rl::SdeSchedule& schedule,
                                                   const qwen_image::PreparedEdit& prepared,
-                                                  const MicroBatch& micro, int64_t j) {
+                                                  const MicroBatch& micro, const at::Tensor& j) {
     return AsReference([&](qwen_image::Denoiser denoiser) {
       return rl::RecomputeStep(schedule, Predictor(prepared, denoiser), micro.trajectory, j,
                                sampler);
@@ -296,6 +298,10 @@ struct FlowGrpoWorker::State {
       micro.trajectory.log_probs = pick(rollout.log_probs);
       micro.trajectory.prev_sample_means = pick(rollout.prev_sample_means);
       micro.trajectory.timesteps = pick(rollout.timesteps);
+      if (batch.HasColumn(kRowTrainStepsColumn)) {
+        DRAY_ASSIGN_OR_RETURN(at::Tensor steps, batch.GetTensor(kRowTrainStepsColumn));
+        micro.train_steps = steps.slice(0, start, end);
+      }
       if (batch.HasColumn(kAdvantagesColumn)) {
         DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, batch.GetTensor(kAdvantagesColumn));
         micro.advantages = advantages.slice(0, start, end).to(model->device);
@@ -550,7 +556,12 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   for (const MicroBatch& micro : micro_batches) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
     DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
-    for (int64_t j : train_steps) {
+    const int64_t rows = static_cast<int64_t>(micro.inputs.size());
+    for (size_t k = 0; k < train_steps.size(); ++k) {
+      // The rows' window steps: the step's shared k-th, or each row's own.
+      const at::Tensor j = micro.train_steps.defined()
+                               ? micro.train_steps.select(1, static_cast<int64_t>(k))
+                               : at::full({rows}, train_steps[k], at::kLong);
       rl::PolicyLossInput input;
       if (config.beta > 0) {
         DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult reference,
@@ -562,14 +573,16 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
                                               micro.trajectory, j, state_->sampler));
       input.advantages = micro.advantages;
       input.log_prob = policy.log_prob;
-      input.old_log_prob = micro.trajectory.log_probs.select(1, j);
+      input.old_log_prob = rl::AtSteps(micro.trajectory.log_probs, j);
       input.prev_sample_mean = policy.prev_sample_mean;
       input.std_dev_t = policy.std_dev_t;
-      input.old_prev_sample_mean = micro.trajectory.prev_sample_means.select(1, j);
+      input.old_prev_sample_mean = rl::AtSteps(micro.trajectory.prev_sample_means, j);
       input.sqrt_neg_dt = policy.sqrt_neg_dt;
       DRAY_ASSIGN_OR_RETURN(rl::PolicyLossOutput out, state_->loss(input, loss_options));
-      DRAY_RETURN_IF_ERROR(
-          state_->AgreeFinite(group, out.loss, absl::StrCat("at window step ", j)));
+      DRAY_RETURN_IF_ERROR(state_->AgreeFinite(
+          group, out.loss,
+          micro.train_steps.defined() ? absl::StrCat("at the rows' trained step ", k)
+                                      : absl::StrCat("at window step ", train_steps[k])));
       out.loss.backward();
       const double g = static_cast<double>(accumulation);
       sums["loss"] += out.loss.item<double>();

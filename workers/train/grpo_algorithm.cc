@@ -140,6 +140,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
       DataProto batch,
       DataProto::Make({{kRolloutRowColumn, at::arange(rows.size(), at::kLong).remainder(share)},
                        {kAdvantagesColumn, advantages}}));
+  if (config_.name == "dance_grpo") {  // a subset of its own per sample
+    DRAY_RETURN_IF_ERROR(batch.AddTensor(
+        kRowTrainStepsColumn,
+        context.sampler.RowTrainedSteps(step, rows.size(), window_end - window_begin)));
+  }
   batch.SetMeta(kTrainStepsKey, Json{nlohmann::json(train_steps).dump()});
   batch.SetMeta(kLearningRateKey, context.lr);
   std::map<std::string, double> update_sums;

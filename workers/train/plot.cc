@@ -141,15 +141,22 @@ at::Tensor LineChart(const std::string& title, const std::vector<Series>& series
               kInk);
   canvas.Text((left + right) / 2 - 3 * static_cast<int64_t>(x_label.size()), bottom + 8, x_label,
               kInk);
-  int64_t legend = left + 6 * static_cast<int64_t>(title.size()) * 2 + 24;
+  // The legend beside the title, on a second line where the first is full.
+  const int64_t legend_start = left + 6 * static_cast<int64_t>(title.size()) * 2 + 24;
+  int64_t legend = legend_start, legend_y = 15;
   for (const Series& s : series) {
     for (size_t i = 1; i < s.x.size(); ++i) {
       if (std::isfinite(s.y[i - 1]) && std::isfinite(s.y[i]))
         canvas.Line(px(s.x[i - 1]), py(s.y[i - 1]), px(s.x[i]), py(s.y[i]), s.color);
     }
-    canvas.Line(legend, 15, legend + 16, 15, s.color);
-    canvas.Text(legend + 20, 12, s.name, kInk);
-    legend += 20 + 6 * static_cast<int64_t>(s.name.size()) + 16;
+    const int64_t item = 20 + 6 * static_cast<int64_t>(s.name.size());
+    if (legend + item > right && legend > legend_start) {
+      legend = legend_start;
+      legend_y += 10;
+    }
+    canvas.Line(legend, legend_y, legend + 16, legend_y, s.color);
+    canvas.Text(legend + 20, legend_y - 3, s.name, kInk);
+    legend += item + 16;
   }
   return canvas.pixels();
 }

@@ -169,6 +169,19 @@ std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) c
   return steps;
 }
 
+at::Tensor PromptSampler::RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const {
+  const int64_t count = static_cast<int64_t>(TrainedSteps(step, window).size());
+  at::Tensor steps = at::empty({rows, count}, at::kLong);
+  for (int64_t row = 0; row < rows; ++row) {
+    std::vector<int64_t> order(window - 1);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(),
+                 std::mt19937_64(Seed(SeedStream::kRowTrainedSteps, step * 1000003 + row)));
+    for (int64_t k = 0; k < count; ++k) steps[row][k] = order[k];
+  }
+  return steps;
+}
+
 std::vector<int64_t> PromptSampler::UpdateOrder(int64_t step, int64_t epoch, int64_t rows,
                                                 int ranks) const {
   std::vector<int64_t> order(rows);

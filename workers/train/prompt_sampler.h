@@ -47,6 +47,7 @@ enum class SeedStream : uint64_t {
   kUpdateOrder = 5,      // the rows' order in each inner epoch
   kSigmaDraw = 6,        // SFT's and VAE's noise level per pair
   kSameSizePrompts = 7,  // the step's other prompts, of the first one's size
+  kRowTrainedSteps = 8,  // DanceGRPO's trained steps of each row
 };
 
 // StreamSeed: a seed for draw `index` of `stream` in a job seeded `seed`
@@ -89,6 +90,12 @@ class PromptSampler {
   // trains: a seeded timestep_fraction of them (at least one of a non-empty
   // window), ascending; dance_grpo's of all but the last, rounded down.
   std::vector<int64_t> TrainedSteps(int64_t step, int64_t window) const;
+
+  // RowTrainedSteps: DanceGRPO's own subset per sample: for each of `rows`
+  // rows, a seeded permutation of a `window`-step window's steps but the
+  // last, cut to TrainedSteps' count ([rows, K] int64, in permuted order,
+  // the order DanceGRPO trains them in).
+  at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled
   // within each of `ranks` equal shares, as flow_grpo shuffles within each

@@ -155,6 +155,14 @@ TEST(PromptSamplerTest, DanceGrpoGroupsShareTheirInitialNoiseAndTrainAllButTheLa
   const std::vector<int64_t> trained = sampler.TrainedSteps(0, 20);
   EXPECT_EQ(trained.size(), 11u);  // int(19 x 0.6), as DanceGRPO
   EXPECT_LT(trained.back(), 19) << "the last step is never trained";
+  // Each sample trains a subset of its own, DanceGRPO's perms[i][:11].
+  const at::Tensor subsets = sampler.RowTrainedSteps(0, 6, 20);
+  EXPECT_EQ(subsets.sizes(), (std::vector<int64_t>{6, 11}));
+  EXPECT_TRUE((subsets >= 0).all().item<bool>() && (subsets < 19).all().item<bool>());
+  for (int64_t r = 0; r < 6; ++r)
+    EXPECT_EQ(std::get<0>(at::_unique(subsets[r])).numel(), 11) << "row " << r << " repeats a step";
+  EXPECT_FALSE(subsets[0].equal(subsets[1])) << "the same subset for two samples";
+  EXPECT_TRUE(subsets.equal(sampler.RowTrainedSteps(0, 6, 20))) << "seeded";
   config.init_same_noise = false;
   DRAY_ASSERT_OK_AND_ASSIGN(rows, PromptSampler(config, Prompts(4)).RolloutRows(0));
   EXPECT_FALSE(rows.HasColumn(kSdeSeedsColumn));

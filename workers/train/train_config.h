@@ -85,7 +85,7 @@ struct TrainConfig {
   // unless adv_estimator is set), "dance_grpo" (GRPO as DanceGRPO runs it:
   // its step and shifted schedule, every step stochastic, a group's samples
   // from one initial noise, int((steps - 1) timestep_fraction) steps
-  // trained, no CFG),
+  // trained, a subset of its own per sample, no CFG),
   // "sft" (supervised flow matching on paired data), "dpo" (Diffusion-DPO:
   // on the pairs of rows with a "chosen" and a "rejected" edit, or with
   // dpo_pairs "samples" on the best and the worst of each prompt's

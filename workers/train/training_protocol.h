@@ -20,6 +20,9 @@ inline constexpr char kTimestepsColumn[] = "timesteps";
 // update_actor's advantages (double [B]).
 inline constexpr char kRolloutRowColumn[] = "rollout_row";
 inline constexpr char kAdvantagesColumn[] = "advantages";
+// update_actor (optional): each row's own trained window steps, int64
+// [B, K], in place of meta train_steps' (DanceGRPO).
+inline constexpr char kRowTrainStepsColumn[] = "row_train_steps";
 // SFT's columns: the edited image each row asks for, and a draw in [0, 1)
 // picking the row's noise level from the schedule (workers/train/sft.h;
 // DPO: [B, draws], one per noise draw of the pair).
