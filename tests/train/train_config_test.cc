@@ -99,6 +99,26 @@ TEST(TrainConfigTest, MixGrpoKeysBelongToMixGrpo) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_size")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.trimmed_ratio=1"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.trimmed_ratio")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.sde_window_range=[0,3]"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.sde_window_range")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.multi_reward_mix=max"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.multi_reward_mix")));
+}
+
+TEST(TrainConfigTest, TheResolvedConfigurationLoadsBackForEveryAlgorithm) {
+  // config.yaml holds every key but other algorithms' own: loaded back as a
+  // file, it is the same job.
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/resolved.yaml";
+  for (const std::string name : {"grpo", "mix_grpo", "dance_grpo", "dpo", "sft"}) {
+    SCOPED_TRACE(name);
+    DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config,
+                              TrainConfig::Load("", {"algorithm.name=" + name}));
+    ASSERT_TRUE(WriteFile(path, config.ToYaml()).ok());
+    DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig again, TrainConfig::Load(path, {}));
+    EXPECT_EQ(again.ToYaml(), config.ToYaml());
+  }
 }
 
 TEST(TrainConfigTest, DpoTakesFlowGrpoBetaAndScoresOnlyWhenAsked) {
@@ -113,6 +133,9 @@ TEST(TrainConfigTest, DpoTakesFlowGrpoBetaAndScoresOnlyWhenAsked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.dpo_pairs")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.dpo_pairs=data"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is dpo's")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.beta=0"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.beta must be > 0")));
   // A dataset's pairs: no rewards unless named.
   DRAY_ASSERT_OK_AND_ASSIGN(
       dpo, TrainConfig::Load("", {"algorithm.name=dpo", "data.train_files=pairs.jsonl",
@@ -139,6 +162,9 @@ TEST(TrainConfigTest, DanceGrpoRunsAsItsScriptDoes) {
   EXPECT_THAT(
       TrainConfig::Load("", {"algorithm.name=dance_grpo", "algorithm.shift=0"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.shift must be > 0")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dance_grpo", "algorithm.sde_window_size=2"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not apply to dance_grpo")));
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

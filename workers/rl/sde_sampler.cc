@@ -47,7 +47,7 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     trajectory.latents = latents.unsqueeze(1).narrow(1, 0, 0);
     trajectory.next_latents = trajectory.latents;
     trajectory.prev_sample_means = trajectory.latents;
-    trajectory.log_probs = at::empty({batch, 0}, latents.options());
+    trajectory.log_probs = at::empty({batch, 0}, latents.options().dtype(at::kFloat));
     trajectory.timesteps = at::empty({batch, 0}, schedule.timesteps.options());
     return trajectory;
   }

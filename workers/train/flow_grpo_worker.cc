@@ -531,7 +531,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch)
                                               micro.trajectory, j, state_->sampler));
       steps.push_back(step.log_prob.cpu());
     }
-    log_probs.push_back(at::stack(steps, 1));
+    log_probs.push_back(steps.empty() ? at::empty({micro.trajectory.timesteps.size(0), 0})
+                                      : at::stack(steps, 1));  // an empty window keeps none
   }
   return DataProto::Make({{kLogProbsColumn, at::cat(log_probs)}});
 }
@@ -588,6 +589,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       sums["loss"] += out.loss.item<double>();
       sums["policy_loss"] += out.policy_loss.item<double>();
       if (out.kl_loss.defined()) sums["kl"] += out.kl_loss.item<double>() * g;
+      sums["log_prob_kl"] += out.log_prob_kl_loss.item<double>() * g;
       sums["approx_kl"] += out.approx_kl.item<double>();
       sums["clipfrac"] += out.clipfrac.item<double>();
       sums["ratio_mean"] += out.ratio.mean().item<double>();
@@ -598,6 +600,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   MetaInfo metrics = {{"loss", sums["loss"]},  // the accumulated objective of this rank
                       {"policy_loss", sums["policy_loss"]},
                       {"kl", sums["kl"] / n},
+                      {"log_prob_kl", sums["log_prob_kl"] / n},
                       {"approx_kl", sums["approx_kl"] / n},
                       {"clipfrac", sums["clipfrac"] / n},
                       {"ratio_mean", sums["ratio_mean"] / n},
@@ -645,6 +648,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before dpo_update");
   DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
+  if (micro_batches.empty()) return absl::InvalidArgumentError("dpo_update needs at least one row");
   for (const MicroBatch& micro : micro_batches) {
     if (micro.targets.empty() || micro.rejected.empty() || !micro.sigma_draws.defined() ||
         micro.sigma_draws.dim() != 2)

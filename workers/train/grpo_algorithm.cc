@@ -93,8 +93,8 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   metrics["rollout_s"] = Seconds(started);
 
   const absl::Time rewarding = absl::Now();
-  DRAY_ASSIGN_OR_RETURN(std::vector<double> rewards,
-                        Rewards(step, context, rollout, rows, metrics));
+  DRAY_ASSIGN_OR_RETURN(Scores scores, Rewards(step, context, rollout, rows, metrics));
+  const std::vector<double>& rewards = scores.total;
   std::vector<std::string> groups;
   for (const TrainPrompt* prompt : context.sampler.PromptsOf(step))
     groups.insert(groups.end(), config_.group_size, prompt->group());
@@ -102,8 +102,13 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   rl::AdvantageOptions advantage_options;
   advantage_options.global_std = config_.global_std;
   advantage_options.trimmed_ratio = config_.trimmed_ratio;
-  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages,
-                        advantages_(groups, reward_tensor, advantage_options));
+  at::Tensor advantages;
+  if (config_.multi_reward_mix == "advantage_aggr") {  // MixGRPO's: each reward's, weighted
+    DRAY_ASSIGN_OR_RETURN(advantages, rl::MixedAdvantages(advantages_, groups, scores.by_reward,
+                                                          scores.weights, advantage_options));
+  } else {
+    DRAY_ASSIGN_OR_RETURN(advantages, advantages_(groups, reward_tensor, advantage_options));
+  }
   metrics["reward_mean"] = reward_tensor.mean().item<double>();
   metrics["reward_std"] = reward_tensor.std(/*unbiased=*/false).item<double>();
   metrics["advantage_abs_mean"] = advantages.abs().mean().item<double>();
@@ -115,7 +120,7 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
   metrics["reward_s"] = Seconds(rewarding);
   if (config_.dpo()) {
-    DRAY_RETURN_IF_ERROR(PreferenceUpdate(step, context, rows, rollout, groups, rewards, metrics));
+    DRAY_RETURN_IF_ERROR(PreferenceUpdate(step, context, rows, rollout, rewards, metrics));
     metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
     return WithSamples(step, context, rollout, rewards, std::move(metrics));
   }
@@ -177,11 +182,14 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
 
 absl::Status GrpoAlgorithm::PreferenceUpdate(int64_t step, const StepContext& context,
                                              const DataProto& rows, const DataProto& rollout,
-                                             const std::vector<std::string>& groups,
                                              const std::vector<double>& rewards,
                                              Metrics& metrics) const {
   const absl::Time updating = absl::Now();
-  DRAY_ASSIGN_OR_RETURN(std::vector<rl::DpoPair> pairs, rl::DpoPairs(groups, rewards));
+  // One pair per prompt of the step (a prompt drawn twice pairs twice).
+  std::vector<std::string> prompt_of_row;
+  for (size_t i = 0; i < rewards.size(); ++i)
+    prompt_of_row.push_back(std::to_string(i / config_.group_size));
+  DRAY_ASSIGN_OR_RETURN(std::vector<rl::DpoPair> pairs, rl::DpoPairs(prompt_of_row, rewards));
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
   std::vector<int64_t> prompt_rows;
   std::vector<Image> chosen, rejected;
@@ -223,10 +231,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::WithSamples(int64_t step, const StepConte
   return metrics;
 }
 
-absl::StatusOr<std::vector<double>> GrpoAlgorithm::Rewards(int64_t step, const StepContext& context,
-                                                           const DataProto& rollout,
-                                                           const DataProto& rows,
-                                                           Metrics& metrics) const {
+absl::StatusOr<GrpoAlgorithm::Scores> GrpoAlgorithm::Rewards(int64_t step,
+                                                             const StepContext& context,
+                                                             const DataProto& rollout,
+                                                             const DataProto& rows,
+                                                             Metrics& metrics) const {
   DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, rollout.GetRows<Image>(kEditedColumn));
   DRAY_ASSIGN_OR_RETURN(const std::vector<std::string>* instructions,
                         rows.GetRows<std::string>(kInstructionsColumn));
@@ -243,23 +252,31 @@ absl::StatusOr<std::vector<double>> GrpoAlgorithm::Rewards(int64_t step, const S
   std::future<absl::StatusOr<std::vector<RemoteScores>>> remote;
   if (remote_scorers_ != nullptr) remote = remote_scorers_->Score(samples);
   const double n = static_cast<double>(samples.size());
-  std::vector<double> total(samples.size(), 0.0);
+  Scores out{std::vector<double>(samples.size(), 0.0), at::Tensor(), config_.reward_weights};
   DRAY_ASSIGN_OR_RETURN(at::Tensor scores, FunctionScores(step, context, samples, rollout, rows));
+  std::vector<at::Tensor> columns;
   for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
     const at::Tensor column = scores.select(1, static_cast<int64_t>(f));
     for (size_t i = 0; i < samples.size(); ++i)
-      total[i] += config_.reward_weights[f] * column[i].item<double>();
+      out.total[i] += config_.reward_weights[f] * column[i].item<double>();
     metrics["reward/" + config_.reward_functions[f]] = column.mean().item<double>();
+    columns.push_back(column.to(at::kDouble));
   }
-  if (!remote.valid()) return total;
+  auto finished = [&] {
+    out.by_reward = at::stack(columns, 1);
+    return out;
+  };
+  if (!remote.valid()) return finished();
   DRAY_ASSIGN_OR_RETURN(std::vector<RemoteScores> scored, remote.get());
   for (size_t r = 0; r < scored.size(); ++r) {
     const RemoteRewardConfig& scorer = config_.remote_rewards[r];
     double sum = 0;
     for (size_t i = 0; i < samples.size(); ++i) {
-      total[i] += scorer.weight * scored[r].scores[i];
+      out.total[i] += scorer.weight * scored[r].scores[i];
       sum += scored[r].scores[i];
     }
+    columns.push_back(at::tensor(scored[r].scores, at::kDouble));
+    out.weights.push_back(scorer.weight);
     metrics["reward/" + scorer.name] = sum / n;
     for (const auto& [part, values] : scored[r].components) {
       double part_sum = 0, scored_rows = 0;  // over the rows the part was given for
@@ -271,7 +288,7 @@ absl::StatusOr<std::vector<double>> GrpoAlgorithm::Rewards(int64_t step, const S
       metrics[absl::StrCat("reward/", scorer.name, "/", part)] = part_sum / scored_rows;
     }
   }
-  return total;
+  return finished();
 }
 
 absl::StatusOr<at::Tensor> GrpoAlgorithm::FunctionScores(int64_t step, const StepContext& context,

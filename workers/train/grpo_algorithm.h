@@ -36,10 +36,16 @@ class GrpoAlgorithm : public TrainingAlgorithm {
  private:
   explicit GrpoAlgorithm(const TrainConfig& config) : config_(config) {}
 
-  // Rewards scores the step's samples (each function's mean into `metrics`).
-  absl::StatusOr<std::vector<double>> Rewards(int64_t step, const StepContext& context,
-                                              const DataProto& rollout, const DataProto& rows,
-                                              Metrics& metrics) const;
+  // Scores: each sample's reward (weighted sum) and each reward's score of
+  // it ([N, rewards]: the functions, then the remote scorers) with its weight.
+  struct Scores {
+    std::vector<double> total;
+    at::Tensor by_reward;
+    std::vector<double> weights;
+  };
+  // Rewards scores the step's samples (each reward's mean into `metrics`).
+  absl::StatusOr<Scores> Rewards(int64_t step, const StepContext& context, const DataProto& rollout,
+                                 const DataProto& rows, Metrics& metrics) const;
   // FunctionScores: each built-in function's score of each sample [B, F],
   // where worker.reward.placement runs them.
   absl::StatusOr<at::Tensor> FunctionScores(int64_t step, const StepContext& context,
@@ -49,8 +55,8 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   // dpo_pairs samples): each prompt's best and worst sample by reward
   // (rl::DpoPairs) as its chosen and rejected edit; its metrics into `metrics`.
   absl::Status PreferenceUpdate(int64_t step, const StepContext& context, const DataProto& rows,
-                                const DataProto& rollout, const std::vector<std::string>& groups,
-                                const std::vector<double>& rewards, Metrics& metrics) const;
+                                const DataProto& rollout, const std::vector<double>& rewards,
+                                Metrics& metrics) const;
   // WithSamples writes the step's sample grid when one is due; `metrics` back.
   absl::StatusOr<Metrics> WithSamples(int64_t step, const StepContext& context,
                                       const DataProto& rollout, const std::vector<double>& rewards,

@@ -131,8 +131,7 @@ absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
     DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kRejectedColumn, std::move(rejected)));
     DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, DpoDraws(step, batch.size())));
   } else {
-    DRAY_RETURN_IF_ERROR(
-        batch.AddTensor(kSigmaDrawsColumn, UniformDraws(step, batch.size()).view({-1})));
+    DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, UniformDraws(step, batch.size())));
   }
   return batch;
 }
@@ -170,10 +169,12 @@ std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) c
 }
 
 at::Tensor PromptSampler::RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const {
-  const int64_t count = static_cast<int64_t>(TrainedSteps(step, window).size());
+  const int64_t candidates = std::max<int64_t>(1, window - 1);  // never the last
+  const int64_t count = std::max<int64_t>(
+      1, static_cast<int64_t>(config_.timestep_fraction * static_cast<double>(candidates)));
   at::Tensor steps = at::empty({rows, count}, at::kLong);
   for (int64_t row = 0; row < rows; ++row) {
-    std::vector<int64_t> order(window - 1);
+    std::vector<int64_t> order(candidates);
     std::iota(order.begin(), order.end(), 0);
     std::shuffle(order.begin(), order.end(),
                  std::mt19937_64(Seed(SeedStream::kRowTrainedSteps, step * 1000003 + row)));

@@ -93,8 +93,8 @@ class PromptSampler {
 
   // RowTrainedSteps: DanceGRPO's own subset per sample: for each of `rows`
   // rows, a seeded permutation of a `window`-step window's steps but the
-  // last, cut to TrainedSteps' count ([rows, K] int64, in permuted order,
-  // the order DanceGRPO trains them in).
+  // last, cut to int((window - 1) timestep_fraction), at least one ([rows,
+  // K] int64, in permuted order, the order DanceGRPO trains them in).
   at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled

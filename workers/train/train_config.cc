@@ -73,20 +73,22 @@ ConfigKey RemoteRewardsKey(std::vector<RemoteRewardConfig>& member) {
 // OwnKeys: the keys only one algorithm reads, by its algorithm.name.
 std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig& c) {
   rl::MixGrpoWindowOptions& w = c.mix_window;
-  return {{"mix_grpo",
-           {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
-            Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
-            Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
-            Key("algorithm.prog_overlap_step", w.prog_overlap_step, "an integer"),
-            Key("algorithm.roll_back", w.roll_back, "true or false"),
-            Key("algorithm.max_iters_per_group", w.max_iters_per_group, "an integer"),
-            Key("algorithm.min_iters_per_group", w.min_iters_per_group, "an integer"),
-            Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
-            Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number")}},
-          {"dance_grpo",
-           {Key("algorithm.shift", c.shift, "a number"),
-            Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
-          {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}}};
+  return {
+      {"mix_grpo",
+       {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
+        Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
+        Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
+        Key("algorithm.prog_overlap_step", w.prog_overlap_step, "an integer"),
+        Key("algorithm.roll_back", w.roll_back, "true or false"),
+        Key("algorithm.max_iters_per_group", w.max_iters_per_group, "an integer"),
+        Key("algorithm.min_iters_per_group", w.min_iters_per_group, "an integer"),
+        Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
+        Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number"),
+        Key("algorithm.multi_reward_mix", c.multi_reward_mix, "reward_aggr or advantage_aggr")}},
+      {"dance_grpo",
+       {Key("algorithm.shift", c.shift, "a number"),
+        Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
+      {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}}};
 }
 
 // KeysSetIn: the dotted keys `document` and `overrides` ("key=VALUE") set.
@@ -229,11 +231,25 @@ absl::Status TrainConfig::Validate() const {
   if (dpo_pairs != "data" && dpo_pairs != "samples")
     return bad("algorithm.dpo_pairs", "must be data or samples");
   if (name == "dance_grpo" && !(shift > 0)) return bad("algorithm.shift", "must be > 0");
+  const bool window_range_set = sde_window_range != std::vector<int64_t>{0, 0};
+  if (name == "dance_grpo" && (sde_window_size > 0 || window_range_set))
+    return bad(sde_window_size > 0 ? "algorithm.sde_window_size" : "algorithm.sde_window_range",
+               "does not apply to dance_grpo, whose every step is stochastic");
+  if (name == "mix_grpo" && window_range_set)
+    return bad(
+        "algorithm.sde_window_range",
+        "does not apply to mix_grpo, whose window slides over steps 0..num_inference_steps-3");
+  if (dpo() && !(beta > 0)) return bad("algorithm.beta", "must be > 0 for dpo (DPO's beta)");
+  if (dpo() && paired() && !remote_rewards.empty())
+    return bad("worker.reward.remote",
+               "does not score DPO on data's edits: name worker.reward.functions instead");
   if (name == "mix_grpo") {
     DRAY_RETURN_IF_ERROR(rl::ValidateMixGrpoWindow(MixWindow()));
     if (!(kl_coeff >= 0)) return bad("algorithm.kl_coeff", "must be >= 0");
     if (!(trimmed_ratio >= 0 && trimmed_ratio < 1))
       return bad("algorithm.trimmed_ratio", "must lie in [0, 1)");
+    if (multi_reward_mix != "reward_aggr" && multi_reward_mix != "advantage_aggr")
+      return bad("algorithm.multi_reward_mix", "must be reward_aggr or advantage_aggr");
     if (trimmed_ratio > 0 && adv_estimator != "dance_grpo")
       return bad("algorithm.trimmed_ratio", "needs algorithm.adv_estimator dance_grpo");
   }
@@ -251,7 +267,8 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.timestep_fraction", "must lie in (0, 1]");
   if (num_inner_epochs < 1) return bad("algorithm.num_inner_epochs", "must be at least 1");
   if (!(noise_level >= 0)) return bad("algorithm.noise_level", "must be >= 0");
-  if (!rl::ParseSdeType(sde_type).ok()) return bad("algorithm.sde_type", "must be sde or cps");
+  if (!rl::ParseSdeType(sde_type).ok())
+    return bad("algorithm.sde_type", "must be sde, cps or dance");
   if (num_inference_steps < 2)
     return bad("worker.rollout.num_inference_steps", "must be at least 2");
   if (sde_window_size < 0 || sde_window_size >= num_inference_steps)
@@ -375,8 +392,18 @@ absl::StatusOr<TrainConfig> TrainConfig::FromYaml(const std::string& text) {
 }
 
 std::string TrainConfig::ToYaml() const {
-  TrainConfig copy = *this;
-  return KeysToYaml(Keys(copy));
+  // Every key but other algorithms' own, so that the file loads back.
+  TrainConfig copy = *this, owned = *this;
+  std::set<std::string> foreign;
+  for (const auto& [owner, keys] : OwnKeys(owned)) {
+    if (owner == name) continue;
+    for (const ConfigKey& key : keys) foreign.insert(key.key);
+  }
+  std::vector<ConfigKey> keys;
+  for (ConfigKey& key : Keys(copy)) {
+    if (foreign.count(key.key) == 0) keys.push_back(std::move(key));
+  }
+  return KeysToYaml(keys);
 }
 
 }  // namespace dray

@@ -10,7 +10,8 @@
 //              noise_level, sde_type, sde_window_size, sde_window_range;
 //              MixGRPO's: sample_strategy, iters_per_group, prog_overlap,
 //              prog_overlap_step, roll_back, max_iters_per_group,
-//              min_iters_per_group, kl_coeff, trimmed_ratio; DanceGRPO's:
+//              min_iters_per_group, kl_coeff, trimmed_ratio,
+//              multi_reward_mix; DanceGRPO's:
 //              shift, init_same_noise; DPO's: dpo_pairs
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
@@ -117,6 +118,10 @@ struct TrainConfig {
   rl::MixGrpoWindowOptions mix_window;
   double kl_coeff = 0.0;
   double trimmed_ratio = 0.0;
+  // How several rewards make advantages: summed first ("reward_aggr") or
+  // each one's advantages weighted and summed ("advantage_aggr",
+  // rl::MixedAdvantages), MixGRPO's multi_reward_mix.
+  std::string multi_reward_mix = "reward_aggr";
   // dance_grpo's: its schedule's shift (DanceGrpoSchedule) and whether a
   // group's samples start from one initial noise.
   double shift = 3.0;

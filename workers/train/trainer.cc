@@ -59,10 +59,14 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
   DRAY_RETURN_IF_ERROR(config.Validate());
   const TrainingLaunch& launch = options.launch;
   const int world_size = launch.nodes * launch.workers;
-  if (launch.workers < 1 || launch.nodes < 1 || config.rows_per_step() % world_size != 0) {
+  // DPO on its samples updates on one pair per prompt.
+  const int64_t update_rows = config.dpo() ? config.prompts_per_step : config.rows_per_step();
+  if (launch.workers < 1 || launch.nodes < 1 || config.rows_per_step() % world_size != 0 ||
+      update_rows % world_size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("data.prompts_per_step x algorithm.group_size = ", config.rows_per_step(),
-                     " rows per step must divide among the workers: --workers ", launch.workers,
+                     " rows per step (dpo: data.prompts_per_step = ", config.prompts_per_step,
+                     " pairs) must divide among the workers: --workers ", launch.workers,
                      launch.nodes > 1 ? absl::StrCat(" x --nodes ", launch.nodes) : ""));
   }
   std::unique_ptr<FlowGrpoTrainer> trainer(new FlowGrpoTrainer(config, std::move(options)));
