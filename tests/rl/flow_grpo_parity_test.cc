@@ -67,8 +67,7 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
     ++kinds[c.component + "/" + c.name.substr(0, c.name.find('.'))];
   // As the references' READMEs list: 62 SDE steps, 4 advantages, 4 losses, 2
   // rollouts; 8 GRPO-Guard steps and losses; DanceGRPO's 2 schedules, 16
-  // steps and 7 advantages (its training chain, train.qwen_edit_chain, is
-  // not run yet: DanceGRPO's training loop is not built); DiffusionNFT's 11
+  // steps, 7 advantages and its training chain; DiffusionNFT's 11
   // losses, 3 decay schedules and 7 sampling-policy updates; MixGRPO's 6
   // window tables (not its numpy-random one), 18 of its steps (not its 2 bfloat16 ones: see
   // mix_grpo_parity.h) and 4 of DanceGRPO's copy, 3 rollouts, 4 losses and 5
@@ -77,6 +76,7 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   EXPECT_EQ(kinds, (std::map<std::string, int>{{"dance_grpo/adv", 7},
                                                {"dance_grpo/flux", 16},
                                                {"dance_grpo/schedule", 2},
+                                               {"dance_grpo/train", 1},
                                                {"diffusion_nft/nft", 11},
                                                {"diffusion_nft/old_update", 7},
                                                {"diffusion_nft/return_decay", 3},

@@ -284,6 +284,127 @@ absl::StatusOr<std::vector<ParityResult>> RunDanceAdvantages(const ParityCase& c
   return results;
 }
 
+// RowToy: the DanceGRPO chain's stand-in transformer, without guidance:
+// out[b] = table[k_b] + 0.5 hidden[b] over [latents, image latents], k_b
+// the schedule index of row b's timestep; it keeps its last output (a leaf,
+// for the gradient) and the timesteps it saw.
+struct RowToy {
+  at::Tensor table;
+  at::Tensor scaled_timesteps;  // the schedule's timesteps / 1000, as the pipeline scales them
+  at::Tensor output, seen_timestep;
+
+  absl::StatusOr<at::Tensor> operator()(const at::Tensor& hidden, const at::Tensor& timestep) {
+    std::vector<at::Tensor> rows;
+    for (int64_t b = 0; b < hidden.size(0); ++b) {
+      DRAY_ASSIGN_OR_RETURN(int64_t k, StepIndex(scaled_timesteps, timestep[b].item<float>()));
+      rows.push_back(table[k] + 0.5 * hidden[b]);
+    }
+    output = at::stack(rows).detach().requires_grad_(true);
+    seen_timestep = timestep.detach();
+    return output;
+  }
+};
+
+// RunDanceChain: DanceGRPO's rollout and training step end to end, through
+// dray's Qwen-Image-Edit pipeline (latents and image latents joined, no
+// guidance) around the reference's toy: the group's shared initial noise,
+// every step stochastic, then each sample's own trained steps (the
+// reference's perms), each (sample, step)'s log-probability, clipped loss
+// and gradient. The harness's own sums (total_loss) and its toy table's
+// clipped gradient are the reference optimizer's, not compared.
+absl::StatusOr<std::vector<ParityResult>> RunDanceChain(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
+  const json& params = data.spec.at("params");
+  const int64_t steps = params.at("sampling_steps").get<int64_t>();
+  const int64_t generations = params.at("num_generations").get<int64_t>();
+  const int64_t trained = params.at("train_timesteps").get<int64_t>();
+  const SdeSchedule schedule = DanceGrpoSchedule(steps, params.at("shift").get<double>());
+  std::vector<ParityResult> results;
+  CheckValue(c, data, "sigma_schedule", data.Input("sigma_schedule"), schedule.sigmas, results);
+
+  qwen_image::QwenImageEditPipeline pipeline((qwen_image::QwenImageModel()));
+  qwen_image::PreparedEdit prepared;
+  prepared.image_latents = data.Input("image_latents").repeat_interleave(generations, 0);
+  const int64_t batch = prepared.image_latents.size(0);
+  prepared.prompt = {at::zeros({batch, 1, 1}), at::ones({batch, 1}, at::kLong)};
+  auto predictor = [&](RowToy& toy) -> PredictVelocity {
+    const qwen_image::Denoiser denoiser =
+        [&toy](const at::Tensor& hidden, const qwen_image::PromptEmbeddings&,
+               const at::Tensor& timestep,
+               const std::vector<qwen_image::SampleImages>&) { return toy(hidden, timestep); };
+    return [&, denoiser](const at::Tensor& latents, const at::Tensor& timestep) {
+      return pipeline.Velocity(prepared, latents, timestep, 1.0, denoiser);
+    };
+  };
+  const SdeSamplerOptions options{
+      params.at("eta").get<double>(), SdeType::kDance, {0, static_cast<int>(steps)}};
+  RowToy behaviour{data.Input("behaviour_table"), schedule.timesteps / 1000};
+  const at::Tensor noise = data.Input("rollout.variance_noise");
+  DRAY_ASSIGN_OR_RETURN(
+      Trajectory trajectory,
+      SampleTrajectory(
+          schedule, data.Input("init_noise").expand({batch, -1, -1}).contiguous(),
+          predictor(behaviour), [&](int step) { return noise.select(1, step); }, options));
+  const at::Tensor rewards = data.Input("rewards");
+  std::vector<std::string> groups;
+  for (int64_t i = 0; i < batch; ++i) groups.push_back(std::to_string(i / generations));
+  DRAY_ASSIGN_OR_RETURN(AdvantageEstimator estimate, FindAdvantageEstimator("dance_grpo"));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor advantages, estimate(groups, rewards, {}));
+
+  // Training: at pass k each row takes its own k-th step (perms[i][k]).
+  DRAY_ASSIGN_OR_RETURN(PolicyLoss loss, FindPolicyLoss("grpo"));
+  const PolicyLossOptions loss_options{params.at("clip_range").get<double>(),
+                                       params.at("adv_clip_max").get<double>(), 0.0,
+                                       params.at("loss_divisor").get<int64_t>()};
+  RowToy policy{data.Input("policy_table"), schedule.timesteps / 1000};
+  const at::Tensor perms = data.Input("perms");
+  std::map<std::string, std::vector<at::Tensor>> per_step;
+  for (int64_t k = 0; k < trained; ++k) {
+    const at::Tensor j = perms.select(1, k);
+    DRAY_ASSIGN_OR_RETURN(SdeStepResult step,
+                          RecomputeStep(schedule, predictor(policy), trajectory, j, options));
+    const at::Tensor old_log_prob = AtSteps(trajectory.log_probs, j);
+    std::vector<at::Tensor> losses;
+    std::map<std::string, std::vector<at::Tensor>> rows;
+    for (int64_t b = 0; b < batch; ++b) {  // DanceGRPO's batch of one
+      DRAY_ASSIGN_OR_RETURN(PolicyLossOutput out,
+                            loss({advantages.narrow(0, b, 1), step.log_prob.narrow(0, b, 1),
+                                  old_log_prob.narrow(0, b, 1)},
+                                 loss_options));
+      losses.push_back(out.loss);
+      for (const auto& [name, value] : Outputs{{"advantages", out.advantages},
+                                               {"ratio", out.ratio},
+                                               {"unclipped_loss", out.unclipped_loss},
+                                               {"clipped_loss", out.clipped_loss},
+                                               {"loss", out.loss.reshape({1})}})
+        rows[name].push_back(value.detach());
+    }
+    at::stack(losses).sum().backward();  // each row's loss reaches its own row only
+    rows["new_log_probs"].push_back(step.log_prob.detach().unsqueeze(1));
+    for (auto& [name, values] : rows) per_step[name].push_back(at::cat(values).view({batch, 1}));
+    per_step["transformer_output"].push_back(policy.output.detach());
+    per_step["grad_transformer_output"].push_back(policy.output.grad());
+    per_step["transformer_timestep"].push_back(policy.seen_timestep);
+  }
+  Outputs computed = {{"rollout.all_latents",
+                       at::cat({trajectory.latents.narrow(1, 0, 1), trajectory.next_latents}, 1)},
+                      {"rollout.all_log_probs", trajectory.log_probs},
+                      // The trained steps' values, in each sample's permuted order (DanceGRPO
+                      // permutes its samples' trimmed steps in place).
+                      {"samples.timesteps", trajectory.timesteps.gather(1, perms).to(at::kLong)},
+                      {"samples.log_probs", trajectory.log_probs.gather(1, perms)},
+                      {"samples.advantages", advantages}};
+  for (const auto& [name, values] : per_step) computed["train." + name] = at::stack(values, 1);
+  json outputs = data.spec.at("outputs");
+  for (const char* harness : {"total_loss", "grad_norm", "train.sigma_index"})
+    outputs.erase(harness);  // the harness's sums and optimizer, and the perms it was given
+  CheckAll(c, data, outputs, computed, "", results);
+  json gradients = data.spec.at("gradients");
+  gradients.erase("train.policy_table_grad_after_clip");
+  CheckAll(c, data, gradients, computed, "", results);
+  return results;
+}
+
 // The DiffusionNFT cases (tests/data/reference/diffusion_nft): its loss
 // with every intermediate value and the gradient, the decay schedule and
 // the sampling policy's update.
@@ -555,9 +676,11 @@ std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
                                              {"rollout", RunRollout},
                                              {"guard", RunGuard}});
   for (std::vector<ParityCase> more :
-       {RlCasesIn(
-            folder, "/DanceGRPO",
-            {{"schedule", RunDanceSchedule}, {"flux", RunFluxStep}, {"adv", RunDanceAdvantages}}),
+       {RlCasesIn(folder, "/DanceGRPO",
+                  {{"schedule", RunDanceSchedule},
+                   {"flux", RunFluxStep},
+                   {"adv", RunDanceAdvantages},
+                   {"train", RunDanceChain}}),
         RlCasesIn(
             folder, "/DiffusionNFT",
             {{"nft", RunNftLoss}, {"return_decay", RunNftDecay}, {"old_update", RunNftOldUpdate}})})

@@ -68,10 +68,12 @@ void CheckValue(const ParityCase& c, const RlCase& data, const std::string& outp
                 const at::Tensor& expected, const at::Tensor& actual,
                 std::vector<ParityResult>& results) {
   const json& tolerance = data.spec.at("tolerance");
+  // A per-tensor tolerance by the output's full name, else by its last part.
   const std::string key = output.substr(output.rfind('.') + 1);
-  const json& chosen = tolerance.contains("per_tensor") && tolerance["per_tensor"].contains(key)
-                           ? tolerance["per_tensor"][key]
-                           : tolerance.at("default");
+  const json per_tensor = tolerance.value("per_tensor", json::object());
+  const json& chosen = per_tensor.contains(output) ? per_tensor[output]
+                       : per_tensor.contains(key)  ? per_tensor[key]
+                                                   : tolerance.at("default");
   if (!actual.defined()) {
     ParityResult missing{c.component, c.name, output};
     missing.error = "dray computed no such output";

@@ -2,7 +2,7 @@
 // flow_grpo, dance_grpo, mix_grpo, ...: a cases.json whose `cases` name
 // their inputs and outputs in safetensors files), loaded and compared at
 // each case's own tolerance (cases.json `tolerance`, `per_tensor` entries
-// by the output's last name part).
+// by the output's full name or its last name part).
 //
 //   DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
 //   std::vector<ParityResult> results;
