@@ -153,34 +153,33 @@ at::Tensor PromptSampler::DpoDraws(int64_t step, int64_t rows) const {
   return at::sigmoid(std::sqrt(2.0) * at::erfinv(2 * uniform - 1)).view({rows, -1});
 }
 
-std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {
+std::vector<int64_t> PromptSampler::SeededSubset(uint64_t seed, int64_t window) const {
   // DanceGRPO never trains its last step and takes int((S - 1) fraction).
   const bool dance = config_.name == "dance_grpo";
   const int64_t candidates = dance ? window - 1 : window;
   if (candidates <= 0) return {};
   std::vector<int64_t> steps(candidates);
   std::iota(steps.begin(), steps.end(), 0);
-  std::shuffle(steps.begin(), steps.end(), std::mt19937_64(Seed(SeedStream::kTrainedSteps, step)));
+  std::shuffle(steps.begin(), steps.end(), std::mt19937_64(seed));
   const double share = config_.timestep_fraction * static_cast<double>(candidates);
   steps.resize(std::max<int64_t>(
       1, dance ? static_cast<int64_t>(share) : static_cast<int64_t>(std::llround(share))));
+  return steps;
+}
+
+std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) const {
+  std::vector<int64_t> steps = SeededSubset(Seed(SeedStream::kTrainedSteps, step), window);
   std::sort(steps.begin(), steps.end());
   return steps;
 }
 
 at::Tensor PromptSampler::RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const {
-  const int64_t candidates = std::max<int64_t>(1, window - 1);  // never the last
-  const int64_t count = std::max<int64_t>(
-      1, static_cast<int64_t>(config_.timestep_fraction * static_cast<double>(candidates)));
-  at::Tensor steps = at::empty({rows, count}, at::kLong);
+  std::vector<at::Tensor> subsets;
   for (int64_t row = 0; row < rows; ++row) {
-    std::vector<int64_t> order(candidates);
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(),
-                 std::mt19937_64(Seed(SeedStream::kRowTrainedSteps, step * 1000003 + row)));
-    for (int64_t k = 0; k < count; ++k) steps[row][k] = order[k];
+    subsets.push_back(at::tensor(
+        SeededSubset(Seed(SeedStream::kRowTrainedSteps, step * 1000003 + row), window), at::kLong));
   }
-  return steps;
+  return at::stack(subsets);
 }
 
 std::vector<int64_t> PromptSampler::UpdateOrder(int64_t step, int64_t epoch, int64_t rows,

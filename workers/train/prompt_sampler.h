@@ -92,9 +92,8 @@ class PromptSampler {
   std::vector<int64_t> TrainedSteps(int64_t step, int64_t window) const;
 
   // RowTrainedSteps: DanceGRPO's own subset per sample: for each of `rows`
-  // rows, a seeded permutation of a `window`-step window's steps but the
-  // last, cut to int((window - 1) timestep_fraction), at least one ([rows,
-  // K] int64, in permuted order, the order DanceGRPO trains them in).
+  // rows, its own seeded subset as TrainedSteps draws one ([rows, K] int64,
+  // in permuted order, the order DanceGRPO trains them in).
   at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled
@@ -110,6 +109,10 @@ class PromptSampler {
   absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies,
                                      bool shared_initial_noise = false) const;
   uint64_t Seed(SeedStream stream, uint64_t index) const;
+  // SeededSubset: a `window`-step window's trained steps in the order a
+  // generator seeded `seed` shuffles them: timestep_fraction of them, at
+  // least one (dance_grpo: int((window - 1) fraction), never the last).
+  std::vector<int64_t> SeededSubset(uint64_t seed, int64_t window) const;
   // UniformDraws: `count` draws in [0, 1) of step `step`'s kSigmaDraw stream.
   at::Tensor UniformDraws(int64_t step, int64_t count) const;
 
