@@ -74,7 +74,7 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.train = app.add_subcommand(
       "train",
       "train Qwen-Image-Edit with Flow-GRPO or, by algorithm.name, flow_grpo_fast, grpo_guard, "
-      "mix_grpo, dance_grpo, dpo, sft or its VAE (vae), checkpointed with "
+      "mix_grpo, dance_grpo, diffusion_nft, dpo, sft or its VAE (vae), checkpointed with "
       "trainer.save_every and resumed with trainer.resume=auto (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");
   f.train->add_option("overrides", f.overrides,

@@ -80,6 +80,7 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
                                                {"diffusion_nft/nft", 11},
                                                {"diffusion_nft/old_update", 7},
                                                {"diffusion_nft/return_decay", 3},
+                                               {"diffusion_nft/sampling", 5},
                                                {"flow_dpo/diffusion_dpo", 3},
                                                {"flow_dpo/flow_dpo", 3},
                                                {"flow_dpo/tracker", 2},

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/nft_loss.h"
+#include "workers/rl/ode_sampler.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -184,6 +185,15 @@ TEST(PolicyLossTest, GrpoGuardNeedsTheRolloutsStepMean) {
   input.sqrt_neg_dt = at::ones({2, 1});
   DRAY_ASSERT_OK_AND_ASSIGN(PolicyLossOutput out, guard(input, {}));
   EXPECT_EQ(out.ratio.sum().item<double>(), 2.0);  // on-policy: the bias is 0, the ratio 1
+}
+
+TEST(OdeSamplerTest, RefusesWhatItCannotRun) {
+  EXPECT_THAT(ParseOdeSolver("dpm3").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("flow or dpm2")));
+  SdeSchedule schedule = Schedule();
+  schedule.sigmas = schedule.sigmas.narrow(0, 0, schedule.sigmas.size(0) - 1);
+  EXPECT_THAT(SampleOde(schedule, at::zeros({1, 4, 2}), Velocity, OdeSolver::kDpm2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sigmas")));
 }
 
 TEST(NftLossTest, RefusesWhatItCannotUse) {

@@ -99,6 +99,21 @@ TEST(CheckpointTest, AStopAndAResumeEqualAnUninterruptedRun) {
   ExpectSameRun(dir, Uninterrupted(1), 0);
 }
 
+// DiffusionNFT's sampling policy trails the trained one: a checkpoint
+// holds it, or the resumed run would roll out with other weights.
+TEST(CheckpointTest, DiffusionNftResumesWithItsSamplingPolicy) {
+  const std::vector<std::string> nft = {"algorithm.name=diffusion_nft", "algorithm.decay_type=1"};
+  const std::string dir = SaveDir("nft_stopped");
+  std::vector<std::string> first = nft, second = nft;
+  first.insert(first.end(), {"trainer.total_steps=2", "trainer.save_every=2"});
+  second.push_back("trainer.resume=auto");
+  DRAY_ASSERT_OK(Train(Job(dir, first)));
+  EXPECT_TRUE(
+      fs::exists(dir + "/checkpoints/step_000002/sampling_policy-00000-of-00001.safetensors"));
+  DRAY_ASSERT_OK(Train(Job(dir, second)));
+  ExpectSameRun(dir, Uninterrupted(1, nft), 0);
+}
+
 // Resuming an earlier checkpoint abandons the later ones: they are moved
 // aside, never mixed with (or pruned in favour of) the new run's.
 TEST(CheckpointTest, ResumingAnEarlierCheckpointSetsTheLaterOnesAside) {

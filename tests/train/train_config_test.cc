@@ -111,7 +111,7 @@ TEST(TrainConfigTest, TheResolvedConfigurationLoadsBackForEveryAlgorithm) {
   // config.yaml holds every key but other algorithms' own: loaded back as a
   // file, it is the same job.
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/resolved.yaml";
-  for (const std::string name : {"grpo", "mix_grpo", "dance_grpo", "dpo", "sft"}) {
+  for (const std::string name : {"grpo", "mix_grpo", "dance_grpo", "dpo", "diffusion_nft", "sft"}) {
     SCOPED_TRACE(name);
     DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config,
                               TrainConfig::Load("", {"algorithm.name=" + name}));
@@ -165,6 +165,33 @@ TEST(TrainConfigTest, DanceGrpoRunsAsItsScriptDoes) {
   EXPECT_THAT(
       TrainConfig::Load("", {"algorithm.name=dance_grpo", "algorithm.sde_window_size=2"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not apply to dance_grpo")));
+}
+
+TEST(TrainConfigTest, DiffusionNftRunsAsItsConfigDoes) {
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig nft,
+                            TrainConfig::Load("", {"algorithm.name=diffusion_nft"}));
+  EXPECT_EQ(nft.beta, 1e-4) << "its train.beta: the KL weight";
+  EXPECT_EQ(nft.nft_beta, 1.0);
+  EXPECT_EQ(nft.timestep_fraction, 0.99);
+  EXPECT_EQ(nft.decay_type, 1);
+  EXPECT_EQ(nft.adv_mode, "all");
+  EXPECT_EQ(nft.solver, "dpm2");
+  EXPECT_EQ(nft.model.negative_prompt, "") << "no CFG";
+  EXPECT_FALSE(nft.grpo());
+  EXPECT_FALSE(nft.paired());
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.decay_type=2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.decay_type is diffusion_nft's")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=diffusion_nft", "algorithm.noise_level=1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.noise_level does not apply to diffusion_nft")));
+  for (const char* bad : {"algorithm.nft_beta=0", "algorithm.decay_type=3",
+                          "algorithm.adv_mode=best", "algorithm.solver=dpm3"}) {
+    SCOPED_TRACE(bad);
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=diffusion_nft", bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)));
+  }
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

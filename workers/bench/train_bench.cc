@@ -69,7 +69,8 @@ absl::Status CompareAlgorithms(const TrainBenchOptions& options,
   const std::vector<std::pair<std::string, Rgb>> algorithms = {
       {"grpo", {220, 60, 40}},        {"flow_grpo_fast", {40, 120, 220}},
       {"grpo_guard", {40, 160, 60}},  {"mix_grpo", {160, 60, 200}},
-      {"dance_grpo", {200, 150, 30}}, {"dpo", {90, 90, 90}}};
+      {"dance_grpo", {200, 150, 30}}, {"diffusion_nft", {30, 170, 170}},
+      {"dpo", {90, 90, 90}}};
   std::vector<Series> lines;
   for (const auto& [algorithm, color] : algorithms) {
     DRAY_ASSIGN_OR_RETURN(

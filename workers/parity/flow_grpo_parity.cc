@@ -14,6 +14,7 @@
 #include "workers/parity/rl_case.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/nft_loss.h"
+#include "workers/rl/ode_sampler.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -483,19 +484,42 @@ absl::StatusOr<std::vector<ParityResult>> RunNftDecay(const ParityCase& c) {
   return results;
 }
 
-// RunNftOldUpdate: old * decay + policy * (1 - decay), in the parameters'
-// dtype, the decay from NftOldPolicyDecay.
+// RunNftOldUpdate: NftBlendedPolicy, the decay from NftOldPolicyDecay.
 absl::StatusOr<std::vector<ParityResult>> RunNftOldUpdate(const ParityCase& c) {
   DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
   DRAY_ASSIGN_OR_RETURN(double decay, NftOldPolicyDecay(data.Param("global_step").get<int64_t>(),
                                                         data.Param("decay_type").get<int>()));
   Outputs computed;
   for (const char* p : {"0", "1"}) {
-    computed[absl::StrCat("new_old_param", p)] = data.Input(absl::StrCat("old_param", p)) * decay +
-                                                 data.Input(absl::StrCat("param", p)) * (1 - decay);
+    computed[absl::StrCat("new_old_param", p)] = NftBlendedPolicy(
+        data.Input(absl::StrCat("old_param", p)), data.Input(absl::StrCat("param", p)), decay);
   }
   std::vector<ParityResult> results;
   CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  return results;
+}
+
+// RunNftSampling: DiffusionNFT's deterministic rollout (run_sampling with
+// solver flow or dpm2) on its stand-in model, 0.5 tanh(z) + table[i] at
+// step i, every step's latents compared.
+absl::StatusOr<std::vector<ParityResult>> RunNftSampling(const ParityCase& c) {
+  DRAY_ASSIGN_OR_RETURN(RlCase data, LoadRlCase(c));
+  DRAY_ASSIGN_OR_RETURN(OdeSolver solver, ParseOdeSolver(data.Param("solver").get<std::string>()));
+  const at::Tensor sigmas = data.Input("sigmas");
+  const at::Tensor table = data.Input("table");
+  const SdeSchedule schedule{sigmas, sigmas.narrow(0, 0, sigmas.size(0) - 1) * 1000};
+  std::vector<at::Tensor> all = {data.Input("z")};
+  int64_t step = 0;
+  auto toy = [&](const at::Tensor& latents, const at::Tensor&) -> absl::StatusOr<at::Tensor> {
+    all.push_back(latents);  // the step before's result: what this step is asked on
+    return 0.5 * at::tanh(latents) + table[step++];
+  };
+  DRAY_ASSIGN_OR_RETURN(at::Tensor latents, SampleOde(schedule, data.Input("z"), toy, solver));
+  all.erase(all.begin() + 1);  // the first call's latents are z itself
+  all.push_back(latents);
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"),
+           {{"latents", latents}, {"all_latents", at::stack(all, 1)}}, "", results);
   return results;
 }
 
@@ -675,15 +699,16 @@ std::vector<ParityCase> FlowGrpoParityCases(const std::string& folder) {
                                              {"loss", RunLoss},
                                              {"rollout", RunRollout},
                                              {"guard", RunGuard}});
-  for (std::vector<ParityCase> more :
-       {RlCasesIn(folder, "/DanceGRPO",
-                  {{"schedule", RunDanceSchedule},
-                   {"flux", RunFluxStep},
-                   {"adv", RunDanceAdvantages},
-                   {"train", RunDanceChain}}),
-        RlCasesIn(
-            folder, "/DiffusionNFT",
-            {{"nft", RunNftLoss}, {"return_decay", RunNftDecay}, {"old_update", RunNftOldUpdate}})})
+  for (std::vector<ParityCase> more : {RlCasesIn(folder, "/DanceGRPO",
+                                                 {{"schedule", RunDanceSchedule},
+                                                  {"flux", RunFluxStep},
+                                                  {"adv", RunDanceAdvantages},
+                                                  {"train", RunDanceChain}}),
+                                       RlCasesIn(folder, "/DiffusionNFT",
+                                                 {{"nft", RunNftLoss},
+                                                  {"return_decay", RunNftDecay},
+                                                  {"old_update", RunNftOldUpdate},
+                                                  {"sampling", RunNftSampling}})})
     cases.insert(cases.end(), more.begin(), more.end());
   return cases;
 }

@@ -42,6 +42,11 @@ Pulled Pull(const at::Tensor& x0_prediction, const at::Tensor& x0) {
 
 }  // namespace
 
+at::Tensor NftNoised(const at::Tensor& x0, const at::Tensor& noise, const at::Tensor& t) {
+  const at::Tensor level = t.view(PerSampleShape(x0));
+  return (1 - level) * x0 + level * noise;
+}
+
 absl::StatusOr<NftLossOutput> NftLoss(const NftLossInput& in, const NftLossOptions& options) {
   const std::vector<const at::Tensor*> shaped = {&in.noise, &in.velocity, &in.old_velocity};
   bool bad = !in.x0.defined() || in.x0.dim() < 2 || !in.t.defined() || !in.advantages.defined() ||
@@ -60,7 +65,7 @@ absl::StatusOr<NftLossOutput> NftLoss(const NftLossInput& in, const NftLossOptio
   const double a = options.adv_clip_max, beta = options.beta;
   const at::Tensor t = in.t.view(PerSampleShape(in.x0));
   NftLossOutput out;
-  out.xt = (1 - t) * in.x0 + t * in.noise;
+  out.xt = NftNoised(in.x0, in.noise, in.t);
   auto advantages = AdvantagesIn(options.adv_mode, at::clamp(in.advantages, -a, a), a);
   if (!advantages.ok()) return advantages.status();
   out.advantages = *advantages;
@@ -99,6 +104,10 @@ absl::StatusOr<double> NftOldPolicyDecay(int64_t step, int decay_type) {
       return absl::InvalidArgumentError(
           absl::StrCat("nft decay_type ", decay_type, " is not 0, 1 or 2"));
   }
+}
+
+at::Tensor NftBlendedPolicy(const at::Tensor& old, const at::Tensor& policy, double decay) {
+  return old * decay + policy * (1 - decay);
 }
 
 }  // namespace dray::rl

@@ -60,6 +60,10 @@ struct NftLossOutput {
   at::Tensor per_sample_loss;  // r L+ / beta + (1 - r) L- / beta, [B]
 };
 
+// NftNoised: DiffusionNFT's forward process, xt = (1 - t) x0 + t noise, with
+// t [B] (each sample's noise level) and x0, noise [B, ...].
+at::Tensor NftNoised(const at::Tensor& x0, const at::Tensor& noise, const at::Tensor& t);
+
 // NftLoss computes the objective for one micro-batch at one timestep each.
 // Mismatched shapes, beta <= 0 or an unknown adv_mode are INVALID_ARGUMENT.
 absl::StatusOr<NftLossOutput> NftLoss(const NftLossInput& input, const NftLossOptions& options);
@@ -69,6 +73,10 @@ absl::StatusOr<NftLossOutput> NftLoss(const NftLossInput& input, const NftLossOp
 // decay type 0: 0; 1: min(0.001 step, 0.5); 2: 0 before step 75, then
 // min((step - 75) 0.0075, 0.999). Another type is INVALID_ARGUMENT.
 absl::StatusOr<double> NftOldPolicyDecay(int64_t step, int decay_type);
+
+// NftBlendedPolicy: the sampling policy's values after that update, old *
+// decay + policy * (1 - decay), in their dtype.
+at::Tensor NftBlendedPolicy(const at::Tensor& old, const at::Tensor& policy, double decay);
 
 }  // namespace dray::rl
 

@@ -41,16 +41,9 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     }
     if (on_step) DRAY_RETURN_IF_ERROR(on_step(i + 1, steps));
   }
+  if (kept.empty()) return OdeTrajectory(latents, schedule);  // every step was an ODE step
   Trajectory trajectory;
   trajectory.final_latents = latents;
-  if (kept.empty()) {  // an empty window: every step was an ODE step
-    trajectory.latents = latents.unsqueeze(1).narrow(1, 0, 0);
-    trajectory.next_latents = trajectory.latents;
-    trajectory.prev_sample_means = trajectory.latents;
-    trajectory.log_probs = at::empty({batch, 0}, latents.options().dtype(at::kFloat));
-    trajectory.timesteps = at::empty({batch, 0}, schedule.timesteps.options());
-    return trajectory;
-  }
   const at::Tensor all = at::stack(kept, 1);
   const int64_t t = all.size(1) - 1;
   trajectory.latents = all.narrow(1, 0, t);
@@ -58,6 +51,18 @@ absl::StatusOr<Trajectory> SampleTrajectory(
   trajectory.log_probs = at::stack(log_probs, 1);
   trajectory.prev_sample_means = at::stack(means, 1);
   trajectory.timesteps = at::stack(timesteps, 1);
+  return trajectory;
+}
+
+Trajectory OdeTrajectory(const at::Tensor& final_latents, const SdeSchedule& schedule) {
+  const int64_t batch = final_latents.size(0);
+  Trajectory trajectory;
+  trajectory.final_latents = final_latents;
+  trajectory.latents = final_latents.unsqueeze(1).narrow(1, 0, 0);
+  trajectory.next_latents = trajectory.latents;
+  trajectory.prev_sample_means = trajectory.latents;
+  trajectory.log_probs = at::empty({batch, 0}, final_latents.options().dtype(at::kFloat));
+  trajectory.timesteps = at::empty({batch, 0}, schedule.timesteps.options());
   return trajectory;
 }
 

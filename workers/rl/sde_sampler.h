@@ -66,6 +66,10 @@ absl::StatusOr<Trajectory> SampleTrajectory(
     const DrawNoise& draw_noise, const SdeSamplerOptions& options,
     const std::function<absl::Status(int step, int steps)>& on_step = nullptr);
 
+// OdeTrajectory: the trajectory of a rollout without SDE steps (T = 0)
+// that ended at `final_latents` (an empty window's, DiffusionNFT's).
+Trajectory OdeTrajectory(const at::Tensor& final_latents, const SdeSchedule& schedule);
+
 // RecomputeStep scores window step `j` of `trajectory` under `predict` (the
 // current policy): the training path, differentiable through predict.
 absl::StatusOr<SdeStepResult> RecomputeStep(const SdeSchedule& schedule,

@@ -3,11 +3,12 @@
 // (training_algorithm.h) in a file of its own and one line in
 // MakeTrainingAlgorithm.
 //
-//   grpo   Flow-GRPO: rollout with the SDE sampler, rewards, group
-//          advantages, num_inner_epochs clipped-surrogate updates
-//          (workers/train/grpo_algorithm.h)
-//   sft    supervised fine-tuning on pairs (workers/train/paired_algorithm.h)
-//   vae    the VAE's reconstruction training on images (likewise)
+//   rollouts scored by reward (workers/train/grpo_algorithm.h): the GRPO
+//          family (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo:
+//          SDE rollouts, group advantages, clipped-surrogate updates),
+//          diffusion_nft (ODE rollouts, DiffusionNFT's loss) and dpo on
+//          its own samples
+//   pairs (workers/train/paired_algorithm.h): sft, vae and dpo on data
 //
 //   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingAlgorithm> algorithm,
 //                         MakeTrainingAlgorithm(config));

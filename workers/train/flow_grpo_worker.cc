@@ -26,6 +26,8 @@
 #include "workers/pipeline/edit_batch.h"
 #include "workers/pipeline/edit_model.h"
 #include "workers/rl/dpo_loss.h"
+#include "workers/rl/nft_loss.h"
+#include "workers/rl/ode_sampler.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
@@ -42,7 +44,12 @@ constexpr uint64_t kSdeNoiseStream = uint64_t{1} << 40;
 // kDpoNoiseStream: offset of a pair's DPO noise seeds (one per draw) from its
 // row's seed.
 constexpr uint64_t kDpoNoiseStream = uint64_t{2} << 40;
+// kNftNoiseStream: offset of a row's DiffusionNFT noise seeds (one per inner
+// epoch and trained timestep) from its seed.
+constexpr uint64_t kNftNoiseStream = uint64_t{3} << 40;
 constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
+// kSamplingPolicyName: diffusion_nft's sampling policy's files in a checkpoint.
+constexpr char kSamplingPolicyName[] = "sampling_policy";
 
 // SecondsIn adds the time until it goes out of scope to `table[name]`.
 class SecondsIn {
@@ -76,6 +83,21 @@ Image RawImage(const at::Tensor& image) {
           Bytes(std::string(static_cast<const char*>(pixels.data_ptr()), pixels.nbytes()))};
 }
 
+// RowsNoise: a standard normal draw of `shape` (one row's, without the
+// batch dimension) for each row, from a generator seeded with the row's
+// seed + `offset`, stacked on `device`.
+at::Tensor RowsNoise(const std::vector<qwen_image::EditInput>& inputs, uint64_t offset,
+                     at::IntArrayRef shape, at::Device device) {
+  std::vector<int64_t> row_shape = {1};
+  row_shape.insert(row_shape.end(), shape.begin(), shape.end());
+  std::vector<at::Tensor> noise;
+  for (const qwen_image::EditInput& input : inputs) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(input.seed + offset);
+    noise.push_back(at::randn(row_shape, generator, at::kFloat));
+  }
+  return at::cat(noise).to(device);
+}
+
 // kTrainTimesteps: the schedule SFT draws its noise levels from, as
 // diffusers' training scripts draw from the scheduler's 1000 timesteps.
 constexpr int kTrainTimesteps = 1000;
@@ -104,6 +126,11 @@ struct FlowGrpoWorker::State {
   // update_actor pick rows of by kRolloutRowColumn.
   std::vector<qwen_image::EditInput> rollout_inputs;
   rl::Trajectory rollout;
+  // diffusion_nft: the sampling policy (DiffusionNFT's "old" adapter), its
+  // values laid out like trained().shards(), swapped in for its rollouts
+  // and its velocities in the loss, and its rollouts' solver.
+  std::vector<at::Tensor> sampling_policy;
+  rl::OdeSolver ode_solver = rl::OdeSolver::kDpm2;
 
   qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
   // trained: the sharded module the optimizer updates.
@@ -166,6 +193,55 @@ struct FlowGrpoWorker::State {
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
                           pipeline().Scheduler(tokens, options.num_inference_steps));
     return rl::SdeSchedule{scheduler.sigmas().to(model->device), scheduler.timesteps()};
+  }
+
+  // WithSamplingPolicy runs `run` without gradients with the sampling
+  // policy's values in the trained shards (FSDP gathers units from the
+  // shards at each forward), then puts the trained values back.
+  template <typename Run>
+  auto WithSamplingPolicy(const Run& run) {
+    torch::NoGradGuard no_grad;
+    SwapSamplingPolicy();
+    auto result = run();
+    SwapSamplingPolicy();
+    return result;
+  }
+
+  void SwapSamplingPolicy() {
+    const std::vector<at::Tensor> shards = trained().shards();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const at::Tensor held = shards[i].detach().clone();
+      shards[i].detach().copy_(sampling_policy[i]);
+      sampling_policy[i].copy_(held);
+    }
+  }
+
+  // BlendSamplingPolicy moves the sampling policy toward the trained one:
+  // DiffusionNFT's update after each step (rl::NftBlendedPolicy).
+  void BlendSamplingPolicy(double decay) {
+    torch::NoGradGuard no_grad;
+    const std::vector<at::Tensor> shards = trained().shards();
+    for (size_t i = 0; i < shards.size(); ++i)
+      sampling_policy[i] = rl::NftBlendedPolicy(sampling_policy[i], shards[i].detach(), decay);
+  }
+
+  // Sample rolls a micro-batch out: with the SDE sampler, or diffusion_nft's
+  // sampling policy with its ODE solver (no window: T = 0).
+  absl::StatusOr<rl::Trajectory> Sample(const rl::SdeSchedule& schedule,
+                                        const qwen_image::PreparedEdit& prepared,
+                                        const rl::DrawNoise& draw,
+                                        const rl::SdeSamplerOptions& options,
+                                        const std::function<absl::Status(int, int)>& on_step) {
+    if (!config.nft()) {
+      return rl::SampleTrajectory(schedule, prepared.noise, Predictor(prepared), draw, options,
+                                  on_step);
+    }
+    return WithSamplingPolicy([&]() -> absl::StatusOr<rl::Trajectory> {
+      DRAY_ASSIGN_OR_RETURN(
+          at::Tensor clean,
+          rl::SampleOde(schedule, prepared.noise, Predictor(prepared), ode_solver, on_step));
+      return rl::OdeTrajectory(clean, schedule);
+    });
   }
 
   // Predictor: the guided velocity for a prepared micro-batch, of the policy
@@ -298,6 +374,7 @@ struct FlowGrpoWorker::State {
       micro.trajectory.log_probs = pick(rollout.log_probs);
       micro.trajectory.prev_sample_means = pick(rollout.prev_sample_means);
       micro.trajectory.timesteps = pick(rollout.timesteps);
+      micro.trajectory.final_latents = pick(rollout.final_latents);
       if (batch.HasColumn(kRowTrainStepsColumn)) {
         DRAY_ASSIGN_OR_RETURN(at::Tensor steps, batch.GetTensor(kRowTrainStepsColumn));
         micro.train_steps = steps.slice(0, start, end);
@@ -412,6 +489,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->trained().shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
+  if (config.nft()) {  // the sampling policy starts as the policy
+    for (const at::Tensor& shard : state->trained().shards())
+      state->sampling_policy.push_back(shard.detach().clone());
+    DRAY_ASSIGN_OR_RETURN(state->ode_solver, rl::ParseOdeSolver(config.solver));
+  }
   DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
   state->sampler.noise_level = config.noise_level;
   DRAY_ASSIGN_OR_RETURN(state->loss, rl::FindPolicyLoss(config.policy_loss()));
@@ -466,10 +548,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
       ReportProgress("denoising", done_before + step, total);
       return StopRequestedOnAnyRank();
     };
-    DRAY_ASSIGN_OR_RETURN(
-        rl::Trajectory trajectory,
-        rl::SampleTrajectory(schedule, prepared.noise, state_->Predictor(prepared), draw, sampler,
-                             on_step));
+    DRAY_ASSIGN_OR_RETURN(rl::Trajectory trajectory,
+                          state_->Sample(schedule, prepared, draw, sampler, on_step));
     done_before += steps;
     DRAY_ASSIGN_OR_RETURN(
         std::vector<at::Tensor> decoded,
@@ -488,6 +568,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   kept.log_probs = joined(&rl::Trajectory::log_probs);
   kept.prev_sample_means = joined(&rl::Trajectory::prev_sample_means);
   kept.timesteps = joined(&rl::Trajectory::timesteps);
+  kept.final_latents = joined(&rl::Trajectory::final_latents);
   for (MicroBatch& micro : micro_batches) {
     for (qwen_image::EditInput& input : micro.inputs)
       state_->rollout_inputs.push_back(std::move(input));
@@ -542,6 +623,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   if (state_ == nullptr)
     return absl::FailedPreconditionError("call init_model before update_actor");
   const TrainConfig& config = state_->config;
+  if (config.nft()) return NftUpdate(batch);
   DRAY_ASSIGN_OR_RETURN(Json steps_json, batch.GetMeta<Json>(kTrainStepsKey));
   DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   const std::vector<int64_t> train_steps =
@@ -605,6 +687,76 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
                       {"clipfrac", sums["clipfrac"] / n},
                       {"ratio_mean", sums["ratio_mean"] / n},
                       {"grad_norm", grad_norm}};
+  return DataProto::Make({}, {}, std::move(metrics));
+}
+
+absl::StatusOr<DataProto> FlowGrpoWorker::NftUpdate(const DataProto& batch) {
+  const TrainConfig& config = state_->config;
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
+  DRAY_ASSIGN_OR_RETURN(int64_t epoch, batch.GetMeta<int64_t>(kInnerEpochKey));
+  if (!batch.HasColumn(kRowTrainStepsColumn) || !batch.HasColumn(kAdvantagesColumn))
+    return absl::InvalidArgumentError(absl::StrCat("update_actor with diffusion_nft needs the ",
+                                                   kAdvantagesColumn, " and ", kRowTrainStepsColumn,
+                                                   " columns"));
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->KeptMicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  state_->BeginUpdate(lr);
+  const int64_t trained = micro_batches.empty() ? 0 : micro_batches.front().train_steps.size(1);
+  const rl::NftLossOptions options{config.nft_beta, config.beta, config.adv_clip_max,
+                                   config.adv_mode,
+                                   static_cast<int64_t>(micro_batches.size()) * trained};
+  std::map<std::string, double> sums;
+  for (const MicroBatch& micro : micro_batches) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    const int64_t steps = schedule.timesteps.size(0);
+    const at::Tensor& x0 = micro.trajectory.final_latents;
+    for (int64_t k = 0; k < trained; ++k) {
+      // Each row at its own k-th trained timestep, noised afresh.
+      const at::Tensor rows_steps = micro.train_steps.select(1, k);
+      if (rows_steps.min().item<int64_t>() < 0 || rows_steps.max().item<int64_t>() >= steps)
+        return absl::InvalidArgumentError(absl::StrCat(
+            kRowTrainStepsColumn, " must name steps of the ", steps, "-step schedule"));
+      const at::Tensor timestep =
+          schedule.timesteps.index_select(0, rows_steps.to(schedule.timesteps.device()));
+      rl::NftLossInput input;
+      input.x0 = x0;
+      input.noise = RowsNoise(micro.inputs, kNftNoiseStream + (epoch << 20) + k,
+                              x0.sizes().slice(1), x0.device());
+      input.t = timestep.to(x0.device()) / 1000.0;
+      input.advantages = micro.advantages;
+      const at::Tensor xt = rl::NftNoised(x0, input.noise, input.t);
+      auto velocity_of = [&](qwen_image::Denoiser denoiser) -> absl::StatusOr<at::Tensor> {
+        DRAY_ASSIGN_OR_RETURN(at::Tensor v, state_->Predictor(prepared, denoiser)(xt, timestep));
+        return AtLeastFloat32(v);
+      };
+      DRAY_ASSIGN_OR_RETURN(input.old_velocity,
+                            state_->WithSamplingPolicy([&] { return velocity_of(nullptr); }));
+      if (config.beta > 0) {
+        DRAY_ASSIGN_OR_RETURN(input.ref_velocity, state_->AsReference(velocity_of));
+      }
+      DRAY_ASSIGN_OR_RETURN(input.velocity, velocity_of(nullptr));
+      DRAY_ASSIGN_OR_RETURN(rl::NftLossOutput out, rl::NftLoss(input, options));
+      DRAY_RETURN_IF_ERROR(state_->AgreeFinite(
+          group, out.loss, absl::StrCat("in DiffusionNFT's loss at the rows' trained step ", k)));
+      out.loss.backward();
+      torch::NoGradGuard no_grad;
+      sums["loss"] += out.loss.item<double>();
+      sums["policy_loss"] += out.policy_loss.item<double>();
+      sums["kl_div"] += out.kl_loss.item<double>();
+      sums["old_deviate"] += (input.velocity - input.old_velocity).pow(2).mean().item<double>();
+      sums["x0_norm"] += x0.pow(2).mean().item<double>();
+    }
+  }
+  DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());
+  if (batch.meta_info().count(kSamplingPolicyDecayKey) > 0) {
+    DRAY_ASSIGN_OR_RETURN(double decay, batch.GetMeta<double>(kSamplingPolicyDecayKey));
+    state_->BlendSamplingPolicy(decay);
+  }
+  const double n = static_cast<double>(std::max<int64_t>(1, options.accumulation_steps));
+  MetaInfo metrics = {{"loss", sums["loss"]}, {"grad_norm", grad_norm}};
+  for (const char* key : {"policy_loss", "kl_div", "old_deviate", "x0_norm"})
+    metrics[key] = sums[key] / n;
   return DataProto::Make({}, {}, std::move(metrics));
 }
 
@@ -674,13 +826,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
                           pipeline.Scheduler(prepared.noise.size(1), kTrainTimesteps));
     for (int64_t d = 0; d < draws; ++d) {
       // A pair's chosen and rejected edits share the draw's noise and timestep.
-      std::vector<at::Tensor> noise;
-      for (const qwen_image::EditInput& input : micro.inputs) {
-        at::Generator generator =
-            at::make_generator<at::CPUGeneratorImpl>(input.seed + kDpoNoiseStream + d);
-        noise.push_back(at::randn({1, chosen.size(1), chosen.size(2)}, generator, at::kFloat));
-      }
-      const at::Tensor pair_noise = at::cat(noise).to(chosen.device());
+      const at::Tensor pair_noise =
+          RowsNoise(micro.inputs, kDpoNoiseStream + d, chosen.sizes().slice(1), chosen.device());
       const at::Tensor u = micro.sigma_draws.select(1, d);
       const SftNoising w = SftNoise(schedule, u, chosen, pair_noise);
       const SftNoising l = SftNoise(schedule, u, rejected, pair_noise);
@@ -809,6 +956,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
   FullyShardedModule& sharded = state_->trained();
   DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
   DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
+  if (state_->config.nft()) {
+    DRAY_RETURN_IF_ERROR(
+        sharded.SaveShardedLike(dir, kSamplingPolicyName, state_->sampling_policy));
+  }
   return DataProto::Make({});
 }
 
@@ -819,6 +970,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input)
   FullyShardedModule& sharded = state_->trained();
   absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
   if (loaded.ok()) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
+  if (loaded.ok() && state_->config.nft())
+    loaded = sharded.LoadShardedLike(dir, kSamplingPolicyName, state_->sampling_policy);
   if (!loaded.ok()) {
     return absl::Status(loaded.code(), absl::StrCat("checkpoint ", dir,
                                                     " (saved with other "

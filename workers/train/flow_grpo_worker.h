@@ -13,9 +13,10 @@
 //                                       final_edited_images (raw RGB) out. The rank
 //                                       keeps its rows and their SDE window's
 //                                       trajectory (latents, next_latents [B, T, S, C],
-//                                       log_probs, timesteps [B, T]) until the next
-//                                       rollout; meta return_trajectory: true returns
-//                                       it too
+//                                       log_probs, timesteps [B, T]) and final latents
+//                                       until the next rollout; meta return_trajectory:
+//                                       true returns the window's too. diffusion_nft:
+//                                       the sampling policy's ODE rollout (no window)
 //   edit              DP_COMPUTE_PROTO  the edit batch columns in; final_edited_images
 //                                       (raw RGB) out: the current policy's deterministic
 //                                       edits (SFT's sample grids)
@@ -26,7 +27,13 @@
 //                                       train_steps (window steps to train, JSON list)
 //                                       and lr: one optimizer step on those rows of the
 //                                       rank's last rollout; returns the step's
-//                                       metrics as meta
+//                                       metrics as meta. With diffusion_nft:
+//                                       row_train_steps [B, K] (schedule steps) in
+//                                       place of train_steps, meta inner_epoch and,
+//                                       on a step's last epoch, sampling_policy_decay:
+//                                       one step on DiffusionNFT's loss
+//                                       (workers/rl/nft_loss.h), then the sampling
+//                                       policy's update
 //   sft_update        DP_COMPUTE_METRIC the edit columns, target_images and sigma_draws
 //                                       [B] in, meta lr: one optimizer step on the
 //                                       flow-matching loss (workers/train/sft.h); returns
@@ -63,7 +70,9 @@
 // global norm and steps the optimizer. A loss that is not finite is
 // DATA_LOSS naming the step, and no parameter changes. A rank draws nothing
 // at random but from seeds the controller sends (each row's seed, the
-// step's), so a checkpoint needs no random-generator state.
+// step's), so a checkpoint needs no random-generator state; with
+// diffusion_nft it holds the sampling policy too (laid out like the
+// trained shards, DiffusionNFT's "old" adapter).
 #ifndef DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
 #define DRAY_WORKERS_TRAIN_FLOW_GRPO_WORKER_H_
 
@@ -100,6 +109,9 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> Timings();
 
  private:
+  // NftUpdate: update_actor's step with diffusion_nft.
+  absl::StatusOr<DataProto> NftUpdate(const DataProto& batch);
+
   struct State;
   std::unique_ptr<State> state_;  // set by init_model
   MetaInfo seconds_in_methods_;   // method name -> seconds (double), for timings

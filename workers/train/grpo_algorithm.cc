@@ -17,6 +17,7 @@
 #include "workers/models/image_resize.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/rl/dpo_loss.h"
+#include "workers/rl/nft_loss.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
 
@@ -79,9 +80,12 @@ absl::StatusOr<std::unique_ptr<GrpoAlgorithm>> GrpoAlgorithm::Create(const Train
 }
 
 std::vector<ChartSpec> GrpoAlgorithm::Charts() const {
+  // The second series: how far the policy has moved (DiffusionNFT: from
+  // the reference, as its velocities' distance).
+  const CurveSpec moved = config_.nft() ? CurveSpec{"kl_div", "kl_div", {60, 160, 60}}
+                                        : CurveSpec{"approx_kl", "approx_kl", {60, 160, 60}};
   return {{"reward", {{"reward_mean", "mean", {200, 50, 40}}}},
-          {"loss",
-           {{"policy_loss", "policy", {40, 90, 200}}, {"approx_kl", "approx_kl", {60, 160, 60}}}}};
+          {"loss", {{"policy_loss", "policy", {40, 90, 200}}, moved}}};
 }
 
 absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& context) {
@@ -119,8 +123,11 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   }
   metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
   metrics["reward_s"] = Seconds(rewarding);
-  if (config_.dpo()) {
-    DRAY_RETURN_IF_ERROR(PreferenceUpdate(step, context, rows, rollout, rewards, metrics));
+  metrics["lr"] = context.lr;
+  if (config_.dpo() || config_.nft()) {
+    DRAY_RETURN_IF_ERROR(config_.dpo()
+                             ? PreferenceUpdate(step, context, rows, rollout, rewards, metrics)
+                             : NftUpdate(step, context, advantages, metrics));
     metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
     return WithSamples(step, context, rollout, rewards, std::move(metrics));
   }
@@ -130,35 +137,52 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   DRAY_ASSIGN_OR_RETURN(int64_t window_end, rows.GetMeta<int64_t>(kSdeWindowEndKey));
   const std::vector<int64_t> train_steps =
       context.sampler.TrainedSteps(step, window_end - window_begin);
-  metrics["lr"] = context.lr;
   metrics["trained_steps"] = static_cast<double>(train_steps.size());
   if (train_steps.empty()) {  // MixGRPO's empty window at the schedule's end: nothing to train
     metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
     return WithSamples(step, context, rollout, rewards, std::move(metrics));
   }
 
-  // The trajectories stay where they were sampled: the update names each
-  // row by its place in its rank's share, with its advantage.
-  const absl::Time updating = absl::Now();
-  const int64_t share = rows.size() / context.workers.world_size();
-  DRAY_ASSIGN_OR_RETURN(
-      DataProto batch,
-      DataProto::Make({{kRolloutRowColumn, at::arange(rows.size(), at::kLong).remainder(share)},
-                       {kAdvantagesColumn, advantages}}));
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, UpdateBatch(context, advantages));
   if (config_.name == "dance_grpo") {  // a subset of its own per sample
     DRAY_RETURN_IF_ERROR(batch.AddTensor(
         kRowTrainStepsColumn,
         context.sampler.RowTrainedSteps(step, rows.size(), window_end - window_begin)));
   }
   batch.SetMeta(kTrainStepsKey, Json{nlohmann::json(train_steps).dump()});
+  DRAY_RETURN_IF_ERROR(InnerEpochs(step, context, batch, nullptr, metrics));
+  metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
+  return WithSamples(step, context, rollout, rewards, std::move(metrics));
+}
+
+absl::StatusOr<DataProto> GrpoAlgorithm::UpdateBatch(const StepContext& context,
+                                                     const at::Tensor& advantages) const {
+  // The trajectories stay where they were sampled: the update names each
+  // row by its place in its rank's share, with its advantage.
+  const int64_t rows = advantages.size(0);
+  const int64_t share = rows / context.workers.world_size();
+  DRAY_ASSIGN_OR_RETURN(
+      DataProto batch,
+      DataProto::Make({{kRolloutRowColumn, at::arange(rows, at::kLong).remainder(share)},
+                       {kAdvantagesColumn, advantages}}));
   batch.SetMeta(kLearningRateKey, context.lr);
+  return batch;
+}
+
+absl::Status GrpoAlgorithm::InnerEpochs(
+    int64_t step, const StepContext& context, const DataProto& batch,
+    const std::function<absl::Status(int64_t epoch, DataProto& batch)>& for_epoch,
+    Metrics& metrics) const {
+  const absl::Time updating = absl::Now();
   std::map<std::string, double> update_sums;
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
+    DataProto epoch_batch = batch;
+    if (for_epoch) DRAY_RETURN_IF_ERROR(for_epoch(epoch, epoch_batch));
     // Shuffled within each rank's share, as flow_grpo shuffles within each
     // process: a row stays where it was sampled, whose encodings it reuses.
     DRAY_ASSIGN_OR_RETURN(DataProto shuffled,
-                          batch.Reorder(context.sampler.UpdateOrder(step, epoch, batch.size(),
-                                                                    context.workers.world_size())));
+                          epoch_batch.Reorder(context.sampler.UpdateOrder(
+                              step, epoch, epoch_batch.size(), context.workers.world_size())));
     absl::StatusOr<std::vector<DataProto>> updated = context.workers.UpdateActor(shuffled);
     if (updated.status().code() == absl::StatusCode::kDataLoss && config_.on_nan == "skip") {
       Log("train", absl::StrCat("skipping step ", step, ": ", updated.status().message()));
@@ -176,8 +200,30 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   }
   for (const auto& [key, value] : update_sums) metrics[key] = value;
   metrics["update_s"] = Seconds(updating);
-  metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
-  return WithSamples(step, context, rollout, rewards, std::move(metrics));
+  return absl::OkStatus();
+}
+
+absl::Status GrpoAlgorithm::NftUpdate(int64_t step, const StepContext& context,
+                                      const at::Tensor& advantages, Metrics& metrics) const {
+  DRAY_ASSIGN_OR_RETURN(const DataProto batch, UpdateBatch(context, advantages));
+  // The sampling policy's decay after the step's optimizer steps, counted
+  // from the start as DiffusionNFT's global_step counts them.
+  DRAY_ASSIGN_OR_RETURN(const double decay,
+                        rl::NftOldPolicyDecay((step + 1) * config_.num_inner_epochs,
+                                              static_cast<int>(config_.decay_type)));
+  const int64_t steps = config_.num_inference_steps;
+  auto for_epoch = [&](int64_t epoch, DataProto& epoch_batch) -> absl::Status {
+    // Each row's own shuffle of the schedule's timesteps, drawn afresh.
+    const at::Tensor row_steps =
+        context.sampler.RowTrainedSteps(step, epoch_batch.size(), steps, epoch);
+    metrics["trained_steps"] = static_cast<double>(row_steps.size(1));
+    epoch_batch.SetMeta(kInnerEpochKey, epoch);
+    if (epoch + 1 == config_.num_inner_epochs) epoch_batch.SetMeta(kSamplingPolicyDecayKey, decay);
+    return epoch_batch.AddTensor(kRowTrainStepsColumn, row_steps);
+  };
+  DRAY_RETURN_IF_ERROR(InnerEpochs(step, context, batch, for_epoch, metrics));
+  metrics["sampling_policy_decay"] = decay;
+  return absl::OkStatus();
 }
 
 absl::Status GrpoAlgorithm::PreferenceUpdate(int64_t step, const StepContext& context,
@@ -215,7 +261,6 @@ absl::Status GrpoAlgorithm::PreferenceUpdate(int64_t step, const StepContext& co
     }
   }
   metrics["dpo_reward_gap"] = gap;
-  metrics["lr"] = context.lr;
   metrics["update_s"] = Seconds(updating);
   return absl::OkStatus();
 }

@@ -6,13 +6,15 @@
 // the window's steps, the rows shuffled within each rank's share (none when
 // MixGRPO's window is empty). As algorithm.name dpo with dpo_pairs
 // samples (flow_grpo's DPO), the update is DPO's on each prompt's best and
-// worst sample instead.
+// worst sample instead; as diffusion_nft, the rollouts are its sampling
+// policy's ODE ones and the updates its loss's.
 // docs/training.md walks through it.
 //
 // Thread-safety: not thread-safe.
 #ifndef DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_
 #define DRAY_WORKERS_TRAIN_GRPO_ALGORITHM_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +59,25 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   absl::Status PreferenceUpdate(int64_t step, const StepContext& context, const DataProto& rows,
                                 const DataProto& rollout, const std::vector<double>& rewards,
                                 Metrics& metrics) const;
+  // UpdateBatch: update_actor's rows (each named by its place in its rank's
+  // share of the rollout) with their advantages, and the step's lr.
+  absl::StatusOr<DataProto> UpdateBatch(const StepContext& context,
+                                        const at::Tensor& advantages) const;
+  // InnerEpochs runs num_inner_epochs update_actor calls on `batch` (each
+  // shuffled within each rank's share, after `for_epoch`, when given, adds
+  // what that epoch's call needs) and averages the ranks' metrics into
+  // `metrics`; with on_nan skip, a step whose loss is not finite is
+  // skipped ("skipped": 1).
+  absl::Status InnerEpochs(
+      int64_t step, const StepContext& context, const DataProto& batch,
+      const std::function<absl::Status(int64_t epoch, DataProto& batch)>& for_epoch,
+      Metrics& metrics) const;
+  // NftUpdate: DiffusionNFT's step on the rollout (algorithm.name
+  // diffusion_nft): each row at its own shuffle of the schedule's
+  // timesteps in each inner epoch; after the last, the workers move their
+  // sampling policy toward the trained one (rl::NftOldPolicyDecay).
+  absl::Status NftUpdate(int64_t step, const StepContext& context, const at::Tensor& advantages,
+                         Metrics& metrics) const;
   // WithSamples writes the step's sample grid when one is due; `metrics` back.
   absl::StatusOr<Metrics> WithSamples(int64_t step, const StepContext& context,
                                       const DataProto& rollout, const std::vector<double>& rewards,

@@ -107,6 +107,7 @@ std::pair<int64_t, int64_t> PromptSampler::SdeWindowOf(int64_t step) const {
     return {window.begin, window.end};
   }
   if (config_.name == "dance_grpo") return {0, steps};      // every step (the last untrained)
+  if (config_.nft()) return {0, 0};                         // deterministic: no SDE step
   if (config_.sde_window_size == 0) return {0, steps - 1};  // every step but the last
   // A seeded window of the given size within its range (mix_grpo's random
   // strategy: within MixGRPO's trainable steps).
@@ -154,7 +155,8 @@ at::Tensor PromptSampler::DpoDraws(int64_t step, int64_t rows) const {
 }
 
 std::vector<int64_t> PromptSampler::SeededSubset(uint64_t seed, int64_t window) const {
-  // DanceGRPO never trains its last step and takes int((S - 1) fraction).
+  // DanceGRPO never trains its last step and takes int((S - 1) fraction);
+  // DiffusionNFT takes int(S fraction).
   const bool dance = config_.name == "dance_grpo";
   const int64_t candidates = dance ? window - 1 : window;
   if (candidates <= 0) return {};
@@ -162,8 +164,9 @@ std::vector<int64_t> PromptSampler::SeededSubset(uint64_t seed, int64_t window) 
   std::iota(steps.begin(), steps.end(), 0);
   std::shuffle(steps.begin(), steps.end(), std::mt19937_64(seed));
   const double share = config_.timestep_fraction * static_cast<double>(candidates);
-  steps.resize(std::max<int64_t>(
-      1, dance ? static_cast<int64_t>(share) : static_cast<int64_t>(std::llround(share))));
+  steps.resize(std::max<int64_t>(1, dance || config_.nft()
+                                        ? static_cast<int64_t>(share)
+                                        : static_cast<int64_t>(std::llround(share))));
   return steps;
 }
 
@@ -173,11 +176,13 @@ std::vector<int64_t> PromptSampler::TrainedSteps(int64_t step, int64_t window) c
   return steps;
 }
 
-at::Tensor PromptSampler::RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const {
+at::Tensor PromptSampler::RowTrainedSteps(int64_t step, int64_t rows, int64_t window,
+                                          int64_t epoch) const {
   std::vector<at::Tensor> subsets;
   for (int64_t row = 0; row < rows; ++row) {
-    subsets.push_back(at::tensor(
-        SeededSubset(Seed(SeedStream::kRowTrainedSteps, step * 1000003 + row), window), at::kLong));
+    const uint64_t index = (static_cast<uint64_t>(epoch) << 40) + step * 1000003 + row;
+    subsets.push_back(
+        at::tensor(SeededSubset(Seed(SeedStream::kRowTrainedSteps, index), window), at::kLong));
   }
   return at::stack(subsets);
 }

@@ -91,10 +91,11 @@ class PromptSampler {
   // window), ascending; dance_grpo's of all but the last, rounded down.
   std::vector<int64_t> TrainedSteps(int64_t step, int64_t window) const;
 
-  // RowTrainedSteps: DanceGRPO's own subset per sample: for each of `rows`
-  // rows, its own seeded subset as TrainedSteps draws one ([rows, K] int64,
-  // in permuted order, the order DanceGRPO trains them in).
-  at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window) const;
+  // RowTrainedSteps: DanceGRPO's and DiffusionNFT's own subset per sample:
+  // for each of `rows` rows, its own seeded subset as TrainedSteps draws
+  // one ([rows, K] int64, in permuted order, the order they train them in),
+  // drawn afresh in each inner epoch.
+  at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window, int64_t epoch = 0) const;
 
   // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled
   // within each of `ranks` equal shares, as flow_grpo shuffles within each
@@ -111,7 +112,8 @@ class PromptSampler {
   uint64_t Seed(SeedStream stream, uint64_t index) const;
   // SeededSubset: a `window`-step window's trained steps in the order a
   // generator seeded `seed` shuffles them: timestep_fraction of them, at
-  // least one (dance_grpo: int((window - 1) fraction), never the last).
+  // least one (dance_grpo: int((window - 1) fraction), never the last;
+  // diffusion_nft: int(window fraction)).
   std::vector<int64_t> SeededSubset(uint64_t seed, int64_t window) const;
   // UniformDraws: `count` draws in [0, 1) of step `step`'s kSigmaDraw stream.
   at::Tensor UniformDraws(int64_t step, int64_t count) const;

@@ -168,6 +168,22 @@ TEST(PromptSamplerTest, DanceGrpoGroupsShareTheirInitialNoiseAndTrainAllButTheLa
   EXPECT_FALSE(rows.HasColumn(kSdeSeedsColumn));
 }
 
+TEST(PromptSamplerTest, DiffusionNftRollsOutWithoutAWindowAndShufflesEachRowsTimesteps) {
+  TrainConfig config = Config(/*prompts_per_step=*/2, /*group_size=*/3);
+  config.name = "diffusion_nft";
+  config.num_inference_steps = 10;
+  config.timestep_fraction = 0.99;
+  const PromptSampler sampler(config, Prompts(4));
+  EXPECT_EQ(sampler.SdeWindowOf(0), std::make_pair(int64_t{0}, int64_t{0}));
+  // Each row's own permutation of the 10 timesteps, its first int(10 x 0.99).
+  const at::Tensor first = sampler.RowTrainedSteps(0, 6, 10, /*epoch=*/0);
+  EXPECT_EQ(first.sizes(), (std::vector<int64_t>{6, 9}));
+  for (int64_t r = 0; r < 6; ++r)
+    EXPECT_EQ(std::get<0>(at::_unique(first[r])).numel(), 9) << "row " << r << " repeats a step";
+  EXPECT_FALSE(first[0].equal(first[1]));
+  EXPECT_FALSE(first.equal(sampler.RowTrainedSteps(0, 6, 10, /*epoch=*/1))) << "drawn afresh";
+}
+
 TEST(PromptSamplerTest, PairedRowsCarryTargetsAndSigmaDraws) {
   const PromptSampler sampler(Config(3), Prompts(3));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto rows, sampler.PairedRows(0));

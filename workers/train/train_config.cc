@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -10,6 +11,8 @@
 #include "base/status_macros.h"
 #include "workers/config/yaml_config.h"
 #include "workers/rl/advantages.h"
+#include "workers/rl/nft_loss.h"
+#include "workers/rl/ode_sampler.h"
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_step.h"
 #include "workers/train/rewards.h"
@@ -88,7 +91,24 @@ std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig&
       {"dance_grpo",
        {Key("algorithm.shift", c.shift, "a number"),
         Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
-      {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}}};
+      {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}},
+      {"diffusion_nft",
+       {Key("algorithm.nft_beta", c.nft_beta, "a number"),
+        Key("algorithm.decay_type", c.decay_type, "0, 1 or 2"),
+        Key("algorithm.adv_mode", c.adv_mode,
+            "all, positive_only, negative_only, one_only or binary"),
+        Key("algorithm.solver", c.solver, "flow or dpm2")}}};
+}
+
+// UnreadKeys: keys an algorithm does not read, by its algorithm.name, and why.
+const std::map<std::string, std::pair<std::vector<std::string>, std::string>>& UnreadKeys() {
+  static const auto* unread =
+      new std::map<std::string, std::pair<std::vector<std::string>, std::string>>{
+          {"diffusion_nft",
+           {{"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level",
+             "algorithm.sde_type", "algorithm.sde_window_size", "algorithm.sde_window_range"},
+            "whose rollouts are deterministic (algorithm.solver) and whose loss is its own"}}};
+  return *unread;
 }
 
 // KeysSetIn: the dotted keys `document` and `overrides` ("key=VALUE") set.
@@ -111,8 +131,16 @@ std::set<std::string> KeysSetIn(const YAML::Node& document,
 }
 
 // ForeignKeyError: INVALID_ARGUMENT for the first key of OwnKeys in `set`
-// whose algorithm is not `c`'s.
+// whose algorithm is not `c`'s, or of UnreadKeys in `set` that `c`'s does not read.
 absl::Status ForeignKeyError(TrainConfig c, const std::set<std::string>& set) {
+  if (auto unread = UnreadKeys().find(c.name); unread != UnreadKeys().end()) {
+    for (const std::string& key : unread->second.first) {
+      if (set.count(key) > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(key, " does not apply to ", c.name, ", ", unread->second.second));
+      }
+    }
+  }
   for (const auto& [owner, keys] : OwnKeys(c)) {
     if (owner == c.name) continue;
     for (const ConfigKey& key : keys) {
@@ -225,9 +253,8 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (!grpo() && !sft() && !vae() && !dpo())
-    return bad("algorithm.name",
-               "must be grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft, dpo or vae");
+  if (!grpo() && !sft() && !vae() && !dpo() && !nft())
+    return bad("algorithm.name", absl::StrCat("must be ", kAlgorithmNames));
   if (dpo_pairs != "data" && dpo_pairs != "samples")
     return bad("algorithm.dpo_pairs", "must be data or samples");
   if (name == "dance_grpo" && !(shift > 0)) return bad("algorithm.shift", "must be > 0");
@@ -252,6 +279,17 @@ absl::Status TrainConfig::Validate() const {
       return bad("algorithm.multi_reward_mix", "must be reward_aggr or advantage_aggr");
     if (trimmed_ratio > 0 && adv_estimator != "dance_grpo")
       return bad("algorithm.trimmed_ratio", "needs algorithm.adv_estimator dance_grpo");
+  }
+  if (nft()) {
+    if (!(nft_beta > 0)) return bad("algorithm.nft_beta", "must be > 0");
+    if (!rl::NftOldPolicyDecay(0, static_cast<int>(decay_type)).ok())
+      return bad("algorithm.decay_type", "must be 0, 1 or 2");
+    const std::set<std::string> modes = {"all", "positive_only", "negative_only", "one_only",
+                                         "binary"};
+    if (modes.count(adv_mode) == 0)
+      return bad("algorithm.adv_mode",
+                 "must be all, positive_only, negative_only, one_only or binary");
+    if (!rl::ParseOdeSolver(solver).ok()) return bad("algorithm.solver", "must be flow or dpm2");
   }
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",
@@ -366,6 +404,11 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
       defaults.reward_weights = {};
     }
   }
+  if (asked.nft()) {  // DiffusionNFT's config: its KL weight and timesteps, no CFG
+    defaults.beta = 1e-4;
+    defaults.timestep_fraction = 0.99;
+    defaults.model.negative_prompt = "";
+  }
   if (asked.name == "dance_grpo") {  // DanceGRPO's Qwen-Image-Edit script: its step, no CFG
     defaults.sde_type = "dance";
     defaults.adv_estimator = "dance_grpo";
@@ -392,13 +435,16 @@ absl::StatusOr<TrainConfig> TrainConfig::FromYaml(const std::string& text) {
 }
 
 std::string TrainConfig::ToYaml() const {
-  // Every key but other algorithms' own, so that the file loads back.
+  // Every key but other algorithms' own and those this one does not read,
+  // so that the file loads back.
   TrainConfig copy = *this, owned = *this;
   std::set<std::string> foreign;
   for (const auto& [owner, keys] : OwnKeys(owned)) {
     if (owner == name) continue;
     for (const ConfigKey& key : keys) foreign.insert(key.key);
   }
+  if (auto unread = UnreadKeys().find(name); unread != UnreadKeys().end())
+    foreign.insert(unread->second.first.begin(), unread->second.first.end());
   std::vector<ConfigKey> keys;
   for (ConfigKey& key : Keys(copy)) {
     if (foreign.count(key.key) == 0) keys.push_back(std::move(key));

@@ -3,8 +3,8 @@
 //
 //   data:      train_files (JSONL rows {"image", "instruction", ...}; SFT and
 //              VAE: and "target"; DPO: "chosen" and "rejected"), prompts_per_step
-//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, sft,
-//              dpo or vae),
+//   algorithm: name (grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo,
+//              diffusion_nft, sft, dpo or vae),
 //              adv_estimator, loss, group_size, global_std, clip_range,
 //              adv_clip_max, beta, timestep_fraction, num_inner_epochs,
 //              noise_level, sde_type, sde_window_size, sde_window_range;
@@ -12,7 +12,8 @@
 //              prog_overlap_step, roll_back, max_iters_per_group,
 //              min_iters_per_group, kl_coeff, trimmed_ratio,
 //              multi_reward_mix; DanceGRPO's:
-//              shift, init_same_noise; DPO's: dpo_pairs
+//              shift, init_same_noise; DPO's: dpo_pairs; DiffusionNFT's:
+//              nft_beta, decay_type, adv_mode, solver
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -71,6 +72,10 @@ struct RemoteRewardConfig {
   }
 };
 
+// kAlgorithmNames: algorithm.name's choices, as errors list them.
+inline constexpr char kAlgorithmNames[] =
+    "grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, diffusion_nft, sft, dpo or vae";
+
 struct TrainConfig {
   // data.*
   std::string train_files;  // a JSONL file; empty: the embedded task
@@ -92,7 +97,12 @@ struct TrainConfig {
   // dpo_pairs "samples" on the best and the worst of each prompt's
   // group_size samples by reward, as flow_grpo's DPO; beta its beta,
   // int(num_inference_steps x timestep_fraction) noise draws per pair and
-  // step) or "vae" (the VAE as an autoencoder on the paired rows' images
+  // step), "diffusion_nft" (DiffusionNFT: deterministic rollouts of a
+  // sampling policy that trails the trained one, rewards and group
+  // advantages as GRPO's, and its negative-aware loss on each sample's
+  // clean latents noised afresh at int(num_inference_steps x
+  // timestep_fraction) of the schedule's timesteps, its own per sample; no
+  // CFG) or "vae" (the VAE as an autoencoder on the paired rows' images
   // and targets).
   std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
@@ -128,6 +138,16 @@ struct TrainConfig {
   bool init_same_noise = true;
   // dpo's: "data" (the rows' chosen and rejected edits) or "samples".
   std::string dpo_pairs = "data";
+  // diffusion_nft's: its beta (how far its implicit positive and negative
+  // policies lie from the sampling policy: its config.beta, while `beta`
+  // stays the KL weight, its train.beta), how the sampling policy follows
+  // the trained one (rl::NftOldPolicyDecay's decay_type), which advantages
+  // it learns from (rl::NftLossOptions::adv_mode) and its rollouts' ODE
+  // solver (rl::OdeSolver: flow or dpm2).
+  double nft_beta = 1.0;
+  int64_t decay_type = 1;
+  std::string adv_mode = "all";
+  std::string solver = "dpm2";
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;
@@ -205,6 +225,7 @@ struct TrainConfig {
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }
   bool dpo() const { return name == "dpo"; }
+  bool nft() const { return name == "diffusion_nft"; }
   // paired: the job reads pairs (image and target; DPO on data: and the
   // rejected edit) and needs no rewards (DPO scores its edits with any it
   // names); the others roll out samples and score them.

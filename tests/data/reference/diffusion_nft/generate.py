@@ -357,11 +357,102 @@ for ui, (dtp, step, dt) in enumerate(UPD_CASES):
     case["rederivation_max_abs_diff"] = rd
     cases.append(case)
 
+# ---------------------------------------------------------------- run_sampling: the deterministic rollout samplers
+SOLVER_PATH = "flow_grpo/diffusers_patch/solver.py"
+SOLVER_SRC = UP.text(SOLVER_PATH)
+for _name in ["diffusers", "diffusers.utils", "diffusers.utils.torch_utils"]:
+    sys.modules.setdefault(_name, types.ModuleType(_name))
+sys.modules["diffusers.utils.torch_utils"].randn_tensor = \
+    lambda shape, generator=None, device=None, dtype=None: torch.randn(shape, generator=generator, dtype=dtype)
+_tqdm = types.ModuleType("tqdm")
+_tqdm.tqdm = lambda it=None, **k: it
+sys.modules["tqdm"] = _tqdm
+solver = types.ModuleType("flow_grpo.diffusers_patch.solver")
+solver.__file__ = SOLVER_PATH
+exec(compile(SOLVER_SRC, SOLVER_PATH, "exec"), solver.__dict__)
+
+
+def toy_velocity(z, i, table):
+    """The stand-in model: 0.5 tanh(z) + table[i] at schedule step i (elementwise, float32)."""
+    return 0.5 * torch.tanh(z) + table[i]
+
+
+def sample_upstream(z, sigmas, table, name):
+    calls = []
+
+    def v_pred_fn(x, sigma):
+        i = len(calls)
+        assert sigma.item() == sigmas[i].item()
+        calls.append(i)
+        return toy_velocity(x, i, table)
+
+    latents, all_latents, _ = solver.run_sampling(v_pred_fn, z.clone(), sigmas, solver=name, determistic=True)
+    assert len(calls) == len(sigmas) - 1
+    return latents, torch.stack(all_latents, dim=1)
+
+
+def sample_rederived(z, sigmas, table, name):
+    """numpy float64 from the formulas (dpm2: DDIM at the first and last step, DPM-Solver++(2M) between)."""
+    x = z.double().numpy()
+    s = sigmas.double().numpy()
+    tab = table.double().numpy()
+    lam = lambda sig: np.log(1 - sig) - np.log(sig)
+    n = len(s) - 1
+    kept, m_prev = [x], None
+    with np.errstate(divide="ignore"):
+        for i in range(n):
+            v = 0.5 * np.tanh(x) + tab[i]
+            x0 = x - s[i] * v
+            if name == "flow":
+                x = x + (s[i + 1] - s[i]) * v
+            elif i == 0 or i == n - 1:
+                x = (1 - s[i + 1]) * x0 + s[i + 1] * (x - (1 - s[i]) * x0) / s[i]
+            else:
+                h, h0 = lam(s[i + 1]) - lam(s[i]), lam(s[i]) - lam(s[i - 1])
+                d1 = (h / h0) * (x0 - m_prev)
+                c = (1 - s[i + 1]) * (np.exp(-h) - 1.0)
+                x = (s[i + 1] / s[i]) * x - c * x0 - 0.5 * c * d1
+            m_prev = x0
+            kept.append(x)
+    return x, np.stack(kept, axis=1)
+
+
+tensors_sampling = {}
+SAMPLING_SCHEDULES = {"sd3_n10_shift3": SCHED_S, "n8_shift2.2": sd3_schedule(8, 2.2)[1],
+                      "n20_shift3": sd3_schedule(20, 3.0)[1]}
+SAMPLING_CASES = [("dpm2", "sd3_n10_shift3"), ("dpm2", "n8_shift2.2"), ("dpm2", "n20_shift3"),
+                  ("flow", "sd3_n10_shift3"), ("flow", "n8_shift2.2")]
+for si, (name, schedule) in enumerate(SAMPLING_CASES):
+    g = torch.Generator().manual_seed(700 + si)
+    sigmas = SAMPLING_SCHEDULES[schedule]
+    n = len(sigmas) - 1
+    z = torch.randn(2, 12, 8, generator=g)
+    table = 0.7 * torch.randn(n, 1, 12, 8, generator=g)
+    latents, all_latents = sample_upstream(z, sigmas, table, name)
+    x64, all64 = sample_rederived(z, sigmas, table, name)
+    devs = {"latents": C.dev(latents, x64), "all_latents": C.dev(all_latents, all64)}
+    f32_dev_max = max(f32_dev_max, C.max_dev(devs))
+    case_name = f"sampling.{name}_{schedule}"
+    pre = case_name + "."
+    tensors_sampling.update({pre + "z": z, pre + "sigmas": sigmas, pre + "table": table, pre + "latents": latents,
+                             pre + "all_latents": all_latents})
+    cases.append({"name": case_name, "function": f"{SOLVER_PATH}::run_sampling (imported from the file's own text) "
+                                                 f"with solver={name!r}, determistic=True",
+                  "file": "sampling.safetensors", "dtype": "f32",
+                  "params": {"solver": name, "schedule": schedule, "num_steps": n,
+                             "model": "velocity = 0.5 tanh(z) + table[i] at schedule step i (float32)"},
+                  "inputs": {"z": pre + "z", "sigmas": pre + "sigmas", "table": pre + "table"},
+                  "outputs": {"latents": pre + "latents", "all_latents": pre + "all_latents"},
+                  "f32_vs_f64": devs, "tolerance": {"default": C.f32_tol(devs)}})
+
 counts = {}
 counts["loss.safetensors"] = C.write_safetensors(os.path.join(OUT, "loss.safetensors"), tensors_loss,
                                                  {"content": "DiffusionNFT loss cases"})
 counts["old_update.safetensors"] = C.write_safetensors(os.path.join(OUT, "old_update.safetensors"), tensors_upd,
                                                        {"content": "DiffusionNFT return_decay and old-policy update"})
+counts["sampling.safetensors"] = C.write_safetensors(os.path.join(OUT, "sampling.safetensors"),
+                                                     tensors_sampling,
+                                                     {"content": "DiffusionNFT run_sampling (dpm2 and flow solvers)"})
 
 doc = {
     "description": "Reference vectors computed by DiffusionNFT's own code (see README.md for every formula).",
