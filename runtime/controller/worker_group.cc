@@ -244,8 +244,9 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
   if (std::getenv("OMP_NUM_THREADS") ==
       nullptr) {  // as torchrun: share the cores, do not oversubscribe them
     const int cores = UsableCores();
-    spawn.env.emplace_back("OMP_NUM_THREADS",
-                           absl::StrCat(std::max(1, cores / resources_.workers_per_node)));
+    const int sharing = options_.processes_sharing_cores > 0 ? options_.processes_sharing_cores
+                                                             : resources_.workers_per_node;
+    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / sharing)));
   }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
   spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");

@@ -32,8 +32,9 @@
 // every process the group started.
 //
 // Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
-// its share of the machine's cores (cores / workers per node), as torchrun
-// does, so that workers on one machine do not oversubscribe it.
+// its share of the machine's cores (cores / workers per node, or /
+// processes_sharing_cores), as torchrun does, so that workers on one
+// machine do not oversubscribe it.
 //
 // Thread-safety: thread-safe; calls from several threads may be in flight.
 #ifndef DRAY_RUNTIME_CONTROLLER_WORKER_GROUP_H_
@@ -98,6 +99,10 @@ struct WorkerGroupOptions {
   std::string master_addr = "127.0.0.1";
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
+  // How many processes on this machine share its cores, other groups'
+  // included (each worker's OMP_NUM_THREADS is cores / this); 0: this
+  // group's workers per node.
+  int processes_sharing_cores = 0;
   // How calls reach workers on the controller's own node (same machine and
   // network namespace): kAuto through their unix socket, kTcp over TCP as
   // on other nodes (also when the environment has DRAY_TRANSPORT=tcp).

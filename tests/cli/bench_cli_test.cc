@@ -121,6 +121,8 @@ TEST(BenchCliTest, PrintsEveryTrainFigureAndDrawsTheAlgorithms) {
   }
   EXPECT_GT(figures.at("train_images_per_s_w1"), 0);
   EXPECT_TRUE(figures.count("train_speedup_w2"));
+  EXPECT_GT(figures.at("train_step_s_async"), 0);
+  EXPECT_TRUE(figures.count("train_async_speedup_w2"));
   for (const char* algorithm :
        {"grpo", "flow_grpo_fast", "grpo_guard", "mix_grpo", "dance_grpo", "diffusion_nft", "dpo"}) {
     for (const char* figure : {"_images_per_s", "_reward_first", "_reward_last"}) {

@@ -187,6 +187,17 @@ TEST(PolicyLossTest, GrpoGuardNeedsTheRolloutsStepMean) {
   EXPECT_EQ(out.ratio.sum().item<double>(), 2.0);  // on-policy: the bias is 0, the ratio 1
 }
 
+TEST(PolicyLossTest, ImportanceWeightsScaleEachSamplesSurrogate) {
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLoss grpo, FindPolicyLoss("grpo"));
+  PolicyLossInput input{at::tensor({1.0, -2.0}, at::kDouble), at::zeros({2}), at::zeros({2})};
+  input.is_weight = at::tensor({0.5, 2.0}, at::kDouble);
+  DRAY_ASSERT_OK_AND_ASSIGN(PolicyLossOutput out, grpo(input, {}));
+  EXPECT_DOUBLE_EQ(out.policy_loss.item<double>(), (-1.0 * 0.5 + 2.0 * 2.0) / 2);  // ratio 1
+  input.is_weight = at::ones({3});
+  EXPECT_THAT(grpo(input, {}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is_weight must be [B]")));
+}
+
 TEST(OdeSamplerTest, RefusesWhatItCannotRun) {
   EXPECT_THAT(ParseOdeSolver("dpm3").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("flow or dpm2")));

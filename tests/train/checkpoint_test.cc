@@ -42,13 +42,6 @@ absl::Status Train(const TrainConfig& config, int workers = 1) {
   return trainer->Run();
 }
 
-std::vector<nlohmann::json> Metrics(const std::string& save_dir) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(save_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 // Uninterrupted: the run the others must equal, at 1 or 2 workers, with
 // `overrides` (trained once per process).
 const std::string& Uninterrupted(int workers, const std::vector<std::string>& overrides = {}) {
@@ -70,7 +63,7 @@ void ExpectSameRun(const std::string& dir, const std::string& uninterrupted, dou
   ASSERT_EQ(actual.size(), expected.size());
   for (const auto& [name, tensor] : expected)
     EXPECT_LE((actual.at(name) - tensor).abs().max().item<double>(), tolerance) << name;
-  const auto expected_metrics = Metrics(uninterrupted), metrics = Metrics(dir);
+  const auto expected_metrics = StepMetrics(uninterrupted), metrics = StepMetrics(dir);
   ASSERT_EQ(metrics.size(), static_cast<size_t>(kSteps));  // each step once
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_EQ(metrics[step]["step"], step);

@@ -194,6 +194,23 @@ TEST(TrainConfigTest, DiffusionNftRunsAsItsConfigDoes) {
   }
 }
 
+TEST(TrainConfigTest, AsyncTrainingNamesWhatCannotBe) {
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig async, TrainConfig::Load("", {"trainer.async=true"}));
+  EXPECT_EQ(async.max_staleness, 1);
+  EXPECT_EQ(async.rollout_workers, 1);
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.max_staleness=-1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("trainer.max_staleness must be >= 0")));
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "trainer.max_staleness=0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("trainer.max_staleness")));
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "algorithm.name=sft"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("trainer.async applies to the GRPO algorithms")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.rollout_is_threshold=0.5"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.rollout_is_threshold")));
+}
+
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {
   DRAY_ASSERT_OK_AND_ASSIGN(
       TrainConfig config,

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -45,6 +46,19 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(const TrainConfig&
   options.launch.workers = workers;
   options.launch.worker_command = {RunfilePath("cli/dray"), "worker"};
   return FlowGrpoTrainer::Start(config, std::move(options));
+}
+
+std::vector<nlohmann::json> StepMetrics(const std::string& save_dir) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(save_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+double MeanOf(const std::vector<nlohmann::json>& steps, const char* key, size_t from, size_t to) {
+  double sum = 0;
+  for (size_t i = from; i < to; ++i) sum += steps[i][key].get<double>();
+  return sum / static_cast<double>(to - from);
 }
 
 std::map<std::string, at::Tensor> LoraWeights(const std::string& save_dir) {

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "workers/train/trainer.h"
 
@@ -56,6 +58,11 @@ inline constexpr double kFloat64OrderBound = 1e-4 / (1 << 29) * 1000;
 // StartTrainer starts a trainer with `workers` worker processes.
 absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> StartTrainer(
     const TrainConfig& config, int workers, FlowGrpoTrainer::Options options = {});
+
+// StepMetrics reads a run's metrics.jsonl, a line per step; MeanOf is the
+// mean of `key` over steps [from, to).
+std::vector<nlohmann::json> StepMetrics(const std::string& save_dir);
+double MeanOf(const std::vector<nlohmann::json>& steps, const char* key, size_t from, size_t to);
 
 // LoraWeights reads a run's final adapters (empty, with a test failure, when absent).
 std::map<std::string, at::Tensor> LoraWeights(const std::string& save_dir);

@@ -29,22 +29,6 @@ namespace {
 using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// Steps reads a run's metrics.jsonl: one JSON object per step.
-std::vector<nlohmann::json> Steps(const std::string& save_dir) {
-  std::vector<nlohmann::json> steps;
-  std::ifstream metrics(save_dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(metrics, line)) steps.push_back(nlohmann::json::parse(line));
-  return steps;
-}
-
-// MeanOf: the mean of `key` over steps [from, to).
-double MeanOf(const std::vector<nlohmann::json>& steps, const char* key, size_t from, size_t to) {
-  double sum = 0;
-  for (size_t i = from; i < to; ++i) sum += steps[i][key].get<double>();
-  return sum / static_cast<double>(to - from);
-}
-
 TEST(TrainerTest, RecomputedLogProbsEqualTheRolloutsWithCfgAndSharding) {
   const TrainConfig config = SmallJob(SaveDir("on_policy"));
   ASSERT_GT(config.model.true_cfg_scale, 1);
@@ -265,7 +249,7 @@ TEST(TrainerTest, TheEmbeddedTaskRewardRisesFromRandomWeights) {
                              "worker.actor.lr=3e-2", "trainer.save_dir=" + dir}));
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
   DRAY_ASSERT_OK(trainer->Run());
-  const std::vector<nlohmann::json> steps = Steps(dir);
+  const std::vector<nlohmann::json> steps = StepMetrics(dir);
   for (const nlohmann::json& m : steps) {
     for (const char* key :
          {"step", "reward_mean", "reward_std", "reward/target_psnr", "output_spread",
@@ -297,7 +281,7 @@ TEST(TrainerTest, TheEmbeddedTaskIsLearnedWithoutCollapse) {
                                                                        "trainer.save_dir=" + dir}));
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
   DRAY_ASSERT_OK(trainer->Run());
-  const std::vector<nlohmann::json> steps = Steps(dir);
+  const std::vector<nlohmann::json> steps = StepMetrics(dir);
   ASSERT_EQ(steps.size(), 20u);
   // Measured (seed 0; means of the first and last five steps): reward 0.211
   // -> 0.339, group std 0.0032 -> 0.0066, output_spread 0.44 to 0.67.
@@ -324,7 +308,7 @@ TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
     DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", overrides));
     DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
     DRAY_ASSERT_OK(trainer->Run());
-    const std::vector<nlohmann::json> steps = Steps(dir);
+    const std::vector<nlohmann::json> steps = StepMetrics(dir);
     ASSERT_EQ(steps.size(), 10u);
     EXPECT_GT(MeanOf(steps, "reward_mean", 7, 10) - MeanOf(steps, "reward_mean", 0, 3), 0.03)
         << "the reward did not rise";
@@ -339,7 +323,7 @@ TEST(TrainerTest, DpoTrainsOnTheDatasPairsFromTheReference) {
                              "trainer.total_steps=3", "trainer.save_dir=" + dir}));
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
   DRAY_ASSERT_OK(trainer->Run());
-  const std::vector<nlohmann::json> steps = Steps(dir);
+  const std::vector<nlohmann::json> steps = StepMetrics(dir);
   ASSERT_EQ(steps.size(), 3u);
   // The policy starts as the reference (LoRA's B is zero): every pair's
   // margin is 0 and the loss log 2; then the chosen edits gain on the rejected.

@@ -57,13 +57,6 @@ TrainConfig VaeJob(const std::string& save_dir, std::vector<std::string> overrid
   return *config;
 }
 
-std::vector<nlohmann::json> Metrics(const std::string& save_dir) {
-  std::vector<nlohmann::json> lines;
-  std::ifstream in(save_dir + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
-  return lines;
-}
-
 std::map<std::string, at::Tensor> Weights(const std::string& component_dir) {
   std::map<std::string, at::Tensor> weights;
   absl::StatusOr<Checkpoint> checkpoint = OpenComponentWeights(component_dir);
@@ -135,7 +128,7 @@ TEST(VaeTrainingTest, TheReconstructionErrorFallsOnTwoShardedWorkers) {
   const std::string dir = SaveDir("falls");
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(VaeJob(dir, {"trainer.total_steps=24"}), 2));
   DRAY_ASSERT_OK(trainer->Run());
-  const std::vector<nlohmann::json> metrics = Metrics(dir);
+  const std::vector<nlohmann::json> metrics = StepMetrics(dir);
   ASSERT_EQ(metrics.size(), 24u);
   auto mean_rmse = [&](size_t from, size_t to) {
     double sum = 0;
@@ -164,7 +157,7 @@ TEST(VaeTrainingTest, AStopAndAResumeEqualAnUninterruptedRun) {
     DRAY_ASSERT_OK(trainer->Run());
   }
   EXPECT_LE(MaxDifference(Weights(resumed + "/final/vae"), Weights(straight + "/final/vae")), 1e-6);
-  const std::vector<nlohmann::json> a = Metrics(straight), b = Metrics(resumed);
+  const std::vector<nlohmann::json> a = StepMetrics(straight), b = StepMetrics(resumed);
   ASSERT_EQ(b.size(), 4u);
   for (size_t step = 0; step < 4; ++step)
     EXPECT_NEAR(a[step]["loss"].get<double>(), b[step]["loss"].get<double>(), 1e-6) << step;

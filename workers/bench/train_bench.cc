@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
@@ -88,6 +90,30 @@ absl::Status CompareAlgorithms(const TrainBenchOptions& options,
   return WriteFile(options.plot_path, png);
 }
 
+// GuidedConfig: the embedded task with guidance, saving into `save_dir`,
+// with `overrides`.
+absl::StatusOr<TrainConfig> GuidedConfig(const std::string& save_dir,
+                                         std::vector<std::string> overrides = {}) {
+  overrides.insert(overrides.end(), {"trainer.save_dir=" + save_dir, "trainer.sample_every=1000",
+                                     "worker.image_edit.negative_prompt=\" \""});
+  return TrainConfig::Load("", overrides);
+}
+
+// AsyncStepSeconds: the mean step of trainer.async with one trained worker
+// and one rollout worker (2 processes) over `steps` steps after a warm-up.
+absl::StatusOr<double> AsyncStepSeconds(const TrainBenchOptions& options, int steps) {
+  DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
+  DRAY_ASSIGN_OR_RETURN(TrainConfig config, GuidedConfig(save.path(), {"trainer.async=true"}));
+  FlowGrpoTrainer::Options start;
+  start.launch.workers = 1;
+  start.launch.worker_command = options.worker_command;
+  DRAY_ASSIGN_OR_RETURN(auto trainer, FlowGrpoTrainer::Start(config, start));
+  DRAY_RETURN_IF_ERROR(trainer->Step(0).status());  // warm-up; step 1 starts sampling
+  const absl::Time started = absl::Now();
+  for (int step = 1; step <= steps; ++step) DRAY_RETURN_IF_ERROR(trainer->Step(step).status());
+  return absl::ToDoubleSeconds(absl::Now() - started) / steps;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& options) {
@@ -100,10 +126,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
   std::map<int, double> step_seconds;
   for (int workers : {1, 2}) {
     DRAY_ASSIGN_OR_RETURN(ScratchDir save, ScratchDir::Create("dray-train-bench"));
-    DRAY_ASSIGN_OR_RETURN(
-        TrainConfig config,
-        TrainConfig::Load("", {"trainer.save_dir=" + save.path(), "trainer.sample_every=1000",
-                               "worker.image_edit.negative_prompt=\" \""}));  // with guidance
+    DRAY_ASSIGN_OR_RETURN(TrainConfig config, GuidedConfig(save.path()));
     FlowGrpoTrainer::Options start;
     start.launch.workers = workers;
     start.launch.worker_command = options.worker_command;
@@ -136,6 +159,9 @@ absl::StatusOr<std::vector<BenchMetric>> RunTrainBench(const TrainBenchOptions& 
     emit("train_controller_share" + w, 100.0 * (wall - (busy_after - busy_before)) / wall, "%");
   }
   emit("train_speedup_w2", step_seconds[1] / step_seconds[2], "x");
+  DRAY_ASSIGN_OR_RETURN(const double async_step, AsyncStepSeconds(options, steps));
+  emit("train_step_s_async", async_step, "s");
+  emit("train_async_speedup_w2", step_seconds[2] / async_step, "x");
   DRAY_RETURN_IF_ERROR(CompareAlgorithms(options, emit));
   return metrics;
 }

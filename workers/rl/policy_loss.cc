@@ -19,6 +19,8 @@ absl::Status CheckInput(const PolicyLossInput& in, const PolicyLossOptions& opti
     return absl::InvalidArgumentError(
         "policy loss: log_prob, old_log_prob and advantages must each be [B]");
   }
+  if (in.is_weight.defined() && in.is_weight.sizes() != in.log_prob.sizes())
+    return absl::InvalidArgumentError("policy loss: is_weight must be [B] as log_prob");
   if (options.accumulation_steps < 1) {
     return absl::InvalidArgumentError("policy loss: accumulation_steps must be at least 1");
   }
@@ -44,7 +46,9 @@ absl::StatusOr<PolicyLossOutput> Surrogate(const PolicyLossInput& in,
   out.unclipped_loss = -out.advantages * out.ratio;
   out.clipped_loss =
       -out.advantages * at::clamp(out.ratio, 1.0 - options.clip_range, 1.0 + options.clip_range);
-  out.policy_loss = at::mean(at::maximum(out.unclipped_loss, out.clipped_loss));
+  at::Tensor per_sample = at::maximum(out.unclipped_loss, out.clipped_loss);
+  if (in.is_weight.defined()) per_sample = per_sample * in.is_weight.detach();
+  out.policy_loss = at::mean(per_sample);
   if (scale.defined()) out.policy_loss = out.policy_loss / scale;
   out.policy_loss = out.policy_loss / g;
   out.loss = out.policy_loss;

@@ -28,6 +28,10 @@
 //   policy_loss = mean_b max(-A_c ratio, -A_c clamp(ratio, ...)) / mean_b(sqrt(-dt))^2 / G
 // and the KL term as "grpo". flow_grpo runs it at clip_range 2e-6 to 4e-6.
 //
+// Either surrogate's per-sample term is multiplied by is_weight when given
+// (rollouts sampled by an older policy than old_log_prob's):
+//   policy_loss = mean_b w max(-A_c ratio, -A_c clamp(ratio, ...)) ...
+//
 // Thread-safety: pure functions.
 #ifndef DRAY_WORKERS_RL_POLICY_LOSS_H_
 #define DRAY_WORKERS_RL_POLICY_LOSS_H_
@@ -56,6 +60,10 @@ struct PolicyLossInput {
   // the step's sqrt(-dt) ([B, 1, ...]); prev_sample_mean and std_dev_t too.
   at::Tensor old_prev_sample_mean;
   at::Tensor sqrt_neg_dt;
+  // Asynchronous rollouts' (optional, [B], no gradient): each sample's
+  // truncated importance weight pi_old / pi_behaviour, multiplying its
+  // surrogate (verl's decoupled rollout correction).
+  at::Tensor is_weight;
 };
 
 struct PolicyLossOptions {

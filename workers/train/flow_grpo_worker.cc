@@ -69,6 +69,8 @@ struct MicroBatch {
   rl::Trajectory trajectory;
   at::Tensor advantages;
   at::Tensor train_steps;            // [b, K]: each row's own trained steps, where given
+  at::Tensor behaviour_log_probs;    // [b, T]: an adopted rollout's sampling policy's
+  at::Tensor rollout_rows;           // [b]: the rows' places in the kept rollout
   std::vector<int64_t> sde_seeds;    // where they differ from the inputs' seeds (kSdeSeedsColumn)
   std::vector<at::Tensor> targets;   // SFT: the edited images asked for (DPO: the chosen ones)
   std::vector<at::Tensor> rejected;  // DPO: the edits the targets are preferred over
@@ -126,6 +128,13 @@ struct FlowGrpoWorker::State {
   // update_actor pick rows of by kRolloutRowColumn.
   std::vector<qwen_image::EditInput> rollout_inputs;
   rl::Trajectory rollout;
+  // An adopted rollout's (trainer.async): the log-probs of the policy that
+  // sampled it (rollout.log_probs then holds this policy's, recomputed
+  // before its first update).
+  at::Tensor behaviour_log_probs;
+  // Whether update_actor has not yet run on the last rollout: its first
+  // pass measures the rollout-vs-training log-prob gap.
+  bool first_update = true;
   // diffusion_nft: the sampling policy (DiffusionNFT's "old" adapter), its
   // values laid out like trained().shards(), swapped in for its rollouts
   // and its velocities in the loss, and its rollouts' solver.
@@ -364,9 +373,11 @@ struct FlowGrpoWorker::State {
       const int64_t end = std::min<int64_t>(picked.size(0), start + config.micro_batch_size);
       const at::Tensor rows = picked.slice(0, start, end);
       MicroBatch& micro = out.emplace_back();
+      micro.rollout_rows = rows;
       for (int64_t i = 0; i < rows.size(0); ++i)
         micro.inputs.push_back(rollout_inputs[rows[i].item<int64_t>()]);
       auto pick = [&](const at::Tensor& all) {
+        if (!all.defined()) return at::Tensor();  // a part this rollout has not
         return all.index_select(0, rows.to(all.device())).to(model->device);
       };
       micro.trajectory.latents = pick(rollout.latents);
@@ -375,6 +386,7 @@ struct FlowGrpoWorker::State {
       micro.trajectory.prev_sample_means = pick(rollout.prev_sample_means);
       micro.trajectory.timesteps = pick(rollout.timesteps);
       micro.trajectory.final_latents = pick(rollout.final_latents);
+      if (behaviour_log_probs.defined()) micro.behaviour_log_probs = pick(behaviour_log_probs);
       if (batch.HasColumn(kRowTrainStepsColumn)) {
         DRAY_ASSIGN_OR_RETURN(at::Tensor steps, batch.GetTensor(kRowTrainStepsColumn));
         micro.train_steps = steps.slice(0, start, end);
@@ -385,6 +397,27 @@ struct FlowGrpoWorker::State {
       }
     }
     return out;
+  }
+
+  // ForgetRollout drops the last rollout (its rows, encodings, trajectory).
+  void ForgetRollout() {
+    conditions.Clear();
+    rollout_inputs.clear();
+    rollout = {};
+    behaviour_log_probs = at::Tensor();
+    first_update = true;
+  }
+
+  // KeepOldPolicy records an adopted rollout's old policy at each row's
+  // window step `steps` (the update's first pass computes it) for the
+  // passes after.
+  void KeepOldPolicy(const MicroBatch& micro, const at::Tensor& steps, const at::Tensor& log_prob,
+                     const at::Tensor& prev_sample_mean) {
+    const at::Tensor rows = micro.rollout_rows.to(rollout.log_probs.device());
+    const at::Tensor at_steps = steps.to(rows.device());
+    rollout.log_probs.index_put_({rows, at_steps}, log_prob);
+    rollout.prev_sample_means.index_put_({rows, at_steps},
+                                         prev_sample_mean.to(rollout.prev_sample_means.dtype()));
   }
 
   // BeginUpdate sets the learning rate of the coming optimizer step.
@@ -446,6 +479,7 @@ FlowGrpoWorker::FlowGrpoWorker() {
   MethodOptions per_rank_metrics = batched;  // each rank's metrics come back
   per_rank_metrics.dispatch_mode = kDpComputeMetric;
   Def("update_actor", &FlowGrpoWorker::UpdateActor, per_rank_metrics);
+  Def("adopt_rollout", &FlowGrpoWorker::AdoptRollout, per_rank_metrics);
   Def("sft_update", &FlowGrpoWorker::SftUpdate, per_rank_metrics);
   Def("vae_update", &FlowGrpoWorker::VaeUpdate, per_rank_metrics);
   Def("dpo_update", &FlowGrpoWorker::DpoUpdate, per_rank_metrics);
@@ -519,9 +553,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   rl::SdeSamplerOptions sampler = state_->sampler;
   sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
-  state_->conditions.Clear();  // a new step's prompts
-  state_->rollout_inputs.clear();
-  state_->rollout = {};
+  state_->ForgetRollout();
   const int64_t steps = state_->options.num_inference_steps;
   const int64_t total = steps * static_cast<int64_t>(micro_batches.size());
   std::vector<rl::Trajectory> trajectories;
@@ -618,6 +650,41 @@ absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch)
   return DataProto::Make({{kLogProbsColumn, at::cat(log_probs)}});
 }
 
+absl::StatusOr<DataProto> FlowGrpoWorker::AdoptRollout(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "adopt_rollout");
+  if (state_ == nullptr)
+    return absl::FailedPreconditionError("call init_model before adopt_rollout");
+  DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, state_->config.seed));
+  const int64_t count = static_cast<int64_t>(rows.size());
+  rl::Trajectory adopted;
+  for (const auto& [column, part] : {std::pair{kLatentsColumn, &rl::Trajectory::latents},
+                                     std::pair{kNextLatentsColumn, &rl::Trajectory::next_latents},
+                                     std::pair{kLogProbsColumn, &rl::Trajectory::log_probs},
+                                     std::pair{kTimestepsColumn, &rl::Trajectory::timesteps}}) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor tensor, batch.GetTensor(column));
+    adopted.*part = tensor.to(state_->model->device);
+  }
+  const at::Tensor& log_probs = adopted.log_probs;
+  if (log_probs.dim() != 2 || log_probs.size(0) != count ||
+      adopted.timesteps.sizes() != log_probs.sizes() ||
+      adopted.latents.sizes() != adopted.next_latents.sizes() || adopted.latents.dim() < 3 ||
+      adopted.latents.size(0) != count || adopted.latents.size(1) != log_probs.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopt_rollout needs ", kLogProbsColumn, " and ", kTimestepsColumn, " [B, T] and ",
+        kLatentsColumn, " and ", kNextLatentsColumn, " [B, T, ...] for its ", count, " rows"));
+  }
+  state_->ForgetRollout();
+  for (EditRow& row : rows)
+    state_->rollout_inputs.push_back({row.images, row.instruction, row.seed});
+  state_->rollout = adopted;
+  // The update's old policy, this one before its first step on the rollout,
+  // fills these in at the steps it trains (update_actor).
+  state_->rollout.log_probs = log_probs.clone();
+  state_->rollout.prev_sample_means = at::zeros_like(adopted.latents);
+  state_->behaviour_log_probs = log_probs;
+  return DataProto::Make({});
+}
+
 absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "update_actor");
   if (state_ == nullptr)
@@ -636,6 +703,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   const rl::PolicyLossOptions loss_options{config.clip_range, config.adv_clip_max, config.beta,
                                            accumulation, config.kl_coeff};
   std::map<std::string, double> sums;
+  double gap_max = 0;
   for (const MicroBatch& micro : micro_batches) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
     DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
@@ -661,6 +729,28 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
       input.std_dev_t = policy.std_dev_t;
       input.old_prev_sample_mean = rl::AtSteps(micro.trajectory.prev_sample_means, j);
       input.sqrt_neg_dt = policy.sqrt_neg_dt;
+      // An adopted rollout was sampled by an older (behaviour) policy: this
+      // one, before its first step on it, is the update's old policy.
+      const bool adopted = micro.behaviour_log_probs.defined();
+      const at::Tensor sampled =
+          adopted ? rl::AtSteps(micro.behaviour_log_probs, j) : input.old_log_prob;
+      if (adopted && state_->first_update) {
+        input.old_log_prob = policy.log_prob.detach();
+        input.old_prev_sample_mean = policy.prev_sample_mean.detach();
+        state_->KeepOldPolicy(micro, j, input.old_log_prob, input.old_prev_sample_mean);
+      }
+      if (state_->first_update) {  // the log-prob gap between sampling and training
+        const at::Tensor gap = (policy.log_prob.detach() - sampled).abs();
+        gap_max = std::max(gap_max, gap.max().item<double>());
+        sums["logprob_gap_mean"] += gap.mean().item<double>();
+      }
+      if (adopted) {
+        const at::Tensor ratio = at::exp(input.old_log_prob - sampled);
+        input.is_weight = at::clamp_max(ratio, config.rollout_is_threshold);
+        sums["rollout_is_mean"] += ratio.mean().item<double>();
+        sums["rollout_is_clipfrac"] +=
+            (ratio > config.rollout_is_threshold).to(at::kFloat).mean().item<double>();
+      }
       DRAY_ASSIGN_OR_RETURN(rl::PolicyLossOutput out, state_->loss(input, loss_options));
       DRAY_RETURN_IF_ERROR(state_->AgreeFinite(
           group, out.loss,
@@ -687,6 +777,15 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
                       {"clipfrac", sums["clipfrac"] / n},
                       {"ratio_mean", sums["ratio_mean"] / n},
                       {"grad_norm", grad_norm}};
+  if (state_->behaviour_log_probs.defined()) {
+    metrics["rollout_is_mean"] = sums["rollout_is_mean"] / n;
+    metrics["rollout_is_clipfrac"] = sums["rollout_is_clipfrac"] / n;
+  }
+  if (state_->first_update) {
+    metrics["logprob_gap_max"] = gap_max;
+    metrics["logprob_gap_mean"] = sums["logprob_gap_mean"] / n;
+  }
+  state_->first_update = false;
   return DataProto::Make({}, {}, std::move(metrics));
 }
 
@@ -955,6 +1054,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>(kDirKey));
   FullyShardedModule& sharded = state_->trained();
   DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
+  if (input.GetMeta<bool>(kWeightsOnlyKey).value_or(false)) return DataProto::Make({});
   DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
   if (state_->config.nft()) {
     DRAY_RETURN_IF_ERROR(
@@ -969,8 +1069,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input)
   DRAY_ASSIGN_OR_RETURN(std::string dir, input.GetMeta<std::string>(kDirKey));
   FullyShardedModule& sharded = state_->trained();
   absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
-  if (loaded.ok()) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
-  if (loaded.ok() && state_->config.nft())
+  const bool weights_only = input.GetMeta<bool>(kWeightsOnlyKey).value_or(false);
+  if (loaded.ok() && !weights_only) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
+  if (loaded.ok() && !weights_only && state_->config.nft())
     loaded = sharded.LoadShardedLike(dir, kSamplingPolicyName, state_->sampling_policy);
   if (!loaded.ok()) {
     return absl::Status(loaded.code(), absl::StrCat("checkpoint ", dir,

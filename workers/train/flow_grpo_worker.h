@@ -23,6 +23,12 @@
 //   compute_log_prob  DP_COMPUTE_PROTO  rollout_row [B] in (rows of the rank's last
 //                                       rollout); the log_probs [B, T] of their steps
 //                                       under the current policy
+//   adopt_rollout     DP_COMPUTE_METRIC the edit batch columns and a rollout's
+//                                       trajectory (latents, next_latents, log_probs,
+//                                       timesteps, as rollout returns them) in: kept as
+//                                       if this rank had sampled it (trainer.async: another
+//                                       group did), its log_probs as the behaviour
+//                                       policy's
 //   update_actor      DP_COMPUTE_METRIC rollout_row and advantages [B] in, meta
 //                                       train_steps (window steps to train, JSON list)
 //                                       and lr: one optimizer step on those rows of the
@@ -58,6 +64,7 @@
 //   save_checkpoint   ONE_TO_ALL        meta "dir" (an existing directory): each rank
 //                                       writes its shards of the trainable weights and of
 //                                       AdamW's moments, and the optimizer's step count
+//                                       (meta weights_only: true: the weights alone)
 //   load_checkpoint   ONE_TO_ALL        meta "dir": restores them, whatever world size
 //                                       wrote them
 //   timings           ONE_TO_ALL        the seconds this rank has spent inside each method
@@ -67,7 +74,14 @@
 // for full fine-tuning, a frozen sharded copy of the initial transformer.
 // update_actor accumulates the gradient of every micro-batch and trained
 // step (the loss divided by their count), averages it over ranks, clips its
-// global norm and steps the optimizer. A loss that is not finite is
+// global norm and steps the optimizer. Its first call after a rollout
+// reports logprob_gap_max and logprob_gap_mean, |this policy's - the
+// sampler's| at the trained steps. On an adopted rollout, the old policy
+// is this one before that first call's step (its log-probs and step means
+// kept for the calls after), and each sample's surrogate is weighted by
+// its importance ratio old / behaviour, truncated at
+// algorithm.rollout_is_threshold (metrics rollout_is_mean,
+// rollout_is_clipfrac). A loss that is not finite is
 // DATA_LOSS naming the step, and no parameter changes. A rank draws nothing
 // at random but from seeds the controller sends (each row's seed, the
 // step's), so a checkpoint needs no random-generator state; with
@@ -98,6 +112,7 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> Rollout(const DataProto& batch);
   absl::StatusOr<DataProto> ComputeLogProb(const DataProto& batch);
   absl::StatusOr<DataProto> Edit(const DataProto& batch);
+  absl::StatusOr<DataProto> AdoptRollout(const DataProto& batch);
   absl::StatusOr<DataProto> UpdateActor(const DataProto& batch);
   absl::StatusOr<DataProto> SftUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> DpoUpdate(const DataProto& batch);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -71,6 +72,7 @@ absl::StatusOr<double> OutputSpread(const std::vector<RewardInput>& samples, int
 
 absl::StatusOr<std::unique_ptr<GrpoAlgorithm>> GrpoAlgorithm::Create(const TrainConfig& config) {
   std::unique_ptr<GrpoAlgorithm> grpo(new GrpoAlgorithm(config));
+  if (config.async_rollout) grpo->async_ = std::make_unique<AsyncRollouts>(config);
   DRAY_ASSIGN_OR_RETURN(grpo->advantages_, rl::FindAdvantageEstimator(config.adv_estimator));
   if (!config.remote_rewards.empty()) {
     DRAY_ASSIGN_OR_RETURN(grpo->remote_scorers_, RemoteScorers::Connect(config.remote_rewards));
@@ -92,8 +94,15 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   Metrics metrics;
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto rows, context.sampler.RolloutRows(step));
-  DRAY_ASSIGN_OR_RETURN(DataProto rollout,
-                        context.workers.Rollout(rows, context.on_rollout_progress));
+  DataProto rollout;
+  if (async_ != nullptr) {  // sampled meanwhile by the rollout group; the next starts now
+    DRAY_ASSIGN_OR_RETURN(rollout, async_->Take(step, rows, context, metrics));
+    if (step + 1 < config_.total_steps)
+      DRAY_RETURN_IF_ERROR(async_->Ahead(step + 1, context, metrics));
+  } else {
+    DRAY_ASSIGN_OR_RETURN(rollout, context.workers.Rollout(rows, context.on_rollout_progress));
+    metrics["staleness"] = 0;
+  }
   metrics["rollout_s"] = Seconds(started);
 
   const absl::Time rewarding = absl::Now();
@@ -174,7 +183,9 @@ absl::Status GrpoAlgorithm::InnerEpochs(
     const std::function<absl::Status(int64_t epoch, DataProto& batch)>& for_epoch,
     Metrics& metrics) const {
   const absl::Time updating = absl::Now();
-  std::map<std::string, double> update_sums;
+  // Each key over the ranks and epochs that report it: averaged, or for a
+  // maximum ("..._max") the largest.
+  std::map<std::string, std::pair<double, double>> reported;  // key -> (sum or max, count)
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
     DataProto epoch_batch = batch;
     if (for_epoch) DRAY_RETURN_IF_ERROR(for_epoch(epoch, epoch_batch));
@@ -192,13 +203,20 @@ absl::Status GrpoAlgorithm::InnerEpochs(
     DRAY_RETURN_IF_ERROR(updated.status());
     for (const DataProto& rank : *updated) {
       for (const auto& [key, value] : rank.meta_info()) {
-        if (const double* number = std::get_if<double>(&value))
-          update_sums[key] +=
-              *number / static_cast<double>(updated->size() * config_.num_inner_epochs);
+        const double* number = std::get_if<double>(&value);
+        if (number == nullptr) continue;
+        auto& [combined, count] = reported[key];
+        if (!absl::EndsWith(key, "_max")) {
+          combined += *number;
+        } else {
+          combined = count == 0 ? *number : std::max(combined, *number);
+        }
+        count += 1;
       }
     }
   }
-  for (const auto& [key, value] : update_sums) metrics[key] = value;
+  for (const auto& [key, entry] : reported)
+    metrics[key] = absl::EndsWith(key, "_max") ? entry.first : entry.first / entry.second;
   metrics["update_s"] = Seconds(updating);
   return absl::OkStatus();
 }

@@ -7,7 +7,9 @@
 // MixGRPO's window is empty). As algorithm.name dpo with dpo_pairs
 // samples (flow_grpo's DPO), the update is DPO's on each prompt's best and
 // worst sample instead; as diffusion_nft, the rollouts are its sampling
-// policy's ODE ones and the updates its loss's.
+// policy's ODE ones and the updates its loss's. With trainer.async, the
+// rollouts come from a rollout group of their own, a step ahead
+// (workers/train/async_rollouts.h).
 // docs/training.md walks through it.
 //
 // Thread-safety: not thread-safe.
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "workers/rl/advantages.h"
+#include "workers/train/async_rollouts.h"
 #include "workers/train/remote_reward.h"
 #include "workers/train/rewards.h"
 #include "workers/train/training_algorithm.h"
@@ -90,6 +93,7 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   TrainConfig config_;
   rl::AdvantageEstimator advantages_;
   std::unique_ptr<RemoteScorers> remote_scorers_;  // worker.reward.remote, if any
+  std::unique_ptr<AsyncRollouts> async_;           // trainer.async
 };
 
 }  // namespace dray

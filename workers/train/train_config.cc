@@ -187,6 +187,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("worker.actor.lora_target_modules", c.lora_target_modules, "a list of names"),
            Key("worker.rollout.num_inference_steps", c.num_inference_steps, "an integer"),
            Key("worker.rollout.resolution", c.resolution, "an integer"),
+           Key("worker.rollout.num_workers", c.rollout_workers, "an integer"),
            Key("worker.reward.functions", c.reward_functions, "a list of names"),
            Key("worker.reward.weights", c.reward_weights, "a list of numbers"),
            Key("worker.reward.placement", c.reward_placement, "controller, colocated or separate"),
@@ -202,6 +203,9 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("trainer.keep_last", c.keep_last, "an integer"),
            Key("trainer.resume", c.resume, "never, auto or a checkpoint directory"),
            Key("trainer.max_restarts", c.max_restarts, "an integer"),
+           Key("trainer.async", c.async_rollout, "true or false"),
+           Key("trainer.max_staleness", c.max_staleness, "an integer"),
+           Key("algorithm.rollout_is_threshold", c.rollout_is_threshold, "a number"),
        }) {
     keys.push_back(std::move(key));
   }
@@ -369,6 +373,17 @@ absl::Status TrainConfig::Validate() const {
   if (keep_last < 1) return bad("trainer.keep_last", "must be at least 1");
   if (resume.empty()) return bad("trainer.resume", "must be never, auto or a checkpoint directory");
   if (max_restarts < 0) return bad("trainer.max_restarts", "must be >= 0");
+  if (max_staleness < 0) return bad("trainer.max_staleness", "must be >= 0 (steps)");
+  if (!(rollout_is_threshold >= 1))
+    return bad("algorithm.rollout_is_threshold", "must be at least 1");
+  if (rollout_workers < 1) return bad("worker.rollout.num_workers", "must be at least 1");
+  if (async_rollout && !grpo())
+    return bad("trainer.async",
+               "applies to the GRPO algorithms (grpo, flow_grpo_fast, grpo_guard, mix_grpo, "
+               "dance_grpo), whose rollouts' log-probabilities it corrects for");
+  if (async_rollout && max_staleness < 1)
+    return bad("trainer.max_staleness",
+               "must be at least 1 with trainer.async (0 is synchronous: trainer.async false)");
   return absl::OkStatus();
 }
 

@@ -178,6 +178,9 @@ struct TrainConfig {
   // GRPO's outputs are resolution x resolution; SFT trains each pair at
   // about resolution^2 pixels at its aspect ratio; the VAE at resolution^2.
   int64_t resolution = 512;
+  // trainer.async: the rollout group's processes (num_workers), apart from
+  // the trained model's.
+  int64_t rollout_workers = 1;
 
   // worker.reward.*
   std::vector<std::string> reward_functions = {"color"};  // workers/train/rewards.h
@@ -200,6 +203,15 @@ struct TrainConfig {
   std::string resume =
       "never";               // "auto": from the newest checkpoint in save_dir; or a checkpoint dir
   int64_t max_restarts = 0;  // times a failed worker group is restarted from the last checkpoint
+  // trainer.async: a rollout group of its own samples step k + 1 while the
+  // model's workers update step k (verl-omni's separate_async), with
+  // weights at most max_staleness steps old (synced when they would be
+  // older); the update weighs each sample by its importance ratio against
+  // the behaviour policy that sampled it, truncated at
+  // rollout_is_threshold (verl's decoupled rollout correction).
+  bool async_rollout = false;
+  int64_t max_staleness = 1;
+  double rollout_is_threshold = 2.0;
 
   // cluster.*
   ClusterConfig cluster;

@@ -9,7 +9,8 @@
 namespace dray {
 
 // A rollout's trajectory stays on the rank that sampled it; rollout
-// returns it only when asked (kReturnTrajectoryKey), in these columns.
+// returns it only when asked (kReturnTrajectoryKey), in these columns, and
+// adopt_rollout takes it so (trainer.async).
 inline constexpr char kLatentsColumn[] = "latents";
 inline constexpr char kNextLatentsColumn[] = "next_latents";
 inline constexpr char kLogProbsColumn[] = "log_probs";
@@ -53,6 +54,9 @@ inline constexpr char kInnerEpochKey[] = "inner_epoch";
 inline constexpr char kSamplingPolicyDecayKey[] = "sampling_policy_decay";
 // save, save_checkpoint, load_checkpoint: the folder (string).
 inline constexpr char kDirKey[] = "dir";
+// save_checkpoint, load_checkpoint: true for the trained weights alone, no
+// optimizer state (bool; trainer.async's weight syncs).
+inline constexpr char kWeightsOnlyKey[] = "weights_only";
 
 }  // namespace dray
 

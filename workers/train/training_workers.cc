@@ -1,7 +1,12 @@
 #include "workers/train/training_workers.h"
 
+#include <algorithm>
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/controller/supervised_group.h"
+#include "runtime/process/subprocess.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
@@ -19,8 +24,9 @@ absl::StatusOr<DataProto> DirMeta(const std::string& dir) {
 class GroupTrainingWorkers : public TrainingWorkers {
  public:
   GroupTrainingWorkers(std::unique_ptr<SupervisedGroup> model,
-                       std::unique_ptr<SupervisedGroup> rewards)
-      : model_(std::move(model)), rewards_(std::move(rewards)) {}
+                       std::unique_ptr<SupervisedGroup> rewards,
+                       std::unique_ptr<SupervisedGroup> rollouts)
+      : model_(std::move(model)), rewards_(std::move(rewards)), rollouts_(std::move(rollouts)) {}
 
   int world_size() const override { return model_->group()->world_size(); }
 
@@ -34,6 +40,31 @@ class GroupTrainingWorkers : public TrainingWorkers {
 
   absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) override {
     return Call(*model_, "update_actor", batch);
+  }
+
+  absl::StatusOr<DataProto> SampleApart(const DataProto& rows,
+                                        const GroupProgressFn& on_progress) override {
+    if (rollouts_ == nullptr)
+      return absl::FailedPreconditionError("no rollout group (trainer.async)");
+    DataProto asked = rows;
+    asked.SetMeta(kReturnTrajectoryKey, true);
+    CallOptions call;
+    call.on_progress = on_progress;
+    DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> rolled, Call(*rollouts_, "rollout", asked, call));
+    return std::move(rolled.front());
+  }
+
+  absl::Status AdoptRollout(const DataProto& batch) override {
+    return Call(*model_, "adopt_rollout", batch).status();
+  }
+
+  absl::Status SyncRolloutWeights(const std::string& dir) override {
+    if (rollouts_ == nullptr)
+      return absl::FailedPreconditionError("no rollout group (trainer.async)");
+    DRAY_ASSIGN_OR_RETURN(DataProto input, DirMeta(dir));
+    input.SetMeta(kWeightsOnlyKey, true);
+    DRAY_RETURN_IF_ERROR(Call(*model_, "save_checkpoint", input).status());
+    return Call(*rollouts_, "load_checkpoint", input).status();
   }
 
   absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
@@ -67,19 +98,24 @@ class GroupTrainingWorkers : public TrainingWorkers {
 
   absl::Status HealthAfterFailure(absl::Duration wait) override {
     DRAY_RETURN_IF_ERROR(model_->HealthAfterFailure(wait));
-    return rewards_ != nullptr ? rewards_->HealthAfterFailure(absl::ZeroDuration())
-                               : absl::OkStatus();
+    for (SupervisedGroup* group : {rewards_.get(), rollouts_.get()}) {
+      if (group != nullptr) DRAY_RETURN_IF_ERROR(group->HealthAfterFailure(absl::ZeroDuration()));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Restart(const absl::Status& cause) override {
-    for (SupervisedGroup* group : {model_.get(), rewards_.get()}) {
+    for (SupervisedGroup* group : {model_.get(), rewards_.get(), rollouts_.get()}) {
       if (group != nullptr && !group->Health().ok()) DRAY_RETURN_IF_ERROR(group->RestartNow(cause));
     }
     return absl::OkStatus();
   }
 
   int restarts() const override {
-    return model_->restarts() + (rewards_ != nullptr ? rewards_->restarts() : 0);
+    int total = 0;
+    for (const SupervisedGroup* group : {model_.get(), rewards_.get(), rollouts_.get()})
+      total += group != nullptr ? group->restarts() : 0;
+    return total;
   }
 
   WorkerGroup* group() override { return model_->group().get(); }
@@ -98,7 +134,8 @@ class GroupTrainingWorkers : public TrainingWorkers {
   }
 
   std::unique_ptr<SupervisedGroup> model_;
-  std::unique_ptr<SupervisedGroup> rewards_;  // reward_placement: separate
+  std::unique_ptr<SupervisedGroup> rewards_;   // reward_placement: separate
+  std::unique_ptr<SupervisedGroup> rollouts_;  // trainer.async
 };
 
 }  // namespace
@@ -119,20 +156,35 @@ absl::StatusOr<std::unique_ptr<TrainingWorkers>> StartTrainingWorkers(
   model.max_restarts = static_cast<int>(config.max_restarts);
   model.restart_backoff = launch.restart_backoff;
   model.log_name = "train";
+  model.initialize = InitModel(config.ToYaml(), launch.init_timeout);
+  // trainer.async: the rollout group, the model loaded as the trained
+  // workers load it, on the first node's GPUs after theirs; then
   // reward_placement separate: the reward functions' own group, on the
-  // first node, on the GPUs after the model's.
+  // GPUs after those.
+  const int rollout_workers = config.async_rollout ? static_cast<int>(config.rollout_workers) : 0;
+  // Both groups on the first node's cores, each process its share.
+  if (rollout_workers > 0) model.group.processes_sharing_cores = launch.workers + rollout_workers;
+  SupervisedGroup::Options rollout = model;
+  rollout.resources = {1, rollout_workers};
+  rollout.group.roles = {kFlowGrpoRole};
+  rollout.group.first_gpu = launch.workers;
+  rollout.log_name = "rollout";
   SupervisedGroup::Options scorers = model;
   scorers.resources = {1, static_cast<int>(config.reward_workers)};
   scorers.group.roles = {kRewardRole};
-  scorers.group.first_gpu = launch.workers;
-  model.initialize = InitModel(config.ToYaml(), launch.init_timeout);
+  scorers.group.first_gpu = launch.workers + rollout_workers;
+  scorers.initialize = nullptr;
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<SupervisedGroup> model_workers,
                         SupervisedGroup::Start(std::move(model)));
-  std::unique_ptr<SupervisedGroup> rewards;
+  std::unique_ptr<SupervisedGroup> rewards, rollouts;
+  if (config.async_rollout) {
+    DRAY_ASSIGN_OR_RETURN(rollouts, SupervisedGroup::Start(std::move(rollout)));
+  }
   if (placement == "separate") {
     DRAY_ASSIGN_OR_RETURN(rewards, SupervisedGroup::Start(std::move(scorers)));
   }
-  return std::make_unique<GroupTrainingWorkers>(std::move(model_workers), std::move(rewards));
+  return std::make_unique<GroupTrainingWorkers>(std::move(model_workers), std::move(rewards),
+                                                std::move(rollouts));
 }
 
 }  // namespace dray

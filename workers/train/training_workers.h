@@ -46,6 +46,17 @@ class TrainingWorkers {
   // UpdateActor takes one optimizer step on the rows' trajectories with
   // their advantages; each rank's metrics (meta).
   virtual absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) = 0;
+  // trainer.async's (the rollout group apart from the model's workers):
+  // SampleApart samples `rows` there (progress to `on_progress`, on other
+  // threads), returning the images and the
+  // trajectories (adopt_rollout's columns); AdoptRollout hands such a
+  // rollout to the model's workers as if they had sampled it;
+  // SyncRolloutWeights copies the trained weights
+  // to the rollout group through the folder `dir`.
+  virtual absl::StatusOr<DataProto> SampleApart(const DataProto& rows,
+                                                const GroupProgressFn& on_progress) = 0;
+  virtual absl::Status AdoptRollout(const DataProto& batch) = 0;
+  virtual absl::Status SyncRolloutWeights(const std::string& dir) = 0;
   // PairedUpdate takes SFT's, the VAE's or DPO's optimizer step on
   // PromptSampler::PairedRows; each rank's metrics.
   virtual absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
@@ -93,8 +104,8 @@ struct TrainingLaunch {
 };
 
 // StartTrainingWorkers starts the model's workers (and the reward workers
-// config.reward_placement asks for) as SupervisedGroups that restart when
-// asked, and loads the model into them.
+// config.reward_placement asks for, and trainer.async's rollout group) as
+// SupervisedGroups that restart when asked, and loads the model into them.
 absl::StatusOr<std::unique_ptr<TrainingWorkers>> StartTrainingWorkers(const TrainConfig& config,
                                                                       const TrainingLaunch& launch);
 

@@ -51,6 +51,16 @@ class FakeTrainingWorkers : public TrainingWorkers {
   absl::StatusOr<DataProto> Rollout(const DataProto& rows,
                                     const GroupProgressFn& on_progress) override;
   absl::StatusOr<std::vector<DataProto>> UpdateActor(const DataProto& batch) override;
+  // trainer.async is tested with real workers (tests/train/async_test.cc).
+  absl::StatusOr<DataProto> SampleApart(const DataProto&, const GroupProgressFn&) override {
+    return absl::UnimplementedError("FakeTrainingWorkers has no rollout group");
+  }
+  absl::Status AdoptRollout(const DataProto&) override {
+    return absl::UnimplementedError("FakeTrainingWorkers has no rollout group");
+  }
+  absl::Status SyncRolloutWeights(const std::string&) override {
+    return absl::UnimplementedError("FakeTrainingWorkers has no rollout group");
+  }
   absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
                                                       PairedKind kind) override;
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override;
