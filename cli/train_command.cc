@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +67,18 @@ void StopOnSignals(const std::atomic<FlowGrpoTrainer*>& trainer, const absl::Not
   }
 }
 
+// JobName: what algorithm.name trains, as its authors call it.
+std::string JobName(const TrainConfig& config) {
+  static const auto* names = new std::map<std::string, std::string>{
+      {"grpo", "Flow-GRPO"},        {"flow_grpo_fast", "Flow-GRPO-Fast"},
+      {"grpo_guard", "GRPO-Guard"}, {"mix_grpo", "MixGRPO"},
+      {"dance_grpo", "DanceGRPO"},  {"diffusion_nft", "DiffusionNFT"},
+      {"dpo", "Diffusion-DPO"},     {"sft", "SFT"},
+      {"vae", "VAE training"}};
+  auto found = names->find(config.name);
+  return found != names->end() ? found->second : config.name;
+}
+
 }  // namespace
 
 TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
@@ -75,7 +88,8 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
       "train",
       "train Qwen-Image-Edit with Flow-GRPO or, by algorithm.name, flow_grpo_fast, grpo_guard, "
       "mix_grpo, dance_grpo, diffusion_nft, dpo, sft or its VAE (vae), checkpointed with "
-      "trainer.save_every and resumed with trainer.resume=auto (no config: the embedded task)");
+      "trainer.save_every and resumed with trainer.resume=auto, rolled out a step ahead with "
+      "trainer.async=true (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");
   f.train->add_option("overrides", f.overrides,
                       "SECTION.KEY=VALUE overrides, e.g. worker.actor.lr=3e-4 "
@@ -99,11 +113,15 @@ std::optional<int> TrainCommand::Run() {
   const std::string batch = config->paired() ? absl::StrCat(config->prompts_per_step, " pairs")
                                              : absl::StrCat(config->prompts_per_step, " prompts x ",
                                                             config->group_size, " samples");
-  const char* job = config->sft() ? "SFT on" : config->vae() ? "VAE training on" : "Flow-GRPO on";
+  const std::string rollout_group =
+      config->async_rollout ? absl::StrCat(" and ", config->rollout_workers,
+                                           " rollout worker(s) a step ahead (trainer.async)")
+                            : "";
   Log("train",
-      absl::StrCat(job, " ", config->embedded_task() ? "the embedded task" : config->train_files,
-                   ", ", config->total_steps, config->total_steps == 1 ? " step" : " steps", " of ",
-                   batch, ", ", WorkerLayout(cluster, f.workers)));
+      absl::StrCat(JobName(*config), " on ",
+                   config->embedded_task() ? "the embedded task" : config->train_files, ", ",
+                   config->total_steps, config->total_steps == 1 ? " step" : " steps", " of ",
+                   batch, ", ", WorkerLayout(cluster, f.workers), rollout_group));
   absl::StatusOr<std::unique_ptr<NodePool>> pool = cluster.StartPool();  // outlives the trainer
   if (!pool.ok()) return Fail(pool.status());
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask

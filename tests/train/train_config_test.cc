@@ -155,6 +155,12 @@ TEST(TrainConfigTest, DanceGrpoRunsAsItsScriptDoes) {
   EXPECT_EQ(dance.timestep_fraction, 0.6);
   EXPECT_EQ(dance.model.negative_prompt, "") << "no CFG";
   EXPECT_TRUE(dance.init_same_noise);
+  DRAY_EXPECT_OK(
+      TrainConfig::Load("", {"algorithm.name=mix_grpo", "algorithm.init_same_noise=false"}));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.init_same_noise=false"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.init_same_noise is dance_grpo's or mix_grpo's: set "
+                                 "algorithm.name dance_grpo or mix_grpo to use it, not grpo")));
   EXPECT_THAT(
       TrainConfig::Load("", {"algorithm.shift=2"}),
       StatusIs(absl::StatusCode::kInvalidArgument,
@@ -198,7 +204,7 @@ TEST(TrainConfigTest, AsyncTrainingNamesWhatCannotBe) {
   DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig async, TrainConfig::Load("", {"trainer.async=true"}));
   EXPECT_EQ(async.max_staleness, 1);
   EXPECT_EQ(async.rollout_workers, 1);
-  EXPECT_THAT(TrainConfig::Load("", {"trainer.max_staleness=-1"}),
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "trainer.max_staleness=-1"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("trainer.max_staleness must be >= 0")));
   EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "trainer.max_staleness=0"}),
@@ -206,9 +212,16 @@ TEST(TrainConfigTest, AsyncTrainingNamesWhatCannotBe) {
   EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "algorithm.name=sft"}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("trainer.async applies to the GRPO algorithms")));
-  EXPECT_THAT(
-      TrainConfig::Load("", {"algorithm.rollout_is_threshold=0.5"}),
-      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.rollout_is_threshold")));
+  EXPECT_THAT(TrainConfig::Load("", {"trainer.async=true", "algorithm.rollout_is_threshold=0.5"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.rollout_is_threshold must be at least 1")));
+  for (const char* unread : {"trainer.max_staleness=2", "worker.rollout.num_workers=2",
+                             "algorithm.rollout_is_threshold=3"}) {
+    EXPECT_THAT(TrainConfig::Load("", {unread}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr("applies only with trainer.async: true")))
+        << unread;
+  }
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

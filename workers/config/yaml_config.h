@@ -19,8 +19,10 @@
 #ifndef DRAY_WORKERS_CONFIG_YAML_CONFIG_H_
 #define DRAY_WORKERS_CONFIG_YAML_CONFIG_H_
 
+#include <charconv>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
@@ -55,7 +57,15 @@ ConfigKey Key(std::string key, T& member, const char* type) {
             return absl::InvalidArgumentError(
                 absl::StrCat(key, " must be ", type, ", got '", YAML::Dump(value), "'"));
           },
-          [&member] { return YAML::Node(member); }};
+          [&member] {
+            // A number as its shortest exact decimal (0.99, not 0.98999999999999999).
+            if constexpr (std::is_floating_point_v<T>) {
+              char text[32];
+              return YAML::Node(std::string(text, std::to_chars(text, text + 32, member).ptr));
+            } else {
+              return YAML::Node(member);
+            }
+          }};
 }
 
 // ParseYaml reads a YAML document from `text`, or from the file it names

@@ -22,6 +22,7 @@ absl::StatusOr<DataProto> AsyncRollouts::Take(int64_t step, const DataProto& row
     restarts_seen_ = context.workers.restarts();
     weights_step_ = -1;
   }
+  metrics["weights_synced"] = 0;
   absl::StatusOr<DataProto> rollout;
   int64_t weights_step = step;
   if (ahead_.has_value() && ahead_->step == step) {

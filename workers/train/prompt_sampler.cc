@@ -90,9 +90,10 @@ absl::StatusOr<DataProto> PromptSampler::EditRows(int64_t step, int64_t copies,
 }
 
 absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
-  DRAY_ASSIGN_OR_RETURN(
-      DataProto batch,
-      EditRows(step, config_.group_size, config_.name == "dance_grpo" && config_.init_same_noise));
+  DRAY_ASSIGN_OR_RETURN(DataProto batch,
+                        EditRows(step, config_.group_size,
+                                 (config_.name == "dance_grpo" || config_.name == "mix_grpo") &&
+                                     config_.init_same_noise));
   const auto [begin, end] = SdeWindowOf(step);
   batch.SetMeta(kSdeWindowBeginKey, begin);
   batch.SetMeta(kSdeWindowEndKey, end);
@@ -191,6 +192,7 @@ std::vector<int64_t> PromptSampler::UpdateOrder(int64_t step, int64_t epoch, int
                                                 int ranks) const {
   std::vector<int64_t> order(rows);
   std::iota(order.begin(), order.end(), 0);
+  if (epoch == 0) return order;  // the rollout's micro-batches: its log-probs bit for bit
   std::mt19937_64 random(Seed(SeedStream::kUpdateOrder, step * 1000 + epoch));
   const int64_t share = std::max<int64_t>(1, rows / ranks);
   for (int64_t begin = 0; begin < rows; begin += share)

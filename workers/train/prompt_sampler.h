@@ -66,7 +66,7 @@ class PromptSampler {
 
   // RolloutRows: GRPO's rows (MakeEditBatch's columns), group_size per
   // prompt, with the SDE window in meta "sde_window_begin" and
-  // "sde_window_end" (dance_grpo with init_same_noise: a group's rows share
+  // "sde_window_end" (dance_grpo, mix_grpo with init_same_noise: a group's rows share
   // their first row's seed, their own in kSdeSeedsColumn).
   absl::StatusOr<DataProto> RolloutRows(int64_t step) const;
 
@@ -97,7 +97,10 @@ class PromptSampler {
   // drawn afresh in each inner epoch.
   at::Tensor RowTrainedSteps(int64_t step, int64_t rows, int64_t window, int64_t epoch = 0) const;
 
-  // UpdateOrder: the order of `rows` rows in inner epoch `epoch`, shuffled
+  // UpdateOrder: the order of `rows` rows in inner epoch `epoch`: the
+  // rollout's in the first (so the first update's micro-batches are the
+  // rollout's, and it recomputes the rollout's log-probs bit for bit: an
+  // epoch is one optimizer step on every row, whatever their order), then shuffled
   // within each of `ranks` equal shares, as flow_grpo shuffles within each
   // process: a row stays on the rank that sampled it, whose encodings it
   // reuses.

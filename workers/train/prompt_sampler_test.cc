@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -163,6 +164,9 @@ TEST(PromptSamplerTest, DanceGrpoGroupsShareTheirInitialNoiseAndTrainAllButTheLa
     EXPECT_EQ(std::get<0>(at::_unique(subsets[r])).numel(), 11) << "row " << r << " repeats a step";
   EXPECT_FALSE(subsets[0].equal(subsets[1])) << "the same subset for two samples";
   EXPECT_TRUE(subsets.equal(sampler.RowTrainedSteps(0, 6, 20))) << "seeded";
+  config.name = "mix_grpo";  // MixGRPO's scripts share it too
+  DRAY_ASSERT_OK_AND_ASSIGN(rows, PromptSampler(config, Prompts(4)).RolloutRows(0));
+  EXPECT_TRUE(rows.HasColumn(kSdeSeedsColumn));
   config.init_same_noise = false;
   DRAY_ASSERT_OK_AND_ASSIGN(rows, PromptSampler(config, Prompts(4)).RolloutRows(0));
   EXPECT_FALSE(rows.HasColumn(kSdeSeedsColumn));
@@ -232,6 +236,9 @@ TEST(PromptSamplerTest, UpdateOrderShufflesWithinEachRanksShare) {
   std::sort(sorted.begin(), sorted.end());
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(sorted[i], i);
   EXPECT_NE(order, sampler.UpdateOrder(2, 2, 12, 3)) << "each inner epoch its own order";
+  std::vector<int64_t> rollout_order(12);
+  std::iota(rollout_order.begin(), rollout_order.end(), 0);
+  EXPECT_EQ(sampler.UpdateOrder(2, 0, 12, 3), rollout_order) << "the first epoch: the rollout's";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "workers/train/train_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -73,11 +74,17 @@ ConfigKey RemoteRewardsKey(std::vector<RemoteRewardConfig>& member) {
   return {kKey, set, get};
 }
 
-// OwnKeys: the keys only one algorithm reads, by its algorithm.name.
-std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig& c) {
+// OwnedKeys: keys only some algorithms read, by their algorithm.name.
+struct OwnedKeys {
+  std::vector<std::string> owners;
+  std::vector<ConfigKey> keys;
+};
+
+// OwnKeys: every algorithm's own keys.
+std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
   rl::MixGrpoWindowOptions& w = c.mix_window;
   return {
-      {"mix_grpo",
+      {{"mix_grpo"},
        {Key("algorithm.sample_strategy", w.strategy, "progressive, decay, exp_decay or random"),
         Key("algorithm.iters_per_group", w.iters_per_group, "an integer"),
         Key("algorithm.prog_overlap", w.prog_overlap, "true or false"),
@@ -88,11 +95,11 @@ std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig&
         Key("algorithm.kl_coeff", c.kl_coeff, "a number"),
         Key("algorithm.trimmed_ratio", c.trimmed_ratio, "a number"),
         Key("algorithm.multi_reward_mix", c.multi_reward_mix, "reward_aggr or advantage_aggr")}},
-      {"dance_grpo",
-       {Key("algorithm.shift", c.shift, "a number"),
-        Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
-      {"dpo", {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}},
-      {"diffusion_nft",
+      {{"dance_grpo"}, {Key("algorithm.shift", c.shift, "a number")}},
+      {{"dance_grpo", "mix_grpo"},
+       {Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
+      {{"dpo"}, {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}},
+      {{"diffusion_nft"},
        {Key("algorithm.nft_beta", c.nft_beta, "a number"),
         Key("algorithm.decay_type", c.decay_type, "0, 1 or 2"),
         Key("algorithm.adv_mode", c.adv_mode,
@@ -100,15 +107,28 @@ std::vector<std::pair<std::string, std::vector<ConfigKey>>> OwnKeys(TrainConfig&
         Key("algorithm.solver", c.solver, "flow or dpm2")}}};
 }
 
-// UnreadKeys: keys an algorithm does not read, by its algorithm.name, and why.
-const std::map<std::string, std::pair<std::vector<std::string>, std::string>>& UnreadKeys() {
-  static const auto* unread =
-      new std::map<std::string, std::pair<std::vector<std::string>, std::string>>{
-          {"diffusion_nft",
-           {{"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level",
-             "algorithm.sde_type", "algorithm.sde_window_size", "algorithm.sde_window_range"},
-            "whose rollouts are deterministic (algorithm.solver) and whose loss is its own"}}};
-  return *unread;
+// UnreadKeys: the keys `c` does not read (under its algorithm, or without
+// trainer.async), each with why.
+std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
+  std::map<std::string, std::string> unread;
+  if (c.nft()) {
+    for (const char* key :
+         {"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level", "algorithm.sde_type",
+          "algorithm.sde_window_size", "algorithm.sde_window_range"})
+      unread[key] =
+          "does not apply to diffusion_nft, whose rollouts are deterministic (algorithm.solver) "
+          "and whose loss is its own";
+  }
+  if (!c.async_rollout) {
+    for (const char* key :
+         {"trainer.max_staleness", "worker.rollout.num_workers", "algorithm.rollout_is_threshold"})
+      unread[key] = "applies only with trainer.async: true";
+  }
+  return unread;
+}
+
+bool IsOwner(const OwnedKeys& owned, const std::string& name) {
+  return std::find(owned.owners.begin(), owned.owners.end(), name) != owned.owners.end();
 }
 
 // KeysSetIn: the dotted keys `document` and `overrides` ("key=VALUE") set.
@@ -130,23 +150,19 @@ std::set<std::string> KeysSetIn(const YAML::Node& document,
   return keys;
 }
 
-// ForeignKeyError: INVALID_ARGUMENT for the first key of OwnKeys in `set`
-// whose algorithm is not `c`'s, or of UnreadKeys in `set` that `c`'s does not read.
+// ForeignKeyError: INVALID_ARGUMENT for the first key in `set` that `c`
+// does not read (UnreadKeys) or that other algorithms own (OwnKeys).
 absl::Status ForeignKeyError(TrainConfig c, const std::set<std::string>& set) {
-  if (auto unread = UnreadKeys().find(c.name); unread != UnreadKeys().end()) {
-    for (const std::string& key : unread->second.first) {
-      if (set.count(key) > 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(key, " does not apply to ", c.name, ", ", unread->second.second));
-      }
-    }
+  for (const auto& [key, why] : UnreadKeys(c)) {
+    if (set.count(key) > 0) return absl::InvalidArgumentError(absl::StrCat(key, " ", why));
   }
-  for (const auto& [owner, keys] : OwnKeys(c)) {
-    if (owner == c.name) continue;
-    for (const ConfigKey& key : keys) {
+  for (const OwnedKeys& owned : OwnKeys(c)) {
+    if (IsOwner(owned, c.name)) continue;
+    for (const ConfigKey& key : owned.keys) {
       if (set.count(key.key) > 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            key.key, " is ", owner, "'s: set algorithm.name ", owner, " to use it, not ", c.name));
+            key.key, " is ", absl::StrJoin(owned.owners, "'s or "), "'s: set algorithm.name ",
+            absl::StrJoin(owned.owners, " or "), " to use it, not ", c.name));
       }
     }
   }
@@ -172,8 +188,8 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
       Key("algorithm.sde_window_size", c.sde_window_size, "an integer"),
       Key("algorithm.sde_window_range", c.sde_window_range, "a list of two integers"),
   };
-  for (auto& [algorithm, own] : OwnKeys(c)) {
-    for (ConfigKey& key : own) keys.push_back(std::move(key));
+  for (OwnedKeys& owned : OwnKeys(c)) {
+    for (ConfigKey& key : owned.keys) keys.push_back(std::move(key));
   }
   for (ConfigKey& key : ImageEditConfigKeys(c.model)) keys.push_back(std::move(key));
   for (ConfigKey& key : std::vector<ConfigKey>{
@@ -291,9 +307,12 @@ absl::Status TrainConfig::Validate() const {
     const std::set<std::string> modes = {"all", "positive_only", "negative_only", "one_only",
                                          "binary"};
     if (modes.count(adv_mode) == 0)
-      return bad("algorithm.adv_mode",
-                 "must be all, positive_only, negative_only, one_only or binary");
-    if (!rl::ParseOdeSolver(solver).ok()) return bad("algorithm.solver", "must be flow or dpm2");
+      return bad(
+          "algorithm.adv_mode",
+          absl::StrCat("must be all, positive_only, negative_only, one_only or binary, not '",
+                       adv_mode, "'"));
+    if (!rl::ParseOdeSolver(solver).ok())
+      return bad("algorithm.solver", absl::StrCat("must be flow or dpm2, not '", solver, "'"));
   }
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",
@@ -454,12 +473,11 @@ std::string TrainConfig::ToYaml() const {
   // so that the file loads back.
   TrainConfig copy = *this, owned = *this;
   std::set<std::string> foreign;
-  for (const auto& [owner, keys] : OwnKeys(owned)) {
-    if (owner == name) continue;
-    for (const ConfigKey& key : keys) foreign.insert(key.key);
+  for (const OwnedKeys& keys : OwnKeys(owned)) {
+    if (IsOwner(keys, name)) continue;
+    for (const ConfigKey& key : keys.keys) foreign.insert(key.key);
   }
-  if (auto unread = UnreadKeys().find(name); unread != UnreadKeys().end())
-    foreign.insert(unread->second.first.begin(), unread->second.first.end());
+  for (const auto& [key, why] : UnreadKeys(*this)) foreign.insert(key);
   std::vector<ConfigKey> keys;
   for (ConfigKey& key : Keys(copy)) {
     if (foreign.count(key.key) == 0) keys.push_back(std::move(key));

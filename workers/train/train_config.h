@@ -11,7 +11,7 @@
 //              MixGRPO's: sample_strategy, iters_per_group, prog_overlap,
 //              prog_overlap_step, roll_back, max_iters_per_group,
 //              min_iters_per_group, kl_coeff, trimmed_ratio,
-//              multi_reward_mix; DanceGRPO's:
+//              multi_reward_mix, init_same_noise; DanceGRPO's:
 //              shift, init_same_noise; DPO's: dpo_pairs; DiffusionNFT's:
 //              nft_beta, decay_type, adv_mode, solver
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
@@ -132,8 +132,8 @@ struct TrainConfig {
   // each one's advantages weighted and summed ("advantage_aggr",
   // rl::MixedAdvantages), MixGRPO's multi_reward_mix.
   std::string multi_reward_mix = "reward_aggr";
-  // dance_grpo's: its schedule's shift (DanceGrpoSchedule) and whether a
-  // group's samples start from one initial noise.
+  // dance_grpo's: its schedule's shift (DanceGrpoSchedule); dance_grpo's
+  // and mix_grpo's: whether a group's samples start from one initial noise.
   double shift = 3.0;
   bool init_same_noise = true;
   // dpo's: "data" (the rows' chosen and rejected edits) or "samples".
