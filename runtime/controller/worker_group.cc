@@ -249,7 +249,8 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
     spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / sharing)));
   }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
-  spawn.output_prefix = absl::StrCat("[rank ", rank, "] ");
+  spawn.output_prefix =
+      absl::StrCat("[", options_.label, options_.label.empty() ? "" : " ", "rank ", rank, "] ");
   spawn.stdin_data = job_secret_;  // never on the command line or in the environment
   DRAY_ASSIGN_OR_RETURN(processes_[rank],
                         Subprocess::Spawn(std::move(spawn), [this, rank](const ExitStatus& status) {

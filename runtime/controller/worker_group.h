@@ -97,6 +97,9 @@ struct WorkerGroupOptions {
   // c10d store file in a directory only this user may enter, so that no
   // store listens on any port.
   std::string master_addr = "127.0.0.1";
+  // Shown before each line a worker on this machine prints, "[LABEL rank N]"
+  // (empty: "[rank N]"), to tell groups apart.
+  std::string label;
   // Extra environment variables for every worker.
   std::vector<std::pair<std::string, std::string>> env;
   // How many processes on this machine share its cores, other groups'

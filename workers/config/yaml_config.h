@@ -20,6 +20,7 @@
 #define DRAY_WORKERS_CONFIG_YAML_CONFIG_H_
 
 #include <charconv>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -60,6 +61,7 @@ ConfigKey Key(std::string key, T& member, const char* type) {
           [&member] {
             // A number as its shortest exact decimal (0.99, not 0.98999999999999999).
             if constexpr (std::is_floating_point_v<T>) {
+              if (!std::isfinite(member)) return YAML::Node(member);  // .inf, .nan as YAML has them
               char text[32];
               return YAML::Node(std::string(text, std::to_chars(text, text + 32, member).ptr));
             } else {

@@ -25,7 +25,7 @@ at::Tensor EulerStep(const at::Tensor& x, const at::Tensor& v, double s, double 
 // DdimStep: ddim_update with eta 0 on the x0 prediction.
 at::Tensor DdimStep(const at::Tensor& x, const at::Tensor& x0, double s, double t) {
   const at::Tensor noise_prediction = (x - x0 * (1 - s)) / s;
-  return x0 * (1 - t) + noise_prediction * std::sqrt(t * t);
+  return x0 * (1 - t) + noise_prediction * std::sqrt(t * t);  // upstream's sqrt(t^2 - rho^2), rho 0
 }
 
 // Lambda: the log signal-to-noise ratio log(alpha / sigma) of a flow's sigma.

@@ -55,18 +55,26 @@ absl::Status AsyncRollouts::Ahead(int64_t step, const StepContext& context, Metr
     DRAY_RETURN_IF_ERROR(Sync(step - 1, context, metrics));
   DRAY_ASSIGN_OR_RETURN(DataProto rows, context.sampler.RolloutRows(step));
   TrainingWorkers* workers = &context.workers;
-  ahead_ = InFlight{step, weights_step_,
-                    std::async(std::launch::async, [workers, rows = std::move(rows),
-                                                    progress = context.on_rollout_progress] {
-                      return workers->SampleApart(rows, progress);
-                    })};
+  ahead_ = InFlight{
+      step, weights_step_,
+      std::async(std::launch::async,
+                 [workers, rows = std::move(rows),
+                  progress = context.on_rollout_progress]() -> absl::StatusOr<DataProto> {
+                   try {
+                     return workers->SampleApart(rows, progress);
+                   } catch (const std::exception& error) {
+                     return absl::InternalError(absl::StrCat("sampling ahead: ", error.what()));
+                   }
+                 })};
   return absl::OkStatus();
 }
 
 absl::Status AsyncRollouts::Sync(int64_t step, const StepContext& context, Metrics& metrics) {
+  // A fresh folder: an earlier run's files (another world size) must not be read.
   const std::string dir = config_.save_dir + "/rollout_weights";
   std::error_code error;
-  std::filesystem::create_directories(dir, error);
+  std::filesystem::remove_all(dir, error);
+  if (!error) std::filesystem::create_directories(dir, error);
   if (error) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot create ", dir, " (trainer.async's weight syncs): ", error.message()));

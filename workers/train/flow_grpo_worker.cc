@@ -124,7 +124,7 @@ struct FlowGrpoWorker::State {
   // rollout, reused by compute_log_prob and update_actor.
   qwen_image::ConditionCache conditions;
   // The last rollout's rows on this rank, in order, and their trajectory
-  // (on the device; no final_latents): what compute_log_prob and
+  // (on the device): what compute_log_prob and
   // update_actor pick rows of by kRolloutRowColumn.
   std::vector<qwen_image::EditInput> rollout_inputs;
   rl::Trajectory rollout;
@@ -211,9 +211,11 @@ struct FlowGrpoWorker::State {
   auto WithSamplingPolicy(const Run& run) {
     torch::NoGradGuard no_grad;
     SwapSamplingPolicy();
-    auto result = run();
-    SwapSamplingPolicy();
-    return result;
+    struct SwapBack {  // also when `run` throws
+      State* state;
+      ~SwapBack() { state->SwapSamplingPolicy(); }
+    } swap_back{this};
+    return run();
   }
 
   void SwapSamplingPolicy() {
@@ -389,6 +391,9 @@ struct FlowGrpoWorker::State {
       if (behaviour_log_probs.defined()) micro.behaviour_log_probs = pick(behaviour_log_probs);
       if (batch.HasColumn(kRowTrainStepsColumn)) {
         DRAY_ASSIGN_OR_RETURN(at::Tensor steps, batch.GetTensor(kRowTrainStepsColumn));
+        if (steps.dim() != 2 || steps.scalar_type() != at::kLong || steps.size(1) < 1)
+          return absl::InvalidArgumentError(
+              absl::StrCat(kRowTrainStepsColumn, " must be int64 [B, K], K >= 1"));
         micro.train_steps = steps.slice(0, start, end);
       }
       if (batch.HasColumn(kAdvantagesColumn)) {
@@ -415,7 +420,7 @@ struct FlowGrpoWorker::State {
                      const at::Tensor& prev_sample_mean) {
     const at::Tensor rows = micro.rollout_rows.to(rollout.log_probs.device());
     const at::Tensor at_steps = steps.to(rows.device());
-    rollout.log_probs.index_put_({rows, at_steps}, log_prob);
+    rollout.log_probs.index_put_({rows, at_steps}, log_prob.to(rollout.log_probs.dtype()));
     rollout.prev_sample_means.index_put_({rows, at_steps},
                                          prev_sample_mean.to(rollout.prev_sample_means.dtype()));
   }
@@ -810,6 +815,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::NftUpdate(const DataProto& batch) {
     DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
     const int64_t steps = schedule.timesteps.size(0);
     const at::Tensor& x0 = micro.trajectory.final_latents;
+    if (!x0.defined())
+      return absl::FailedPreconditionError(
+          "update_actor with diffusion_nft needs this rank's own rollout (its clean latents)");
     for (int64_t k = 0; k < trained; ++k) {
       // Each row at its own k-th trained timestep, noised afresh.
       const at::Tensor rows_steps = micro.train_steps.select(1, k);

@@ -189,8 +189,9 @@ absl::Status GrpoAlgorithm::InnerEpochs(
   for (int64_t epoch = 0; epoch < config_.num_inner_epochs; ++epoch) {
     DataProto epoch_batch = batch;
     if (for_epoch) DRAY_RETURN_IF_ERROR(for_epoch(epoch, epoch_batch));
-    // Shuffled within each rank's share, as flow_grpo shuffles within each
-    // process: a row stays where it was sampled, whose encodings it reuses.
+    // In the rollout's order, then shuffled within each rank's share, as
+    // flow_grpo shuffles within each process: a row stays where it was
+    // sampled, whose encodings it reuses (PromptSampler::UpdateOrder).
     DRAY_ASSIGN_OR_RETURN(DataProto shuffled,
                           epoch_batch.Reorder(context.sampler.UpdateOrder(
                               step, epoch, epoch_batch.size(), context.workers.world_size())));
@@ -240,7 +241,7 @@ absl::Status GrpoAlgorithm::NftUpdate(int64_t step, const StepContext& context,
     return epoch_batch.AddTensor(kRowTrainStepsColumn, row_steps);
   };
   DRAY_RETURN_IF_ERROR(InnerEpochs(step, context, batch, for_epoch, metrics));
-  metrics["sampling_policy_decay"] = decay;
+  if (metrics.count("skipped") == 0) metrics["sampling_policy_decay"] = decay;
   return absl::OkStatus();
 }
 

@@ -66,11 +66,12 @@ class GrpoAlgorithm : public TrainingAlgorithm {
   // share of the rollout) with their advantages, and the step's lr.
   absl::StatusOr<DataProto> UpdateBatch(const StepContext& context,
                                         const at::Tensor& advantages) const;
-  // InnerEpochs runs num_inner_epochs update_actor calls on `batch` (each
-  // shuffled within each rank's share, after `for_epoch`, when given, adds
-  // what that epoch's call needs) and averages the ranks' metrics into
-  // `metrics`; with on_nan skip, a step whose loss is not finite is
-  // skipped ("skipped": 1).
+  // InnerEpochs runs num_inner_epochs update_actor calls on `batch` (the
+  // first in the rollout's order, the others shuffled within each rank's
+  // share; `for_epoch`, when given, adds what that epoch's call needs) and
+  // combines the ranks' metrics into `metrics` (each key averaged over the
+  // calls that report it, "..._max" keys by their maximum); with on_nan
+  // skip, a step whose loss is not finite is skipped ("skipped": 1).
   absl::Status InnerEpochs(
       int64_t step, const StepContext& context, const DataProto& batch,
       const std::function<absl::Status(int64_t epoch, DataProto& batch)>& for_epoch,

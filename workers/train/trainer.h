@@ -138,8 +138,10 @@ class FlowGrpoTrainer {
   std::string model_path_;                // what the workers load
   std::optional<PromptSampler> sampler_;  // what each step works on
   CheckpointManager checkpoints_;
-  std::unique_ptr<TrainingAlgorithm> algorithm_;  // algorithm.name's step
   std::unique_ptr<TrainingWorkers> workers_;
+  // algorithm.name's step; destroyed first (trainer.async's sampling ahead
+  // calls the workers until then).
+  std::unique_ptr<TrainingAlgorithm> algorithm_;
   std::vector<std::map<std::string, double>> history_;  // every step's metrics
   std::atomic<bool> stop_requested_{false};
 };

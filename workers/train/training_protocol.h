@@ -23,7 +23,8 @@ inline constexpr char kRolloutRowColumn[] = "rollout_row";
 inline constexpr char kAdvantagesColumn[] = "advantages";
 // update_actor (optional): each row's own trained window steps, int64
 // [B, K], in place of meta train_steps' (DanceGRPO); nft_update: each
-// row's trained schedule steps, in the order trained (DiffusionNFT).
+// row's trained schedule steps, in the order trained (update_actor with
+// diffusion_nft).
 inline constexpr char kRowTrainStepsColumn[] = "row_train_steps";
 // SFT's columns: the edited image each row asks for, and a draw in [0, 1)
 // picking the row's noise level from the schedule (workers/train/sft.h;
@@ -47,7 +48,7 @@ inline constexpr char kReturnTrajectoryKey[] = "return_trajectory";
 inline constexpr char kTrainStepsKey[] = "train_steps";
 // update_actor, sft_update, vae_update: this step's learning rate (double).
 inline constexpr char kLearningRateKey[] = "lr";
-// nft_update: the inner epoch (int64: its noise draws differ by epoch) and,
+// update_actor with diffusion_nft: the inner epoch (int64: its noise draws differ by epoch) and,
 // on the step's last, the sampling policy's decay after the optimizer step
 // (double, rl::NftOldPolicyDecay).
 inline constexpr char kInnerEpochKey[] = "inner_epoch";

@@ -1,12 +1,7 @@
 #include "workers/train/training_workers.h"
 
-#include <algorithm>
-#include <cstdlib>
-
-#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "runtime/controller/supervised_group.h"
-#include "runtime/process/subprocess.h"
 #include "workers/train/flow_grpo_worker.h"
 #include "workers/train/reward_worker.h"
 #include "workers/train/training_protocol.h"
@@ -105,9 +100,16 @@ class GroupTrainingWorkers : public TrainingWorkers {
   }
 
   absl::Status Restart(const absl::Status& cause) override {
-    for (SupervisedGroup* group : {model_.get(), rewards_.get(), rollouts_.get()}) {
-      if (group != nullptr && !group->Health().ok()) DRAY_RETURN_IF_ERROR(group->RestartNow(cause));
+    // The trainer then rewinds the model to the last checkpoint, or to the
+    // start when there is none, which takes fresh model workers: they
+    // restart whichever group failed.
+    bool restarted = false;
+    for (SupervisedGroup* group : {rewards_.get(), rollouts_.get()}) {
+      if (group == nullptr || group->Health().ok()) continue;
+      DRAY_RETURN_IF_ERROR(group->RestartNow(cause));
+      restarted = true;
     }
+    if (restarted || !model_->Health().ok()) DRAY_RETURN_IF_ERROR(model_->RestartNow(cause));
     return absl::OkStatus();
   }
 
@@ -169,6 +171,7 @@ absl::StatusOr<std::unique_ptr<TrainingWorkers>> StartTrainingWorkers(
   rollout.group.roles = {kFlowGrpoRole};
   rollout.group.first_gpu = launch.workers;
   rollout.log_name = "rollout";
+  rollout.group.label = "rollout";
   SupervisedGroup::Options scorers = model;
   scorers.resources = {1, static_cast<int>(config.reward_workers)};
   scorers.group.roles = {kRewardRole};

@@ -79,9 +79,10 @@ class TrainingWorkers {
   // naming the failed rank (after waiting up to `wait` to hear of one).
   virtual absl::Status HealthAfterFailure(absl::Duration wait) = 0;
   // Restart replaces the failed workers after `cause` with new ones that
-  // have loaded the model as at the start (SupervisedGroup::RestartNow):
-  // at most config.max_restarts times, each after a backoff; UNAVAILABLE
-  // once they are used up.
+  // have loaded the model as at the start (SupervisedGroup::RestartNow),
+  // and the model's workers too whichever group failed (the trainer
+  // rewinds the model): at most config.max_restarts times, each after a
+  // backoff; UNAVAILABLE once they are used up.
   virtual absl::Status Restart(const absl::Status& cause) = 0;
   // restarts: how many restarts have begun.
   virtual int restarts() const = 0;
