@@ -133,6 +133,11 @@ TEST(TrainConfigTest, DpoTakesFlowGrpoBetaAndScoresOnlyWhenAsked) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.dpo_pairs")));
   EXPECT_THAT(TrainConfig::Load("", {"algorithm.dpo_pairs=data"}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is dpo's")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.ref_update_step=40"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is dpo's")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.ref_update_step=-1"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.ref_update_step must be >= 0")));
   EXPECT_THAT(
       TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.beta=0"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.beta must be > 0")));

@@ -315,6 +315,23 @@ TEST(TrainerTest, EachAlgorithmLearnsTheEmbeddedTask) {
   }
 }
 
+// flow_grpo's ref_update_step: the reference (which samples the pairs) is
+// the policy again every N steps, so that step's DPO margins are all 0.
+TEST(TrainerTest, DpoRefreshesItsReferenceEveryRefUpdateStep) {
+  const std::string dir = SaveDir("dpo_ref_update");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      TrainConfig config,
+      TrainConfig::Load("", {"algorithm.name=dpo", "algorithm.ref_update_step=2",
+                             "trainer.total_steps=3", "trainer.save_dir=" + dir}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  const std::vector<nlohmann::json> steps = StepMetrics(dir);
+  ASSERT_EQ(steps.size(), 3u);
+  EXPECT_NEAR(steps[0]["loss"].get<double>(), std::log(2.0), 1e-6) << "the reference is the policy";
+  EXPECT_GT(std::abs(steps[1]["loss"].get<double>() - std::log(2.0)), 1e-6) << "one step apart";
+  EXPECT_NEAR(steps[2]["loss"].get<double>(), std::log(2.0), 1e-6) << "refreshed at step 2";
+}
+
 TEST(TrainerTest, DpoTrainsOnTheDatasPairsFromTheReference) {
   const std::string dir = SaveDir("dpo_on_data");
   DRAY_ASSERT_OK_AND_ASSIGN(

@@ -135,9 +135,10 @@ struct FlowGrpoWorker::State {
   // Whether update_actor has not yet run on the last rollout: its first
   // pass measures the rollout-vs-training log-prob gap.
   bool first_update = true;
-  // diffusion_nft: the sampling policy (DiffusionNFT's "old" adapter), its
+  // The sampling policy (config.sampling_policy(): DiffusionNFT's "old"
+  // adapter, or DPO's refreshed reference, flow_grpo's "ref" adapter), its
   // values laid out like trained().shards(), swapped in for its rollouts
-  // and its velocities in the loss, and its rollouts' solver.
+  // and its velocities in the loss; and diffusion_nft's rollouts' solver.
   std::vector<at::Tensor> sampling_policy;
   rl::OdeSolver ode_solver = rl::OdeSolver::kDpm2;
 
@@ -227,6 +228,13 @@ struct FlowGrpoWorker::State {
     }
   }
 
+  // RefreshWhenAsked makes the sampling policy the policy when `batch` asks
+  // (DPO's reference, every ref_update_step steps).
+  void RefreshWhenAsked(const DataProto& batch) {
+    if (!sampling_policy.empty() && batch.GetMeta<bool>(kRefreshSamplingPolicyKey).value_or(false))
+      BlendSamplingPolicy(0.0);
+  }
+
   // BlendSamplingPolicy moves the sampling policy toward the trained one:
   // DiffusionNFT's update after each step (rl::NftBlendedPolicy).
   void BlendSamplingPolicy(double decay) {
@@ -236,16 +244,20 @@ struct FlowGrpoWorker::State {
       sampling_policy[i] = rl::NftBlendedPolicy(sampling_policy[i], shards[i].detach(), decay);
   }
 
-  // Sample rolls a micro-batch out: with the SDE sampler, or diffusion_nft's
-  // sampling policy with its ODE solver (no window: T = 0).
+  // Sample rolls a micro-batch out: with the SDE sampler (by the sampling
+  // policy, where the job keeps one), or diffusion_nft's sampling policy
+  // with its ODE solver (no window: T = 0).
   absl::StatusOr<rl::Trajectory> Sample(const rl::SdeSchedule& schedule,
                                         const qwen_image::PreparedEdit& prepared,
                                         const rl::DrawNoise& draw,
                                         const rl::SdeSamplerOptions& options,
                                         const std::function<absl::Status(int, int)>& on_step) {
     if (!config.nft()) {
-      return rl::SampleTrajectory(schedule, prepared.noise, Predictor(prepared), draw, options,
-                                  on_step);
+      auto sample = [&] {
+        return rl::SampleTrajectory(schedule, prepared.noise, Predictor(prepared), draw, options,
+                                    on_step);
+      };
+      return config.sampling_policy() ? WithSamplingPolicy(sample) : sample();
     }
     return WithSamplingPolicy([&]() -> absl::StatusOr<rl::Trajectory> {
       DRAY_ASSIGN_OR_RETURN(
@@ -289,12 +301,15 @@ struct FlowGrpoWorker::State {
     return absl::OkStatus();
   }
 
-  // AsReference runs `run` with the reference policy's denoiser (the frozen
-  // copy's; with LoRA, nullptr: the policy's own with its adapters off),
-  // without gradients.
+  // AsReference runs `run` with the reference policy's denoiser (DPO's
+  // refreshed copy: the policy's with the sampling policy's weights; the
+  // frozen copy's; with LoRA, nullptr: the policy's own with its adapters
+  // off), without gradients.
   template <typename Run>
   auto AsReference(const Run& run) {
     torch::NoGradGuard no_grad;
+    if (config.dpo() && config.sampling_policy())
+      return WithSamplingPolicy([&] { return run(qwen_image::Denoiser(nullptr)); });
     if (!reference.is_empty()) return run(qwen_image::DenoiserOf(*reference));
     torch::nn::Module& transformer = *model->model().transformer;
     SetLoraEnabled(transformer, false);
@@ -523,14 +538,17 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
-  if (config.lora_rank == 0 && (config.dpo() || (!config.paired() && config.beta > 0)))
+  if (config.lora_rank == 0 && !(config.dpo() && config.sampling_policy()) &&
+      (config.dpo() || (!config.paired() && config.beta > 0)))
     DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->trained().shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
-  if (config.nft()) {  // the sampling policy starts as the policy
+  if (config.sampling_policy()) {  // it starts as the policy
     for (const at::Tensor& shard : state->trained().shards())
       state->sampling_policy.push_back(shard.detach().clone());
+  }
+  if (config.nft()) {
     DRAY_ASSIGN_OR_RETURN(state->ode_solver, rl::ParseOdeSolver(config.solver));
   }
   DRAY_ASSIGN_OR_RETURN(state->sampler.type, rl::ParseSdeType(config.sde_type));
@@ -559,6 +577,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   sampler.window = {static_cast<int>(begin), static_cast<int>(end)};
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   state_->ForgetRollout();
+  state_->RefreshWhenAsked(batch);
   const int64_t steps = state_->options.num_inference_steps;
   const int64_t total = steps * static_cast<int64_t>(micro_batches.size());
   std::vector<rl::Trajectory> trajectories;
@@ -905,6 +924,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
 absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "dpo_update");
   if (state_ == nullptr) return absl::FailedPreconditionError("call init_model before dpo_update");
+  state_->RefreshWhenAsked(batch);
   DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
   DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state_->MicroBatches(batch));
   if (micro_batches.empty()) return absl::InvalidArgumentError("dpo_update needs at least one row");
@@ -1064,7 +1084,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
   DRAY_RETURN_IF_ERROR(sharded.SaveShardedLike(dir, "model", sharded.shards()));
   if (input.GetMeta<bool>(kWeightsOnlyKey).value_or(false)) return DataProto::Make({});
   DRAY_RETURN_IF_ERROR(SaveAdamWState(sharded, *state_->optimizer, dir));
-  if (state_->config.nft()) {
+  if (state_->config.sampling_policy()) {
     DRAY_RETURN_IF_ERROR(
         sharded.SaveShardedLike(dir, kSamplingPolicyName, state_->sampling_policy));
   }
@@ -1079,7 +1099,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input)
   absl::Status loaded = sharded.LoadShardedLike(dir, "model", sharded.shards());
   const bool weights_only = input.GetMeta<bool>(kWeightsOnlyKey).value_or(false);
   if (loaded.ok() && !weights_only) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
-  if (loaded.ok() && !weights_only && state_->config.nft())
+  if (loaded.ok() && !weights_only && state_->config.sampling_policy())
     loaded = sharded.LoadShardedLike(dir, kSamplingPolicyName, state_->sampling_policy);
   if (!loaded.ok()) {
     return absl::Status(loaded.code(), absl::StrCat("checkpoint ", dir,

@@ -97,7 +97,14 @@ absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
   const auto [begin, end] = SdeWindowOf(step);
   batch.SetMeta(kSdeWindowBeginKey, begin);
   batch.SetMeta(kSdeWindowEndKey, end);
+  AskForRefresh(step, batch);
   return batch;
+}
+
+void PromptSampler::AskForRefresh(int64_t step, DataProto& batch) const {
+  const int64_t every = config_.ref_update_step;
+  if (config_.dpo() && every > 0 && step > 0 && step % every == 0)
+    batch.SetMeta(kRefreshSamplingPolicyKey, true);
 }
 
 std::pair<int64_t, int64_t> PromptSampler::SdeWindowOf(int64_t step) const {
@@ -135,6 +142,7 @@ absl::StatusOr<DataProto> PromptSampler::PairedRows(int64_t step) const {
   } else {
     DRAY_RETURN_IF_ERROR(batch.AddTensor(kSigmaDrawsColumn, UniformDraws(step, batch.size())));
   }
+  AskForRefresh(step, batch);
   return batch;
 }
 

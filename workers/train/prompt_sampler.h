@@ -65,7 +65,8 @@ class PromptSampler {
   std::vector<const TrainPrompt*> PromptsOf(int64_t step) const;
 
   // RolloutRows: GRPO's rows (MakeEditBatch's columns), group_size per
-  // prompt, with the SDE window in meta "sde_window_begin" and
+  // prompt (DPO's: asking for its reference's refresh, AskForRefresh, as
+  // PairedRows do), with the SDE window in meta "sde_window_begin" and
   // "sde_window_end" (dance_grpo, mix_grpo with init_same_noise: a group's rows share
   // their first row's seed, their own in kSdeSeedsColumn).
   absl::StatusOr<DataProto> RolloutRows(int64_t step) const;
@@ -113,6 +114,10 @@ class PromptSampler {
   absl::StatusOr<DataProto> EditRows(int64_t step, int64_t copies,
                                      bool shared_initial_noise = false) const;
   uint64_t Seed(SeedStream stream, uint64_t index) const;
+  // AskForRefresh marks `batch` to make DPO's reference the policy first
+  // on every ref_update_step-th step (kRefreshSamplingPolicyKey), as
+  // flow_grpo's copy_learner_to_ref at those global steps.
+  void AskForRefresh(int64_t step, DataProto& batch) const;
   // SeededSubset: a `window`-step window's trained steps in the order a
   // generator seeded `seed` shuffles them: timestep_fraction of them, at
   // least one (dance_grpo: int((window - 1) fraction), never the last;

@@ -98,7 +98,9 @@ std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
       {{"dance_grpo"}, {Key("algorithm.shift", c.shift, "a number")}},
       {{"dance_grpo", "mix_grpo"},
        {Key("algorithm.init_same_noise", c.init_same_noise, "true or false")}},
-      {{"dpo"}, {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples")}},
+      {{"dpo"},
+       {Key("algorithm.dpo_pairs", c.dpo_pairs, "data or samples"),
+        Key("algorithm.ref_update_step", c.ref_update_step, "an integer")}},
       {{"diffusion_nft"},
        {Key("algorithm.nft_beta", c.nft_beta, "a number"),
         Key("algorithm.decay_type", c.decay_type, "0, 1 or 2"),
@@ -287,6 +289,8 @@ absl::Status TrainConfig::Validate() const {
         "algorithm.sde_window_range",
         "does not apply to mix_grpo, whose window slides over steps 0..num_inference_steps-3");
   if (dpo() && !(beta > 0)) return bad("algorithm.beta", "must be > 0 for dpo (DPO's beta)");
+  if (ref_update_step < 0)
+    return bad("algorithm.ref_update_step", "must be >= 0 (0: the base model is the reference)");
   if (dpo() && paired() && !remote_rewards.empty())
     return bad("worker.reward.remote",
                "does not score DPO on data's edits: name worker.reward.functions instead");

@@ -12,7 +12,8 @@
 //              prog_overlap_step, roll_back, max_iters_per_group,
 //              min_iters_per_group, kl_coeff, trimmed_ratio,
 //              multi_reward_mix, init_same_noise; DanceGRPO's:
-//              shift, init_same_noise; DPO's: dpo_pairs; DiffusionNFT's:
+//              shift, init_same_noise; DPO's: dpo_pairs, ref_update_step;
+//              DiffusionNFT's:
 //              nft_beta, decay_type, adv_mode, solver
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
@@ -136,8 +137,12 @@ struct TrainConfig {
   // and mix_grpo's: whether a group's samples start from one initial noise.
   double shift = 3.0;
   bool init_same_noise = true;
-  // dpo's: "data" (the rows' chosen and rejected edits) or "samples".
+  // dpo's: "data" (the rows' chosen and rejected edits) or "samples"; and
+  // ref_update_step, flow_grpo's: N > 0 makes the reference a copy of the
+  // policy refreshed every N steps, which also samples the pairs (its
+  // OnlineDPO); 0: the base model is the reference, the policy samples.
   std::string dpo_pairs = "data";
+  int64_t ref_update_step = 0;
   // diffusion_nft's: its beta (how far its implicit positive and negative
   // policies lie from the sampling policy: its config.beta, while `beta`
   // stays the KL weight, its train.beta), how the sampling policy follows
@@ -238,6 +243,10 @@ struct TrainConfig {
   bool vae() const { return name == "vae"; }
   bool dpo() const { return name == "dpo"; }
   bool nft() const { return name == "diffusion_nft"; }
+  // sampling_policy: whether the workers keep a second copy of the trained
+  // weights that samples the rollouts (DiffusionNFT's sampling policy,
+  // DPO's refreshed reference).
+  bool sampling_policy() const { return nft() || (dpo() && ref_update_step > 0); }
   // paired: the job reads pairs (image and target; DPO on data: and the
   // rejected edit) and needs no rewards (DPO scores its edits with any it
   // names); the others roll out samples and score them.

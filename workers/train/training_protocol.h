@@ -52,6 +52,9 @@ inline constexpr char kLearningRateKey[] = "lr";
 // on the step's last, the sampling policy's decay after the optimizer step
 // (double, rl::NftOldPolicyDecay).
 inline constexpr char kInnerEpochKey[] = "inner_epoch";
+// rollout, dpo_update: true to make the sampling policy (DPO's reference,
+// algorithm.ref_update_step) the policy first (bool).
+inline constexpr char kRefreshSamplingPolicyKey[] = "refresh_sampling_policy";
 inline constexpr char kSamplingPolicyDecayKey[] = "sampling_policy_decay";
 // save, save_checkpoint, load_checkpoint: the folder (string).
 inline constexpr char kDirKey[] = "dir";
