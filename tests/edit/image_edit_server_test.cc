@@ -390,12 +390,15 @@ std::unique_ptr<grpc::ClientReader<v1::EditImageEvent>> StartStream(const Servin
 }
 
 // Graceful shutdown: admission stops at once, and a request in flight
-// finishes within the grace.
+// finishes within the grace. The request in flight is long (1000 steps,
+// seconds at ~270 steps/s) so that it still runs when the second one asks:
+// with 20 it could finish first on a fast or idle machine, the drain then
+// completes and the second request meets a stopped server (CANCELLED).
 TEST(ImageEditServerShutdownTest, DrainLetsRequestsInFlightFinish) {
   Serving serving = Serve(TestConfig());
   HealthWatch health(serving);
   grpc::ClientContext context;
-  auto events = StartStream(serving, &context, /*steps=*/20);
+  auto events = StartStream(serving, &context, /*steps=*/1000);
   std::thread drain([&] { serving.server->Drain(absl::Minutes(2)); });
   EXPECT_TRUE(health.WaitFor(HealthCheckResponse::NOT_SERVING));
   EXPECT_THAT(Edit(serving, Request(1, 1)),
