@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,18 +66,6 @@ void StopOnSignals(const std::atomic<FlowGrpoTrainer*>& trainer, const absl::Not
   }
 }
 
-// JobName: what algorithm.name trains, as its authors call it.
-std::string JobName(const TrainConfig& config) {
-  static const auto* names = new std::map<std::string, std::string>{
-      {"grpo", "Flow-GRPO"},        {"flow_grpo_fast", "Flow-GRPO-Fast"},
-      {"grpo_guard", "GRPO-Guard"}, {"mix_grpo", "MixGRPO"},
-      {"dance_grpo", "DanceGRPO"},  {"diffusion_nft", "DiffusionNFT"},
-      {"dpo", "Diffusion-DPO"},     {"sft", "SFT"},
-      {"vae", "VAE training"}};
-  auto found = names->find(config.name);
-  return found != names->end() ? found->second : config.name;
-}
-
 }  // namespace
 
 TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
@@ -118,7 +105,7 @@ std::optional<int> TrainCommand::Run() {
                                            " rollout worker(s) a step ahead (trainer.async)")
                             : "";
   Log("train",
-      absl::StrCat(JobName(*config), " on ",
+      absl::StrCat(FindAlgorithm(config->name)->title, " on ",
                    config->embedded_task() ? "the embedded task" : config->train_files, ", ",
                    config->total_steps, config->total_steps == 1 ? " step" : " steps", " of ",
                    batch, ", ", WorkerLayout(cluster, f.workers), rollout_group));

@@ -261,6 +261,23 @@ TrainConfig EmbeddedDefaults(const std::string& algorithm, bool embedded_task) {
 
 }  // namespace
 
+const Algorithm* FindAlgorithm(const std::string& name) {
+  for (const Algorithm& algorithm : kAlgorithms) {
+    if (name == algorithm.name) return &algorithm;
+  }
+  return nullptr;
+}
+
+std::string AlgorithmNames(bool grpo_only) {
+  std::vector<std::string> names;
+  for (const Algorithm& algorithm : kAlgorithms) {
+    if (!grpo_only || algorithm.grpo) names.push_back(algorithm.name);
+  }
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::StrCat(absl::StrJoin(names, ", "), " or ", last);
+}
+
 absl::Status TrainConfig::Validate() const {
   auto bad = [](const char* key, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(key, " ", why));
@@ -275,8 +292,8 @@ absl::Status TrainConfig::Validate() const {
     return bad("algorithm.loss", absl::StrCat("'", loss, "' is not registered (registered: ",
                                               absl::StrJoin(rl::PolicyLossNames(), ", "), ")"));
   if (group_size < 2) return bad("algorithm.group_size", "must be at least 2 (a group to compare)");
-  if (!grpo() && !sft() && !vae() && !dpo() && !nft())
-    return bad("algorithm.name", absl::StrCat("must be ", kAlgorithmNames));
+  if (FindAlgorithm(name) == nullptr)
+    return bad("algorithm.name", absl::StrCat("must be ", AlgorithmNames()));
   if (dpo_pairs != "data" && dpo_pairs != "samples")
     return bad("algorithm.dpo_pairs", "must be data or samples");
   if (name == "dance_grpo" && !(shift > 0)) return bad("algorithm.shift", "must be > 0");
@@ -402,8 +419,8 @@ absl::Status TrainConfig::Validate() const {
   if (rollout_workers < 1) return bad("worker.rollout.num_workers", "must be at least 1");
   if (async_rollout && !grpo())
     return bad("trainer.async",
-               "applies to the GRPO algorithms (grpo, flow_grpo_fast, grpo_guard, mix_grpo, "
-               "dance_grpo), whose rollouts' log-probabilities it corrects for");
+               absl::StrCat("applies to the GRPO algorithms (", AlgorithmNames(/*grpo_only=*/true),
+                            "), whose rollouts' log-probabilities it corrects for"));
   if (async_rollout && max_staleness < 1)
     return bad("trainer.max_staleness",
                "must be at least 1 with trainer.async (0 is synchronous: trainer.async false)");

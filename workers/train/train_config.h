@@ -73,9 +73,29 @@ struct RemoteRewardConfig {
   }
 };
 
-// kAlgorithmNames: algorithm.name's choices, as errors list them.
-inline constexpr char kAlgorithmNames[] =
-    "grpo, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, diffusion_nft, sft, dpo or vae";
+// Algorithm: one of algorithm.name's choices, the name its authors use
+// (`title`), and whether it is a GRPO algorithm (SDE rollouts, group
+// advantages, a clipped surrogate).
+struct Algorithm {
+  const char* name;
+  const char* title;
+  bool grpo;
+};
+inline constexpr Algorithm kAlgorithms[] = {{"grpo", "Flow-GRPO", true},
+                                            {"flow_grpo_fast", "Flow-GRPO-Fast", true},
+                                            {"grpo_guard", "GRPO-Guard", true},
+                                            {"mix_grpo", "MixGRPO", true},
+                                            {"dance_grpo", "DanceGRPO", true},
+                                            {"diffusion_nft", "DiffusionNFT", false},
+                                            {"sft", "SFT", false},
+                                            {"dpo", "Diffusion-DPO", false},
+                                            {"vae", "VAE training", false}};
+
+// FindAlgorithm: kAlgorithms' entry named `name`, or nullptr.
+const Algorithm* FindAlgorithm(const std::string& name);
+// AlgorithmNames lists the names ("grpo, ... or vae"; `grpo_only`: the
+// GRPO algorithms'), as errors name them.
+std::string AlgorithmNames(bool grpo_only = false);
 
 struct TrainConfig {
   // data.*
@@ -236,8 +256,8 @@ struct TrainConfig {
   // dance_grpo): rollouts,
   // rewards, advantages and a policy loss.
   bool grpo() const {
-    return name == "grpo" || name == "flow_grpo_fast" || name == "grpo_guard" ||
-           name == "mix_grpo" || name == "dance_grpo";
+    const Algorithm* algorithm = FindAlgorithm(name);
+    return algorithm != nullptr && algorithm->grpo;
   }
   bool sft() const { return name == "sft"; }
   bool vae() const { return name == "vae"; }
