@@ -252,19 +252,17 @@ struct FlowGrpoWorker::State {
                                         const rl::DrawNoise& draw,
                                         const rl::SdeSamplerOptions& options,
                                         const std::function<absl::Status(int, int)>& on_step) {
-    if (!config.nft()) {
-      auto sample = [&] {
+    auto sample = [&]() -> absl::StatusOr<rl::Trajectory> {
+      if (!config.nft()) {
         return rl::SampleTrajectory(schedule, prepared.noise, Predictor(prepared), draw, options,
                                     on_step);
-      };
-      return config.sampling_policy() ? WithSamplingPolicy(sample) : sample();
-    }
-    return WithSamplingPolicy([&]() -> absl::StatusOr<rl::Trajectory> {
+      }
       DRAY_ASSIGN_OR_RETURN(
           at::Tensor clean,
           rl::SampleOde(schedule, prepared.noise, Predictor(prepared), ode_solver, on_step));
       return rl::OdeTrajectory(clean, schedule);
-    });
+    };
+    return config.sampling_policy() ? WithSamplingPolicy(sample) : sample();
   }
 
   // Predictor: the guided velocity for a prepared micro-batch, of the policy
@@ -538,9 +536,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
-  if (config.lora_rank == 0 && !(config.dpo() && config.sampling_policy()) &&
-      (config.dpo() || (!config.paired() && config.beta > 0)))
-    DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
+  // Full fine-tuning's frozen reference: DPO's (unless its refreshed copy is
+  // the reference) and a KL term's.
+  const bool frozen_reference =
+      config.dpo() ? !config.sampling_policy() : !config.paired() && config.beta > 0;
+  if (config.lora_rank == 0 && frozen_reference) DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->trained().shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
@@ -837,6 +837,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::NftUpdate(const DataProto& batch) {
     if (!x0.defined())
       return absl::FailedPreconditionError(
           "update_actor with diffusion_nft needs this rank's own rollout (its clean latents)");
+    sums["x0_norm"] += x0.pow(2).mean().item<double>() * static_cast<double>(trained);
     for (int64_t k = 0; k < trained; ++k) {
       // Each row at its own k-th trained timestep, noised afresh.
       const at::Tensor rows_steps = micro.train_steps.select(1, k);
@@ -871,7 +872,6 @@ absl::StatusOr<DataProto> FlowGrpoWorker::NftUpdate(const DataProto& batch) {
       sums["policy_loss"] += out.policy_loss.item<double>();
       sums["kl_div"] += out.kl_loss.item<double>();
       sums["old_deviate"] += (input.velocity - input.old_velocity).pow(2).mean().item<double>();
-      sums["x0_norm"] += x0.pow(2).mean().item<double>();
     }
   }
   DRAY_ASSIGN_OR_RETURN(double grad_norm, state_->FinishUpdate());

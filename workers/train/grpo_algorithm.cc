@@ -133,12 +133,18 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   metrics["zero_std_ratio"] = static_cast<double>(tied) / config_.prompts_per_step;
   metrics["reward_s"] = Seconds(rewarding);
   metrics["lr"] = context.lr;
-  if (config_.dpo() || config_.nft()) {
-    DRAY_RETURN_IF_ERROR(config_.dpo()
-                             ? PreferenceUpdate(step, context, rows, rollout, rewards, metrics)
-                             : NftUpdate(step, context, advantages, metrics));
+  // Done: the step's throughput, and its samples when due.
+  auto done = [&]() -> absl::StatusOr<Metrics> {
     metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
     return WithSamples(step, context, rollout, rewards, std::move(metrics));
+  };
+  if (config_.dpo()) {
+    DRAY_RETURN_IF_ERROR(PreferenceUpdate(step, context, rows, rollout, rewards, metrics));
+    return done();
+  }
+  if (config_.nft()) {
+    DRAY_RETURN_IF_ERROR(NftUpdate(step, context, advantages, metrics));
+    return done();
   }
 
   // The trained window steps: a seeded timestep_fraction of them.
@@ -147,10 +153,7 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   const std::vector<int64_t> train_steps =
       context.sampler.TrainedSteps(step, window_end - window_begin);
   metrics["trained_steps"] = static_cast<double>(train_steps.size());
-  if (train_steps.empty()) {  // MixGRPO's empty window at the schedule's end: nothing to train
-    metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
-    return WithSamples(step, context, rollout, rewards, std::move(metrics));
-  }
+  if (train_steps.empty()) return done();  // MixGRPO's empty window at the end: nothing to train
 
   DRAY_ASSIGN_OR_RETURN(DataProto batch, UpdateBatch(context, advantages));
   if (config_.name == "dance_grpo") {  // a subset of its own per sample
@@ -160,8 +163,7 @@ absl::StatusOr<Metrics> GrpoAlgorithm::Step(int64_t step, const StepContext& con
   }
   batch.SetMeta(kTrainStepsKey, Json{nlohmann::json(train_steps).dump()});
   DRAY_RETURN_IF_ERROR(InnerEpochs(step, context, batch, nullptr, metrics));
-  metrics["images_per_s"] = static_cast<double>(rows.size()) / Seconds(started);
-  return WithSamples(step, context, rollout, rewards, std::move(metrics));
+  return done();
 }
 
 absl::StatusOr<DataProto> GrpoAlgorithm::UpdateBatch(const StepContext& context,
