@@ -241,14 +241,10 @@ absl::Status WorkerGroup::Impl::Spawn(int rank) {
                {"MASTER_ADDR", options_.master_addr},
                {"DRAY_STORE_FILE", store_dir_->path() + "/store"},
                {"CUDA_VISIBLE_DEVICES", absl::StrCat(options_.first_gpu + local_rank)}};
-  if (std::getenv("OMP_NUM_THREADS") ==
-      nullptr) {  // as torchrun: share the cores, do not oversubscribe them
-    const int cores = UsableCores();
-    const int sharing = options_.processes_sharing_cores > 0 ? options_.processes_sharing_cores
-                                                             : resources_.workers_per_node;
-    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / sharing)));
-  }
   spawn.env.insert(spawn.env.end(), options_.env.begin(), options_.env.end());
+  AddCpuShareEnv(options_.processes_sharing_cores > 0 ? options_.processes_sharing_cores
+                                                      : resources_.workers_per_node,
+                 spawn.env);
   spawn.output_prefix =
       absl::StrCat("[", options_.label, options_.label.empty() ? "" : " ", "rank ", rank, "] ");
   spawn.stdin_data = job_secret_;  // never on the command line or in the environment

@@ -34,7 +34,8 @@
 // Unless the controller's environment sets OMP_NUM_THREADS, each worker gets
 // its share of the machine's cores (cores / workers per node, or /
 // processes_sharing_cores), as torchrun does, so that workers on one
-// machine do not oversubscribe it.
+// machine do not oversubscribe it, and OpenMP threads that sleep between
+// parallel regions rather than spin (AddCpuShareEnv).
 //
 // Thread-safety: thread-safe; calls from several threads may be in flight.
 #ifndef DRAY_RUNTIME_CONTROLLER_WORKER_GROUP_H_

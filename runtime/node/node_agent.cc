@@ -212,14 +212,10 @@ absl::StatusOr<int> Agent::StartWorker(const v1::LaunchWorkers& launch,
     }
     spawn.env.emplace_back("CUDA_VISIBLE_DEVICES", options_.gpus[worker.gpu()]);
   }
-  if (std::getenv("OMP_NUM_THREADS") == nullptr && worker.env().count("OMP_NUM_THREADS") == 0) {
-    // As torchrun: the node's workers share its cores.
-    int local_world_size = 1;
-    if (auto found = worker.env().find("LOCAL_WORLD_SIZE"); found != worker.env().end())
-      local_world_size = std::max(1, std::atoi(found->second.c_str()));
-    const int cores = UsableCores();
-    spawn.env.emplace_back("OMP_NUM_THREADS", absl::StrCat(std::max(1, cores / local_world_size)));
-  }
+  int local_world_size = 1;  // the node's workers share its cores
+  if (auto found = worker.env().find("LOCAL_WORLD_SIZE"); found != worker.env().end())
+    local_world_size = std::max(1, std::atoi(found->second.c_str()));
+  AddCpuShareEnv(local_world_size, spawn.env);
   spawn.output_prefix = absl::StrCat("[rank ", worker.rank(), " ", hostname_, "] ");
   spawn.on_output = [this, rank = worker.rank()](bool to_stderr, std::string lines) {
     v1::NodeToController output;

@@ -6,7 +6,7 @@
 // starts the workers the controller asks for, with RANK, WORLD_SIZE,
 // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, DRAY_NODE_ADDR,
 // CUDA_VISIBLE_DEVICES (the node's own GPUs, by local rank) and
-// OMP_NUM_THREADS set, each listening on the node's address only. It
+// OMP_NUM_THREADS and OMP_WAIT_POLICY set, each listening on the node's address only. It
 // forwards their output to the controller, prefixed "[rank R HOSTNAME] ",
 // and reports how each one ended.
 //

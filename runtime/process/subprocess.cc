@@ -286,6 +286,17 @@ int UsableCores() {
   return std::max(1, CPU_COUNT(&cores));
 }
 
+void AddCpuShareEnv(int sharing, std::vector<std::pair<std::string, std::string>>& env) {
+  auto add_unset = [&env](const std::string& name, const std::string& value) {
+    const bool set = std::getenv(name.c_str()) != nullptr ||
+                     std::any_of(env.begin(), env.end(),
+                                 [&name](const auto& variable) { return variable.first == name; });
+    if (!set) env.emplace_back(name, value);
+  };
+  add_unset("OMP_NUM_THREADS", absl::StrCat(std::max(1, UsableCores() / std::max(1, sharing))));
+  add_unset("OMP_WAIT_POLICY", "PASSIVE");
+}
+
 absl::StatusOr<int> PickFreePort(const std::string& host) {
   sockaddr_in address = {};
   address.sin_family = AF_INET;
