@@ -1,6 +1,7 @@
 #include "workers/models/layers.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include "base/libtorch_compat.h"
 #include "gtest/gtest.h"
@@ -64,6 +65,32 @@ TEST(DotProductAttentionTest, TheFusedKernelMatchesTheBlockwiseOne) {
       EXPECT_TRUE(at::allclose(fused, blockwise, tolerance, tolerance))
           << at::toString(dtype) << ", mask " << mask << ": "
           << (fused - blockwise).abs().max().item<double>();
+    }
+  }
+}
+
+// Inference computes in place what training computes out of place for
+// autograd: the same attention, masks and all, bit for bit (a rollout's
+// log-probabilities are those its update recomputes).
+TEST(DotProductAttentionTest, InferenceMatchesTheDifferentiableBlocks) {
+  AttentionKernelScope blockwise(AttentionKernel::kBlockwise);
+  for (at::ScalarType dtype : {at::kDouble, at::kFloat}) {
+    const AttentionCase c = MakeAttentionCase(dtype);
+    const at::Tensor q = c.q.detach().requires_grad_();
+    for (size_t mask = 0; mask < c.masks.size(); ++mask) {
+      for (int64_t block_scores : {6 * 29, 6 * 29 * 5, 1 << 30}) {
+        const at::Tensor differentiable =
+            DotProductAttention(q, c.k, c.v, c.masks[mask], block_scores);
+        ASSERT_TRUE(differentiable.requires_grad());
+        at::Tensor in_place;
+        {
+          torch::NoGradGuard no_grad;
+          in_place = DotProductAttention(q, c.k, c.v, c.masks[mask], block_scores);
+        }
+        EXPECT_TRUE(at::equal(in_place, differentiable.detach()))
+            << at::toString(dtype) << ", mask " << mask << ", block of " << block_scores << ": "
+            << (in_place - differentiable).abs().max().item<double>();
+      }
     }
   }
 }

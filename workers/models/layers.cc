@@ -1,12 +1,13 @@
 #include "workers/models/layers.h"
 
+#include <ATen/ops/bmm.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
-#include <ATen/ops/matmul.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/softmax.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,82 @@ std::string ListNames(const std::vector<std::string>& names) {
   if (names.size() > kMaxListed)
     absl::StrAppend(&text, " and ", names.size() - kMaxListed, " more");
   return text;
+}
+
+// KeyBias: `allowed` as an additive bias, 0 where a query may attend and
+// -inf where not, or undefined for no mask.
+at::Tensor KeyBias(const at::Tensor& allowed, const at::TensorOptions& options) {
+  if (!allowed.defined()) return {};
+  return at::zeros(allowed.sizes(), options)
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
+// MaskRows: the rows of a mask (or bias) for queries [start, start+length),
+// or the whole of it where it is the same for every query.
+at::Tensor MaskRows(const at::Tensor& mask, int64_t queries, int64_t start, int64_t length) {
+  const bool per_query = mask.dim() >= 2 && mask.size(-2) == queries && queries > 1;
+  return per_query ? mask.narrow(-2, start, length) : mask;
+}
+
+// BlockwiseAttention: softmax(q k^T / sqrt(D), masked) v over blocks of
+// `block` queries (rows of the softmax are independent: each block is
+// exact). q, k and v are laid out for bmm once (not once a block, as matmul
+// of permuted views does); a block's softmax is exp(s - max) over its sum,
+// the division deferred to the output (bfloat16 and float16 go through
+// at::softmax, which computes in float32). `in_place` (no gradient wanted):
+// every block's scores go into one buffer (a fresh 64 MiB block costs as
+// much again in page faults) and are transformed there, with results bit
+// for bit those of the out-of-place operations autograd needs.
+at::Tensor BlockwiseAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& allowed, int64_t block, bool in_place) {
+  const int64_t queries = q.size(-2), keys = k.size(-2), depth = q.size(-1);
+  std::vector<int64_t> batch(q.sizes().begin(), q.sizes().end() - 2);
+  const int64_t rows = q.numel() / (queries * depth);
+  auto batched = [&](const at::Tensor& t) {
+    std::vector<int64_t> shape = batch;
+    shape.insert(shape.end(), {t.size(-2), t.size(-1)});
+    return t.expand(shape).reshape({rows, t.size(-2), t.size(-1)});
+  };
+  const at::Tensor scaled_q = batched(q) * (1.0 / std::sqrt(static_cast<double>(depth)));
+  const at::Tensor keys_t = batched(k).transpose(1, 2), values = batched(v);
+  const at::Tensor bias = KeyBias(allowed, q.options());
+  const bool float_exp = q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble;
+  at::Tensor buffer;
+  if (in_place) buffer = at::empty({rows * std::min(block, queries) * keys}, q.options());
+  std::vector<at::Tensor> blocks;
+  for (int64_t start = 0; start < queries; start += block) {
+    const int64_t length = std::min(block, queries - start);
+    const at::Tensor block_q = scaled_q.narrow(1, start, length);
+    at::Tensor scores;
+    if (in_place) {
+      scores = buffer.narrow(0, 0, rows * length * keys).view({rows, length, keys});
+      at::bmm_out(scores, block_q, keys_t);
+    } else {
+      scores = at::bmm(block_q, keys_t);
+    }
+    if (bias.defined()) {
+      std::vector<int64_t> shape = batch;
+      shape.insert(shape.end(), {length, keys});
+      const at::Tensor block_bias = MaskRows(bias, queries, start, length);
+      if (in_place) {
+        scores.view(shape).add_(block_bias);
+      } else {
+        scores = (scores.view(shape) + block_bias).view({rows, length, keys});
+      }
+    }
+    if (!float_exp) {
+      blocks.push_back(at::bmm(at::softmax(scores, -1), values));
+      continue;
+    }
+    const at::Tensor max = scores.amax(-1, /*keepdim=*/true).detach();
+    scores = in_place ? scores.sub_(max).exp_() : (scores - max).exp();
+    const at::Tensor sums = scores.sum(-1, /*keepdim=*/true);
+    blocks.push_back(in_place ? at::bmm(scores, values).div_(sums)
+                              : at::bmm(scores, values) / sums);
+  }
+  std::vector<int64_t> shape = batch;
+  shape.insert(shape.end(), {queries, v.size(-1)});
+  return (blocks.size() == 1 ? blocks.front() : at::cat(blocks, 1)).view(shape);
 }
 
 thread_local bool deferring = false;
@@ -95,25 +172,14 @@ AttentionKernel AttentionKernelScope::current() { return attention_kernel; }
 at::Tensor DotProductAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& allowed, int64_t max_score_elements) {
   if (attention_kernel == AttentionKernel::kFused) return FusedAttention(q, k, v, allowed);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   const int64_t queries = q.size(-2);
   const int64_t scores_per_query =
       std::max<int64_t>(1, q.numel() / (queries * q.size(-1))) * k.size(-2);
   const int64_t block = std::max<int64_t>(1, max_score_elements / scores_per_query);
   // Rows of the softmax are independent: each block of queries is exact.
-  std::vector<at::Tensor> blocks;
-  for (int64_t start = 0; start < queries; start += block) {
-    const int64_t length = std::min(block, queries - start);
-    at::Tensor scores = at::matmul(q.narrow(-2, start, length), k.transpose(-2, -1)) * scale;
-    if (allowed.defined()) {
-      const at::Tensor rows = allowed.dim() >= 2 && allowed.size(-2) == queries && queries > 1
-                                  ? allowed.narrow(-2, start, length)
-                                  : allowed;
-      scores = scores.masked_fill(rows.logical_not(), -std::numeric_limits<double>::infinity());
-    }
-    blocks.push_back(at::matmul(at::softmax(scores, -1), v));
-  }
-  return blocks.size() == 1 ? blocks.front() : at::cat(blocks, -2);
+  const bool needs_grad =
+      at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  return BlockwiseAttention(q, k, v, allowed, block, /*in_place=*/!needs_grad);
 }
 
 std::shared_ptr<torch::nn::Module> RegisterModuleAt(torch::nn::Module& root,

@@ -108,7 +108,10 @@ inline constexpr int64_t kAttentionBlockScores = int64_t{1} << 24;
 //  kBlockwise: the textbook formula, as diffusers' reference SDPA computes
 //    it, over blocks of queries of at most kAttentionBlockScores scores, so
 //    that memory grows linearly with the sequence rather than with its
-//    square. The default on LibTorch 1.13.
+//    square. The default on LibTorch 1.13. Where no gradient is wanted it
+//    works in place in one reused buffer, near the machine's matmul speed
+//    (`dray bench --suite edit` reports attention_matmul_share), with the
+//    results, bit for bit, of the out-of-place path autograd takes.
 enum class AttentionKernel { kFused, kBlockwise };
 
 // AttentionKernelScope: while one is alive, DotProductAttention on this
