@@ -41,6 +41,7 @@ struct EditCommands::Flags {
   std::string config_file;
   std::vector<std::string> overrides;
   int workers = 1;
+  std::optional<int64_t> cfg_parallel_size, ulysses_degree;  // one edit over several ranks
   // dray edit.
   std::vector<std::string> images;  // picture 1, 2, ...
   std::string instruction, out, server, model, lora, negative_prompt;
@@ -84,9 +85,32 @@ void ShowProgress(int64_t step, int64_t steps) {
   std::fflush(stderr);
 }
 
+// WithParallelFlags: the overrides, then the flags that spread one edit
+// over ranks (both commands have them).
+std::vector<std::string> WithParallelFlags(const EditCommands::Flags& f) {
+  std::vector<std::string> overrides = f.overrides;
+  if (f.cfg_parallel_size) overrides.push_back(Override("cfg_parallel_size", *f.cfg_parallel_size));
+  if (f.ulysses_degree) overrides.push_back(Override("ulysses_degree", *f.ulysses_degree));
+  return overrides;
+}
+
+// AddParallelFlags adds the flags that spread one edit over ranks to `command`.
+void AddParallelFlags(CLI::App* command, EditCommands::Flags& f) {
+  command
+      ->add_option("--cfg-parallel-size", f.cfg_parallel_size,
+                   "2: each edit's prompt and negative-prompt passes on two workers at once "
+                   "(cfg_parallel_size; needs guidance to pay)")
+      ->check(CLI::Range(1, 2));
+  command
+      ->add_option("--ulysses-degree", f.ulysses_degree,
+                   "split each edit's image tokens over this many workers (ulysses_degree; "
+                   "sequence parallelism, for large images)")
+      ->check(CLI::Range(1, 64));
+}
+
 // ResolveEditConfig: the file, the overrides, then the shortcut flags.
 absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) {
-  std::vector<std::string> overrides = f.overrides;
+  std::vector<std::string> overrides = WithParallelFlags(f);
   if (!f.model.empty()) overrides.push_back(Override("model_path", f.model));
   if (!f.lora.empty()) overrides.push_back(Override("lora_path", f.lora));
   if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
@@ -244,7 +268,7 @@ int Serve(const EditCommands::Flags& f) {
   BlockStopSignals();
   ClusterConfig cluster_config;
   absl::StatusOr<ImageEditConfig> config =
-      ImageEditConfig::Load(f.config_file, f.overrides, ClusterConfigKeys(cluster_config));
+      ImageEditConfig::Load(f.config_file, WithParallelFlags(f), ClusterConfigKeys(cluster_config));
   if (!config.ok()) return Fail("serve", config.status());
   const ClusterFlags cluster = f.cluster.WithConfig(cluster_config);
   std::printf("%s", config->ToYaml().c_str());
@@ -334,6 +358,7 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option("--token-file", f.token_file,
                      "a file with the token a --server asks for (authorization: Bearer)");
   f.tls.Add(f.edit);
+  AddParallelFlags(f.edit, f);
 
   f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
   f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
@@ -342,6 +367,7 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   f.cluster.Add(f.serve);
+  AddParallelFlags(f.serve, f);
   f.serve
       ->add_option("--host", f.host,
                    "address to listen on (0.0.0.0: every interface, without authentication)")

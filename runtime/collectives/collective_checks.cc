@@ -21,4 +21,12 @@ absl::Status CheckParts(absl::string_view collective, const at::Tensor& part,
                    c10::toString(whole.scalar_type())));
 }
 
+absl::Status CheckAllToAll(const at::Tensor& input, const at::Tensor& output, int world_size) {
+  if (input.numel() % world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "all_to_all: ", input.numel(), " elements do not split into ", world_size, " equal parts"));
+  }
+  return CheckParts("all_to_all", input.view({world_size, -1})[0], output, world_size);
+}
+
 }  // namespace dray

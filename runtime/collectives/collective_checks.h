@@ -21,6 +21,10 @@ absl::Status CheckRoot(absl::string_view collective, int root, int world_size);
 absl::Status CheckParts(absl::string_view collective, const at::Tensor& part,
                         const at::Tensor& whole, int world_size);
 
+// CheckAllToAll: `input` and `output` of one dtype and size, `world_size`
+// equal parts each.
+absl::Status CheckAllToAll(const at::Tensor& input, const at::Tensor& output, int world_size);
+
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_COLLECTIVES_COLLECTIVE_CHECKS_H_

@@ -51,6 +51,12 @@ class Communicator {
   // ranks and leaves part rank() of the sum in `output`.
   virtual absl::Status ReduceScatter(const at::Tensor& input, at::Tensor& output) = 0;
 
+  // AllToAll sends part i of `input` (world_size() equal parts, flattened)
+  // to rank i and writes the part rank j sent this one into part j of
+  // `output` (input's size and dtype): Ulysses' exchange of sequence parts
+  // for heads.
+  virtual absl::Status AllToAll(const at::Tensor& input, at::Tensor& output) = 0;
+
   // Barrier returns once every rank has entered it.
   virtual absl::Status Barrier() = 0;
 

@@ -4,6 +4,7 @@
 // gathers into views of the flat output, ReduceScatter is alltoall_base
 // followed by a local sum (each rank receives every rank's copy of its part),
 // and bfloat16 moves as float16 bit patterns (all-reduce goes through float32).
+// AllToAll is alltoall_base.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 
@@ -107,6 +108,18 @@ class GlooCommunicator final : public Communicator {
     }));
     output.view({-1}).copy_(at::sum(received.view({world_size(), -1}), 0));
     return absl::OkStatus();
+  }
+
+  absl::Status AllToAll(const at::Tensor& input, at::Tensor& output) override {
+    DRAY_RETURN_IF_ERROR(CheckDense(input, "all_to_all input"));
+    DRAY_RETURN_IF_ERROR(CheckDense(output, "all_to_all output"));
+    DRAY_RETURN_IF_ERROR(CheckAllToAll(input, output, world_size()));
+    at::Tensor flat_input = Transport(input.view({-1}));
+    at::Tensor flat_output = Transport(output.view({-1}));
+    std::vector<int64_t> even_splits;
+    return Wait("all_to_all", [&] {
+      return group_->alltoall_base(flat_output, flat_input, even_splits, even_splits);
+    });
   }
 
   absl::Status Barrier() override {

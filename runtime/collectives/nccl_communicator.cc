@@ -127,6 +127,26 @@ class NcclCommunicator final : public Communicator {
                                                    output.numel(), type, ncclSum, comm_, stream_));
   }
 
+  absl::Status AllToAll(const at::Tensor& input, at::Tensor& output) override {
+    DRAY_RETURN_IF_ERROR(Check(input, "all_to_all input"));
+    DRAY_RETURN_IF_ERROR(Check(output, "all_to_all output"));
+    DRAY_RETURN_IF_ERROR(CheckAllToAll(input, output, world_size()));
+    DRAY_ASSIGN_OR_RETURN(ncclDataType_t type, NcclType(input.scalar_type()));
+    // NCCL has no all-to-all: a send and a receive for each peer, grouped.
+    const size_t count = input.numel() / world_size();
+    const size_t part_bytes = count * input.element_size();
+    const char* sent = static_cast<const char*>(input.data_ptr());
+    char* received = static_cast<char*>(output.data_ptr());
+    ncclResult_t result = ncclGroupStart();
+    for (int peer = 0; peer < world_size() && result == ncclSuccess; ++peer) {
+      result = ncclSend(sent + peer * part_bytes, count, type, peer, comm_, stream_);
+      if (result == ncclSuccess)
+        result = ncclRecv(received + peer * part_bytes, count, type, peer, comm_, stream_);
+    }
+    const ncclResult_t ended = ncclGroupEnd();
+    return Run("all_to_all", result != ncclSuccess ? result : ended);
+  }
+
   absl::Status Barrier() override {
     // An all-reduce of one byte that every rank must enter.
     void* byte = nullptr;

@@ -20,6 +20,7 @@ struct MethodDispatcher::TrafficCounters {
 
 struct GroupFuture::State {
   std::vector<CallFuture> per_rank;  // of the ranks called, in rank order
+  std::vector<bool> collected;       // per_rank's: whether its output is kept
   DispatchPlan plan;
   const DispatchMode* mode = nullptr;
   std::shared_ptr<std::atomic<int64_t>> received_bytes;  // the dispatcher's count
@@ -79,9 +80,10 @@ absl::StatusOr<std::vector<DataProto>> GroupFuture::Get() {
     state_->result = *state_->first_error;
   } else {
     std::vector<DataProto> outputs;
-    for (const CallFuture& call : state_->per_rank) {
-      outputs.push_back(*call->Wait());
-      *state_->received_bytes += ContentBytes(outputs.back());
+    for (size_t i = 0; i < state_->per_rank.size(); ++i) {
+      const DataProto& output = *state_->per_rank[i]->Wait();
+      *state_->received_bytes += ContentBytes(output);
+      if (state_->collected[i]) outputs.push_back(output);
     }
     state_->result = state_->mode->collect(std::move(outputs), state_->plan);
   }
@@ -140,15 +142,25 @@ absl::StatusOr<const v1::MethodInfo*> MethodDispatcher::FindMethod(absl::string_
 absl::StatusOr<DispatchPlan> MethodDispatcher::Plan(const v1::MethodInfo& info,
                                                     const DispatchMode& mode,
                                                     std::vector<DataProto> inputs,
-                                                    bool equal_shards) const {
+                                                    const CallOptions& options) const {
+  const int group_size = options.rank_group_size;
+  if (group_size < 1 || world_size() % group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank groups of ", group_size, " do not divide a group of ", world_size(), " ranks"));
+  }
+  const int groups = world_size() / group_size;
   absl::StatusOr<DispatchPlan> plan =
-      mode.dispatch(std::move(inputs), {world_size(), info.rows_independent() && !equal_shards});
+      mode.dispatch(std::move(inputs), {groups, info.rows_independent() && !options.equal_shards});
   if (!plan.ok()) return plan.status();
-  if (static_cast<int>(plan->per_rank.size()) != world_size()) {
+  if (static_cast<int>(plan->per_rank.size()) != groups) {
     return absl::InternalError(absl::StrCat("dispatch mode ", mode.name, " planned ",
                                             plan->per_rank.size(), " ranks for a group of ",
-                                            world_size()));
+                                            groups));
   }
+  std::vector<std::shared_ptr<const DataProto>> per_group = std::move(plan->per_rank);
+  plan->per_rank.clear();
+  for (int rank = 0; rank < world_size(); ++rank)
+    plan->per_rank.push_back(per_group[rank / group_size]);
   if (info.execute_mode() == v1::EXECUTE_MODE_RANK_ZERO) {
     for (int rank = 1; rank < world_size(); ++rank) plan->per_rank[rank] = nullptr;
   }
@@ -162,7 +174,7 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
   absl::StatusOr<const DispatchMode*> mode =
       DispatchRegistry::Global().Find((*info)->dispatch_mode());
   if (!mode.ok()) return GroupFuture::Failed(mode.status());
-  absl::StatusOr<DispatchPlan> plan = Plan(**info, **mode, std::move(inputs), options.equal_shards);
+  absl::StatusOr<DispatchPlan> plan = Plan(**info, **mode, std::move(inputs), options);
   if (!plan.ok()) return GroupFuture::Failed(plan.status());
 
   GroupFuture future;
@@ -188,6 +200,7 @@ GroupFuture MethodDispatcher::Invoke(absl::string_view method, std::vector<DataP
     }
     state.per_rank.push_back(workers_[rank]->Submit((*info)->role(), (*info)->name(), wire,
                                                     deadline, std::move(rank_progress)));
+    state.collected.push_back(rank % options.rank_group_size == 0);
   }
   state.plan = std::move(plan).value();
   state.mode = *mode;

@@ -72,6 +72,12 @@ struct CallOptions {
   // for calls whose ranks must run in step (collectives inside, as with a
   // sharded model).
   bool equal_shards = false;
+  // Ranks that compute each share together (one edit's CFG branches or
+  // sequence parts, collectives inside): the mode splits the inputs among
+  // world_size / rank_group_size groups of consecutive ranks, every rank of
+  // a group receives the group's input, and only each group's first rank's
+  // output is collected. It must divide the world size.
+  int rank_group_size = 1;
 };
 
 // GroupTraffic: the bytes (ContentBytes) a group's calls have moved so far:
@@ -108,7 +114,8 @@ class MethodDispatcher {
   // Plan splits `inputs` into one input per rank (none for ranks the method
   // does not run on).
   absl::StatusOr<DispatchPlan> Plan(const v1::MethodInfo& info, const DispatchMode& mode,
-                                    std::vector<DataProto> inputs, bool equal_shards) const;
+                                    std::vector<DataProto> inputs,
+                                    const CallOptions& options) const;
 
   struct TrafficCounters;
 

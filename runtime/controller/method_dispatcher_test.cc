@@ -94,6 +94,39 @@ TEST(MethodDispatcherTest, IndependentRowsSplitUnevenlyUnlessTheCallNeedsEqualSh
   EXPECT_EQ(rank2.calls().size(), 1u);
 }
 
+// Groups of ranks that edit the same rows together (CFG branches, sequence
+// parts): rows split among the groups, each group's ranks given one input,
+// the first rank of each group answering for it.
+TEST(MethodDispatcherTest, RankGroupsShareTheirRowsAndTheFirstRankAnswers) {
+  std::vector<v1::MethodInfo> methods = kMethods;
+  methods[0].set_rows_independent(true);
+  FakeWorkerConnection rank0(Doubler(0)), rank1(Doubler(1)), rank2(Doubler(2)), rank3(Doubler(3));
+  MethodDispatcher dispatcher(methods, {&rank0, &rank1, &rank2, &rank3});
+  CallOptions grouped;
+  grouped.rank_group_size = 2;
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      std::vector<DataProto> out,
+      dispatcher.Invoke("double", {Rows(3)}, absl::InfiniteFuture(), grouped).Get());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(at::equal(out[0].GetTensor("y").value(), at::arange(3) * 2));
+  EXPECT_TRUE(at::equal(out[0].GetTensor("rank").value(), at::tensor({0, 0, 2}).to(at::kLong)));
+  EXPECT_EQ(rank0.calls()[0].wire, rank1.calls()[0].wire);
+  EXPECT_EQ(rank2.calls()[0].wire, rank3.calls()[0].wire);
+  EXPECT_EQ(rank3.calls()[0].input->size(), 1);
+
+  // One row: the first group alone.
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      out, dispatcher.Invoke("double", {Rows(1)}, absl::InfiniteFuture(), grouped).Get());
+  EXPECT_EQ(out[0].size(), 1);
+  EXPECT_EQ(rank1.calls().size(), 2u);
+  EXPECT_EQ(rank3.calls().size(), 1u);
+
+  grouped.rank_group_size = 3;
+  EXPECT_THAT(dispatcher.Invoke("double", {Rows(3)}, absl::InfiniteFuture(), grouped).Get(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rank groups of 3 do not divide a group of 4")));
+}
+
 TEST(MethodDispatcherTest, OneToAllEncodesTheInputOnce) {
   FakeWorkerConnection rank0(Doubler(0)), rank1(Doubler(1)), rank2(Doubler(2));
   MethodDispatcher dispatcher(kMethods, {&rank0, &rank1, &rank2});

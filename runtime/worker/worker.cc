@@ -83,10 +83,13 @@ absl::StatusOr<Communicator*> Worker::device_comm() {
   return device_comm_.get();
 }
 
-absl::Status Worker::StopRequestedOnAnyRank() {
+absl::Status Worker::StopRequestedOnAnyRank(Communicator* among) {
   absl::Status stop = StopRequested();
-  if (world_size() == 1) return stop;
-  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  Communicator* group = among;
+  if (group == nullptr) {
+    if (world_size() == 1) return stop;
+    DRAY_ASSIGN_OR_RETURN(group, comm());
+  }
   at::Tensor code = at::full({1}, static_cast<int64_t>(stop.code()), at::kLong);
   DRAY_RETURN_IF_ERROR(group->AllReduce(code, ReduceOp::kMax));
   const auto agreed = static_cast<absl::StatusCode>(code.item<int64_t>());

@@ -140,9 +140,10 @@ class Worker {
   absl::Status StopRequested() const { return hooks_.stop ? hooks_.stop() : absl::OkStatus(); }
 
   // StopRequestedOnAnyRank is StopRequested agreed by the whole group over
-  // comm() (a collective: every rank calls it equally often), for methods
-  // whose ranks run collectives in step: all stop together or none does.
-  absl::Status StopRequestedOnAnyRank();
+  // comm(), or by the ranks of `among` (a CPU communicator of some of them),
+  // a collective every one calls equally often: for methods whose ranks run
+  // collectives in step, all stop together or none does.
+  absl::Status StopRequestedOnAnyRank(Communicator* among = nullptr);
 
   void set_call_hooks(CallHooks hooks) { hooks_ = std::move(hooks); }
 

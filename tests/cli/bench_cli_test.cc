@@ -98,9 +98,32 @@ TEST(BenchCliTest, PrintsEveryShardingFigure) {
 
 TEST(BenchCliTest, PrintsEveryEditFigure) {
   const std::map<std::string, double> figures = RunBench("--suite edit --quick --json");
-  for (const char* name : {"edit_images_per_s_w1", "edit_images_per_s_w2", "edit_speedup_w2",
-                           "edit_mixed_shapes_slowdown_w1", "edit_direct_p50_ms",
-                           "edit_served_p50_ms", "serve_overhead_ms"}) {
+  for (const char* name : {"edit_images_per_s_w1",
+                           "edit_images_per_s_w2",
+                           "edit_speedup_w2",
+                           "edit_mixed_shapes_slowdown_w1",
+                           "edit_direct_p50_ms",
+                           "edit_served_p50_ms",
+                           "serve_overhead_ms",
+                           "matmul_gflops",
+                           "attention_gflops",
+                           "attention_matmul_share",
+                           "attention_training_slowdown",
+                           "step_ms_256",
+                           "step_ms_512",
+                           "step_ms_1024",
+                           "edit_single_ms_w1",
+                           "edit_step_ms_w1",
+                           "edit_single_ms_cfg2",
+                           "edit_cfg2_speedup",
+                           "edit_cfg2_step_speedup",
+                           "edit_cfg2_vs_all_cores",
+                           "edit_ulysses2_speedup",
+                           "edit_ulysses2_step_speedup",
+                           "edit_cfg2_ulysses2_step_speedup",
+                           "edit_ulysses4_step_speedup",
+                           "edit_512_ulysses2_speedup",
+                           "edit_512_ulysses2_step_speedup"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
   }

@@ -72,6 +72,11 @@ TEST_F(NcclCommunicatorTest, EveryCollectiveLeavesTheLoneRanksDataForEveryDtype)
     at::Tensor scattered = at::zeros_like(scattered_input);
     DRAY_ASSERT_OK(nccl->ReduceScatter(scattered_input, scattered));
     EXPECT_TRUE(at::equal(scattered.cpu(), Source(dtype, salt).cpu())) << "reduce_scatter";
+
+    const at::Tensor exchanged_input = Source(dtype, ++salt);
+    at::Tensor exchanged = at::zeros_like(exchanged_input);
+    DRAY_ASSERT_OK(nccl->AllToAll(exchanged_input, exchanged));
+    EXPECT_TRUE(at::equal(exchanged.cpu(), Source(dtype, salt).cpu())) << "all_to_all";
   }
   DRAY_EXPECT_OK(nccl->Barrier());
 }

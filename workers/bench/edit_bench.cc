@@ -3,12 +3,22 @@
 #include <ATen/ATen.h>
 #include <grpcpp/client_context.h>
 
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
+#include "runtime/process/subprocess.h"
 #include "runtime/rpc/grpc_util.h"
+#include "workers/bench/attention_bench.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
@@ -19,18 +29,21 @@ namespace {
 
 constexpr int kBatchRows = 8;
 
-// StartController starts the tiny model at image_size^2 with `steps` steps,
-// with guidance (two transformer passes a step, as real edits run).
+// StartController starts the embedded model at image_size^2 with `steps`
+// steps, with guidance (two transformer passes a step, as real edits run),
+// and `overrides`; each worker computes on `threads` threads (0: its share
+// of the machine's cores).
 absl::StatusOr<std::unique_ptr<ImageEditController>> StartController(
-    const EditBenchOptions& options, int workers, int image_size, int steps) {
-  DRAY_ASSIGN_OR_RETURN(
-      ImageEditConfig config,
-      ImageEditConfig::Load("", {absl::StrCat("worker.image_edit.image_size=", image_size),
-                                 absl::StrCat("worker.image_edit.num_inference_steps=", steps),
-                                 "worker.image_edit.negative_prompt=\" \""}));
+    const EditBenchOptions& options, int workers, int image_size, int steps,
+    std::vector<std::string> overrides = {}, int threads = 0) {
+  overrides.insert(overrides.end(), {absl::StrCat("worker.image_edit.image_size=", image_size),
+                                     absl::StrCat("worker.image_edit.num_inference_steps=", steps),
+                                     "worker.image_edit.negative_prompt=\" \""});
+  DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, ImageEditConfig::Load("", overrides));
   ImageEditController::Options start;
   start.workers = workers;
   start.worker_command = options.worker_command;
+  if (threads > 0) start.env = {{"OMP_NUM_THREADS", absl::StrCat(threads)}};
   return ImageEditController::Start(config, start);
 }
 
@@ -69,6 +82,112 @@ absl::StatusOr<double> ImagesPerSecond(ImageEditController& controller, const Da
   return batch.size() * repeats / absl::ToDoubleSeconds(absl::Now() - start);
 }
 
+// SingleEdit: one guided edit at image_size^2 on `workers` workers spread
+// by `overrides`, each on `threads` threads (0: its share of the cores).
+struct SingleEdit {
+  int workers = 1;
+  std::vector<std::string> overrides;
+  int threads = 0;
+  int image_size = 256;
+  int steps = 20;
+};
+
+// EditLatency: one edit's median latency, and the median time between its
+// denoising steps (progress reports: what a spread edit parallelizes, apart
+// from the text encoder and the VAE every rank runs whole).
+struct EditLatency {
+  double ms = 0, step_ms = 0;
+};
+
+absl::StatusOr<EditLatency> MeasureEdit(const EditBenchOptions& options, const SingleEdit& edit,
+                                        const DataProto& row) {
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditController> controller,
+                        StartController(options, edit.workers, edit.image_size, edit.steps,
+                                        edit.overrides, edit.threads));
+  DRAY_RETURN_IF_ERROR(controller->Edit(row).status());  // warm up
+  std::vector<double> ms, step_ms;
+  for (int i = 0; i < (options.quick ? 1 : 3); ++i) {
+    absl::Mutex mu;
+    std::vector<absl::Time> steps;
+    const absl::Time start = absl::Now();
+    DRAY_RETURN_IF_ERROR(controller
+                             ->Edit(row, std::nullopt,
+                                    [&](int64_t, int64_t) {
+                                      absl::MutexLock lock(&mu);
+                                      steps.push_back(absl::Now());
+                                    })
+                             .status());
+    ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    absl::MutexLock lock(&mu);
+    for (size_t k = 1; k < steps.size(); ++k)
+      step_ms.push_back(absl::ToDoubleMilliseconds(steps[k] - steps[k - 1]));
+  }
+  if (step_ms.empty()) return absl::InternalError("an edit of 2 steps or more reported fewer");
+  return EditLatency{Median(std::move(ms)), Median(std::move(step_ms))};
+}
+
+using Emit = std::function<void(std::string name, double value, std::string unit)>;
+
+// EmitSpeedups: `spread` against `one` (both edits, and their steps).
+void EmitSpeedups(const Emit& emit, const std::string& name, const EditLatency& one,
+                  const EditLatency& spread) {
+  emit(absl::StrCat("edit_", name, "_speedup"), one.ms / spread.ms, "x");
+  emit(absl::StrCat("edit_", name, "_step_speedup"), one.step_ms / spread.step_ms, "x");
+}
+
+// MeasureSingleEdits: one guided edit's latency spread over workers, each
+// layout against one worker on the threads each of its workers has (as
+// one GPU against several) and against one worker on every core; then
+// Ulysses on a sequence long enough to pay for its all-to-alls.
+absl::Status MeasureSingleEdits(const EditBenchOptions& options, const DataProto& row,
+                                const Emit& emit) {
+  SingleEdit edit;
+  edit.steps = options.quick ? 2 : 20;
+  DRAY_ASSIGN_OR_RETURN(const EditLatency all_cores, MeasureEdit(options, edit, row));
+  emit("edit_single_ms_w1", all_cores.ms, "ms");
+  emit("edit_step_ms_w1", all_cores.step_ms, "ms");
+  std::map<int, EditLatency> one_worker;  // by threads
+  const std::string cfg = "worker.image_edit.cfg_parallel_size=2";
+  auto ulysses = [](int degree) {
+    return absl::StrCat("worker.image_edit.ulysses_degree=", degree);
+  };
+  for (const auto& [name, workers, overrides] :
+       std::vector<std::tuple<std::string, int, std::vector<std::string>>>{
+           {"cfg2", 2, {cfg}},
+           {"ulysses2", 2, {ulysses(2)}},
+           {"cfg2_ulysses2", 4, {cfg, ulysses(2)}},
+           {"ulysses4", 4, {ulysses(4)}}}) {
+    SingleEdit one = edit;
+    one.threads = std::max(1, UsableCores() / workers);
+    if (one_worker.count(one.threads) == 0) {
+      DRAY_ASSIGN_OR_RETURN(one_worker[one.threads], MeasureEdit(options, one, row));
+      emit(absl::StrCat("edit_single_ms_w1_threads", one.threads), one_worker[one.threads].ms,
+           "ms");
+    }
+    SingleEdit spread = edit;
+    spread.workers = workers;
+    spread.overrides = overrides;
+    DRAY_ASSIGN_OR_RETURN(const EditLatency latency, MeasureEdit(options, spread, row));
+    emit(absl::StrCat("edit_single_ms_", name), latency.ms, "ms");
+    EmitSpeedups(emit, name, one_worker[one.threads], latency);
+    emit(absl::StrCat("edit_", name, "_vs_all_cores"), all_cores.ms / latency.ms, "x");
+  }
+  SingleEdit long_one = edit;
+  long_one.image_size = 512;
+  long_one.steps = options.quick ? 2 : 4;
+  long_one.threads = std::max(1, UsableCores() / 2);
+  SingleEdit long_spread = long_one;
+  long_spread.workers = 2;
+  long_spread.threads = 0;
+  long_spread.overrides = {ulysses(2)};
+  DRAY_ASSIGN_OR_RETURN(const EditLatency long_alone, MeasureEdit(options, long_one, row));
+  DRAY_ASSIGN_OR_RETURN(const EditLatency long_spread_out, MeasureEdit(options, long_spread, row));
+  emit("edit512_single_ms_w1_half_cores", long_alone.ms, "ms");
+  emit("edit512_single_ms_ulysses2", long_spread_out.ms, "ms");
+  EmitSpeedups(emit, "512_ulysses2", long_alone, long_spread_out);
+  return absl::OkStatus();
+}
+
 // Milliseconds times one run of `run`.
 template <typename Fn>
 absl::StatusOr<double> Milliseconds(Fn run) {
@@ -80,7 +199,8 @@ absl::StatusOr<double> Milliseconds(Fn run) {
 }  // namespace
 
 absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& options) {
-  std::vector<BenchMetric> metrics;
+  DRAY_ASSIGN_OR_RETURN(std::vector<BenchMetric> metrics,
+                        RunAttentionBench(options.quick, options.report));
   auto emit = [&](std::string name, double value, std::string unit) {
     metrics.push_back({std::move(name), value, std::move(unit)});
     if (options.report) options.report(metrics.back());
@@ -106,12 +226,14 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
   }
   emit("edit_speedup_w2", per_s[2] / per_s[1], "x");
 
+  DRAY_ASSIGN_OR_RETURN(DataProto single,
+                        MakeEditBatch({images[0]}, {"make the sky purple"}, {42}));
+  DRAY_RETURN_IF_ERROR(MeasureSingleEdits(options, single, emit));
+
   // Latency: a cheap edit (64^2, one step), so the service's few milliseconds
   // stand out of the model's time and this machine's noise.
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditController> one,
                         StartController(options, 1, /*image_size=*/64, /*steps=*/1));
-  DRAY_ASSIGN_OR_RETURN(DataProto single,
-                        MakeEditBatch({images[0]}, {"make the sky purple"}, {42}));
   ServeOptions serve;
   serve.address = "127.0.0.1:0";
   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<ImageEditServer> server,

@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/embedded_model.h"
+#include "workers/models/qwen_image/transformer.h"
 #include "workers/pipeline/edit_batch.h"
 
 namespace dray {
@@ -16,6 +17,13 @@ ImageEditController::ImageEditController(ImageEditConfig config, Options options
 
 absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     const ImageEditConfig& config, Options options) {
+  const int64_t ranks = static_cast<int64_t>(options.nodes) * options.workers;
+  if (ranks % config.RanksPerEdit() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(config.EditLayout(), ": each edit takes ", config.RanksPerEdit(),
+                     " workers, which do not divide the ", ranks, " workers (", options.nodes,
+                     " node(s) x ", options.workers, ")"));
+  }
   std::unique_ptr<ImageEditController> controller(
       new ImageEditController(config, std::move(options)));
   std::string model_path = config.model_path;
@@ -23,6 +31,15 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     DRAY_ASSIGN_OR_RETURN(controller->embedded_, ScratchDir::Create("dray-tiny"));
     DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(controller->embedded_->path()));
     model_path = controller->embedded_->path();
+  }
+  DRAY_ASSIGN_OR_RETURN(
+      qwen_image::TransformerConfig transformer,
+      qwen_image::TransformerConfig::FromFile(model_path + "/transformer/config.json"));
+  if (transformer.num_attention_heads % config.ulysses_degree != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kConfigSection, ".ulysses_degree ", config.ulysses_degree,
+                     " does not divide the transformer's ", transformer.num_attention_heads,
+                     " attention heads (", model_path, ")"));
   }
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
                         BpeTokenizer::FromDirectory(model_path + "/tokenizer"));
@@ -97,6 +114,7 @@ absl::StatusOr<DataProto> ImageEditController::EditCheckedRows(
   call.timeout = timeout;
   // Sharded ranks gather parameters together, step by step: each needs rows.
   call.equal_shards = config_.enable_fsdp;
+  call.rank_group_size = static_cast<int>(config_.RanksPerEdit());
   if (on_progress) {
     // Rank 0 runs the most rows (DP_COMPUTE_PROTO's uneven split), or as
     // many as any (equal shards): its steps are the call's.

@@ -46,11 +46,29 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
 }
 
 absl::Status QwenImageEditWorker::StopBetweenSteps(int64_t done, int64_t steps) {
-  // Sharded ranks gather parameters together: they stop together.
-  const absl::Status stop = model_->sharded() ? StopRequestedOnAnyRank() : StopRequested();
+  // Sharded ranks gather parameters together, and the ranks of one edit
+  // exchange its passes: they stop together.
+  const absl::Status stop = model_->sharded()    ? StopRequestedOnAnyRank()
+                            : model_->edit_group ? StopRequestedOnAnyRank(model_->edit_group.get())
+                                                 : StopRequested();
   if (stop.ok()) return stop;
   return absl::Status(stop.code(),
                       absl::StrCat(stop.message(), "; stopped after step ", done, " of ", steps));
+}
+
+absl::Status QwenImageEditWorker::CheckSameRows(const std::vector<EditRow>& rows) {
+  Communicator& group = *model_->edit_group;
+  uint64_t seeds = 0;
+  for (const EditRow& row : rows) seeds = seeds * 1000003 + row.seed;
+  const at::Tensor mine =
+      at::tensor({static_cast<int64_t>(rows.size()), static_cast<int64_t>(seeds)}, at::kLong);
+  at::Tensor all = at::empty({group.world_size(), 2}, at::kLong);
+  DRAY_RETURN_IF_ERROR(group.AllGather(mine, all));
+  if (at::equal(all, mine.expand_as(all))) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", group.world_size(), " ranks of one edit (", model_->config.EditLayout(),
+      ") were given different rows: call edit_images_batch with CallOptions::rank_group_size = ",
+      group.world_size(), ", as ImageEditController does"));
 }
 
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
@@ -60,6 +78,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, model_->config, model_->model().pipeline,
                                       CountTokensWith(model_->model().tokenizer)));
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, model_->config.seed));
+  if (model_->edit_group) DRAY_RETURN_IF_ERROR(CheckSameRows(rows));
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
                         EditOptionsFor(model_->config, batch.meta_info()));
   if (model_->config.enable_cpu_offload)

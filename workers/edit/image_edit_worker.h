@@ -20,6 +20,13 @@
 // steps, stops when its caller cancels it or its deadline passes (sharded
 // ranks agree to stop together).
 //
+// With cfg_parallel_size 2 each edit runs on two ranks at once (the
+// prompt's pass on one, the negative prompt's on the other), with
+// ulysses_degree P on P ranks each holding part of the image tokens, with
+// both on 2 x P: the ranks of an edit are consecutive, must be given the
+// same rows (CallOptions::rank_group_size, as ImageEditController calls),
+// and the first of them answers.
+//
 // With enable_cpu_offload the parameters (the shards, under FSDP) wait in
 // CPU memory between calls and move to the device for each call.
 #ifndef DRAY_WORKERS_EDIT_IMAGE_EDIT_WORKER_H_
@@ -27,10 +34,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dispatch/data_proto.h"
 #include "runtime/worker/worker.h"
+#include "workers/pipeline/edit_batch.h"
 
 namespace dray {
 
@@ -53,6 +62,9 @@ class QwenImageEditWorker : public Worker {
   // StopBetweenSteps: why the call must stop after step `done` of `steps`
   // (Worker::StopRequested, agreed across shards), or OK.
   absl::Status StopBetweenSteps(int64_t done, int64_t steps);
+  // CheckSameRows: FAILED_PRECONDITION unless every rank of this rank's
+  // edit group was given the same rows (the group computes them together).
+  absl::Status CheckSameRows(const std::vector<EditRow>& rows);
 
   std::unique_ptr<EditModel> model_;  // set by init_model
 };

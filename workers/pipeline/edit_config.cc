@@ -45,6 +45,10 @@ absl::Status ImageEditConfig::Validate() const {
                                              "; use float32 or device cuda"));
     }
   }
+  if (c.cfg_parallel_size != 1 && c.cfg_parallel_size != 2)
+    return bad("cfg_parallel_size", "must be 1 or 2 (the prompt's and the negative prompt's pass)");
+  if (c.ulysses_degree < 1 || c.ulysses_degree > 64)
+    return bad("ulysses_degree", "must lie in [1, 64]");
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
   if (!strategy.ok())
     return bad("fsdp_sharding_strategy", std::string(strategy.status().message()));
@@ -72,7 +76,14 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "seed", c.seed, "an integer"),
       Key(s + "device", c.device, "a device (cpu, or cuda: each worker's own GPU)"),
       Key(s + "lora_path", c.lora_path, "a path"),
+      Key(s + "cfg_parallel_size", c.cfg_parallel_size, "1 or 2"),
+      Key(s + "ulysses_degree", c.ulysses_degree, "an integer"),
   };
+}
+
+std::string ImageEditConfig::EditLayout() const {
+  return absl::StrCat(kConfigSection, ".cfg_parallel_size ", cfg_parallel_size, " x ",
+                      kConfigSection, ".ulysses_degree ", ulysses_degree);
 }
 
 void ImageEditConfig::UseEmbeddedDefaults() {

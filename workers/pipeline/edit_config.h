@@ -61,6 +61,19 @@ struct ImageEditConfig {
   int64_t seed = 42;
   std::string device = "cpu";  // cpu, or cuda: the worker's own GPU
   std::string lora_path;       // a LoRA file for the transformer (dray train's final/); empty: none
+  // 2: each edit's prompt and negative-prompt passes on two ranks at once
+  // (QwenImageEditPipeline::set_cfg_group); 1: one rank runs both.
+  int64_t cfg_parallel_size = 1;
+  // P > 1: each edit's image tokens split over P ranks, attention exchanging
+  // them for heads (Ulysses; QwenImageTransformerImpl::set_sequence_group).
+  // The transformer's attention heads must divide by P.
+  int64_t ulysses_degree = 1;
+
+  // RanksPerEdit: how many consecutive ranks run each edit together
+  // (cfg_parallel_size x ulysses_degree, the Ulysses ranks adjacent).
+  int64_t RanksPerEdit() const { return cfg_parallel_size * ulysses_degree; }
+  // EditLayout names the keys that set RanksPerEdit and their values.
+  std::string EditLayout() const;
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,6 +110,47 @@ absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, cons
   return sharding;
 }
 
+namespace {
+
+// JoinEditGroups makes `model`'s edit and CFG groups, from consecutive
+// ranks, and hands the CFG pair to its pipeline.
+absl::Status JoinEditGroups(EditModel& model, Worker& worker) {
+  const int size = static_cast<int>(model.config.RanksPerEdit());
+  if (size == 1) return absl::OkStatus();
+  if (worker.world_size() % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(model.config.EditLayout(), ": each edit takes ",
+                                                   size, " ranks, which do not divide the ",
+                                                   worker.world_size()));
+  }
+  // [first, first + size): the CFG branch r's Ulysses ranks from
+  // first + r x ulysses_degree on.
+  const int first = worker.rank() / size * size, ulysses = model.config.ulysses_degree;
+  const int branch = (worker.rank() - first) / ulysses, part = (worker.rank() - first) % ulysses;
+  auto consecutive = [](int from, int count, int stride) {
+    std::vector<int> ranks;
+    for (int i = 0; i < count; ++i) ranks.push_back(from + i * stride);
+    return ranks;
+  };
+  DRAY_ASSIGN_OR_RETURN(Communicator * world, worker.comm());
+  DRAY_ASSIGN_OR_RETURN(model.edit_group, world->Subgroup(consecutive(first, size, 1), "edit"));
+  DRAY_ASSIGN_OR_RETURN(Communicator * devices,
+                        model.device.is_cuda() ? worker.device_comm() : worker.comm());
+  if (model.config.cfg_parallel_size == 2) {
+    DRAY_ASSIGN_OR_RETURN(model.cfg_group,
+                          devices->Subgroup(consecutive(first + part, 2, ulysses), "cfg"));
+    model.pipeline->set_cfg_group(model.cfg_group.get());
+  }
+  if (ulysses > 1) {
+    DRAY_ASSIGN_OR_RETURN(
+        model.sequence_group,
+        devices->Subgroup(consecutive(first + branch * ulysses, ulysses, 1), "ulysses"));
+    DRAY_RETURN_IF_ERROR(model.model().transformer->set_sequence_group(model.sequence_group.get()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& config,
                                                          Worker& worker,
                                                          const BeforeSharding& before_sharding) {
@@ -169,6 +211,7 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
       DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
   }
   state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));
+  DRAY_RETURN_IF_ERROR(JoinEditGroups(*state, worker));
   log(state->sharded() ? "sharded" : sends ? "received" : "ready", state->ParameterBytes());
   if (config.enable_cpu_offload) {
     DRAY_RETURN_IF_ERROR(state->MoveParameters(at::kCPU));

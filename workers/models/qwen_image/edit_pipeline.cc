@@ -480,8 +480,17 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& p
                                                   text, scaled, prepared.shapes));
     return out.narrow(1, 0, latents.size(1)).to(latents.scalar_type());
   };
+  if (!prepared.negative.has_value()) return predict(prepared.prompt);
+  if (cfg_group_ != nullptr) {
+    const bool negative_side = cfg_group_->rank() == 1;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor own,
+                          predict(negative_side ? *prepared.negative : prepared.prompt));
+    own = own.contiguous();
+    at::Tensor both = at::empty({2, own.numel()}, own.options());
+    DRAY_RETURN_IF_ERROR(cfg_group_->AllGather(own, both));
+    return TrueCfg(both[0].view_as(own), both[1].view_as(own), true_cfg_scale);
+  }
   DRAY_ASSIGN_OR_RETURN(at::Tensor velocity, predict(prepared.prompt));
-  if (!prepared.negative.has_value()) return velocity;
   DRAY_ASSIGN_OR_RETURN(at::Tensor negative, predict(*prepared.negative));
   return TrueCfg(velocity, negative, true_cfg_scale);
 }

@@ -44,6 +44,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/collectives/communicator.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/scheduler.h"
 
@@ -232,6 +233,15 @@ class QwenImageEditPipeline {
   absl::StatusOr<std::vector<at::Tensor>> Decode(const at::Tensor& latents, int64_t height,
                                                  int64_t width);
 
+  // set_cfg_group spreads each guided step's two transformer passes over
+  // `group`'s two ranks (null: one rank runs both), as xDiT's and
+  // vLLM-Omni's CFG parallelism do: rank 0 predicts for the prompt, rank 1
+  // for the negative prompt, both gather the two and combine them as one
+  // rank would, so both hold the same latents, bit for bit those of one
+  // rank. Both ranks must run the same rows; without guidance each
+  // predicts for the prompt alone. `group` must outlive the pipeline's use.
+  void set_cfg_group(Communicator* group) { cfg_group_ = group; }
+
   QwenImageModel& model() { return model_; }
   // vae_scale_factor: pixels per latent along each side.
   int64_t vae_scale_factor() const;
@@ -248,6 +258,7 @@ class QwenImageEditPipeline {
                                      const StepCallback& on_step);
 
   QwenImageModel model_;
+  Communicator* cfg_group_ = nullptr;
 };
 
 }  // namespace dray::qwen_image

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
 
+#include <torch/csrc/autograd/grad_mode.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,35 @@ constexpr int64_t kTimestepChannels = 256;
 constexpr double kEps = 1e-6;
 
 int64_t Tokens(const ImageShape& shape) { return shape[0] * shape[1] * shape[2]; }
+
+// CheckCollective: inside a module's forward there is no status to return:
+// a failed collective fails the pass (the worker answers with its message).
+void CheckCollective(const absl::Status& status) {
+  if (!status.ok())
+    throw std::runtime_error(absl::StrCat("sequence parallelism: ", status.message()));
+}
+
+// SequencePart: part `rank` of `ranks` of `x` along `dim`, the sequence
+// zero-padded to a multiple of `ranks` first.
+at::Tensor SequencePart(const at::Tensor& x, int64_t dim, int rank, int ranks) {
+  const int64_t length = x.size(dim), part = (length + ranks - 1) / ranks;
+  const int64_t start = std::min(length, rank * part), end = std::min(length, start + part);
+  const at::Tensor mine = x.narrow(dim, start, end - start);
+  if (end - start == part) return mine;
+  std::vector<int64_t> padding = x.sizes().vec();
+  padding[dim] = part - (end - start);
+  return at::cat({mine, at::zeros(padding, x.options())}, dim);
+}
+
+// GatherSequence: every rank's part [B, part, C] of a sequence of `length`,
+// whole, on every rank.
+at::Tensor GatherSequence(Communicator& group, const at::Tensor& part, int64_t length) {
+  const at::Tensor mine = part.contiguous();
+  at::Tensor all =
+      at::empty({group.world_size(), mine.size(0), mine.size(1), mine.size(2)}, mine.options());
+  CheckCollective(group.AllGather(mine, all));
+  return all.permute({1, 0, 2, 3}).flatten(1, 2).narrow(1, 0, length);
+}
 
 // RopeTable: diffusers' rope_params for `positions`: polar(1, pos * theta^(-2i/dim)).
 at::Tensor RopeTable(const at::Tensor& positions, int64_t dim, double theta) {
@@ -213,6 +244,11 @@ std::pair<at::Tensor, at::Tensor> JointAttentionImpl::forward(const at::Tensor& 
   const at::Tensor txt_k =
       ApplyRope(norm_added_k_->forward(heads(add_k_proj_->forward(text))), text_freqs);
   const at::Tensor txt_v = heads(add_v_proj_->forward(text));
+  if (sequence_group_ != nullptr) {
+    const auto [img_out, txt_out] =
+        UlyssesAttention(img_q, img_k, img_v, txt_q, txt_k, txt_v, mask);
+    return {to_out_->forward(img_out), to_add_out_->forward(txt_out)};
+  }
 
   // Joint attention over [text, image]: [B, H, S, D].
   const at::Tensor q = at::cat({txt_q, img_q}, 1).permute({0, 2, 1, 3});
@@ -225,6 +261,53 @@ std::pair<at::Tensor, at::Tensor> JointAttentionImpl::forward(const at::Tensor& 
   const int64_t text_length = text.size(1);
   return {to_out_->forward(joint.slice(1, text_length)),
           to_add_out_->forward(joint.slice(1, 0, text_length))};
+}
+
+std::pair<at::Tensor, at::Tensor> JointAttentionImpl::UlyssesAttention(
+    const at::Tensor& img_q, const at::Tensor& img_k, const at::Tensor& img_v,
+    const at::Tensor& txt_q, const at::Tensor& txt_k, const at::Tensor& txt_v,
+    const at::Tensor& mask) {
+  Communicator& group = *sequence_group_;
+  const int64_t ranks = group.world_size(), local_heads = heads_ / ranks;
+  const int64_t batch = img_q.size(0), part = img_q.size(1), depth = img_q.size(3);
+  const int64_t text_length = txt_q.size(1), image_length = ranks * part;
+  // This rank's image tokens for every rank's heads, in one exchange:
+  // [P (to), 3, B, part, H / P, D] out, [P (from), ...] in.
+  const at::Tensor sent = at::stack({img_q, img_k, img_v})
+                              .view({3, batch, part, ranks, local_heads, depth})
+                              .permute({3, 0, 1, 2, 4, 5})
+                              .contiguous();
+  at::Tensor received = at::empty_like(sent);
+  CheckCollective(group.AllToAll(sent, received));
+  const at::Tensor image =
+      received.permute({1, 2, 0, 3, 4, 5}).reshape({3, batch, image_length, local_heads, depth});
+  // The text is on every rank: this rank's heads of it, then its image.
+  const int64_t first_head = group.rank() * local_heads;
+  auto joint = [&](const at::Tensor& text, int64_t which) {
+    return at::cat({text.narrow(2, first_head, local_heads), image[which]}, 1)
+        .permute({0, 2, 1, 3});
+  };
+  const at::Tensor q = joint(txt_q, 0);
+  const at::Tensor allowed =
+      mask.defined() ? mask.view({mask.size(0), 1, 1, mask.size(1)}) : at::Tensor();
+  const at::Tensor out = DotProductAttention(q, joint(txt_k, 1), joint(txt_v, 2), allowed)
+                             .permute({0, 2, 1, 3})
+                             .to(q.scalar_type());  // [B, S_txt + P x part, H / P, D]
+  // The image outputs back to their tokens' ranks, every rank's heads.
+  const at::Tensor image_sent = out.narrow(1, text_length, image_length)
+                                    .reshape({batch, ranks, part, local_heads, depth})
+                                    .permute({1, 0, 2, 3, 4})
+                                    .contiguous();
+  at::Tensor image_received = at::empty_like(image_sent);
+  CheckCollective(group.AllToAll(image_sent, image_received));
+  // The text outputs of every rank's heads.
+  const at::Tensor text_mine = out.narrow(1, 0, text_length).contiguous();
+  at::Tensor text_all = at::empty({ranks, batch, text_length, local_heads, depth}, out.options());
+  CheckCollective(group.AllGather(text_mine, text_all));
+  auto heads_last = [&](const at::Tensor& t, int64_t length) {
+    return t.permute({1, 2, 0, 3, 4}).reshape({batch, length, heads_ * depth});
+  };
+  return {heads_last(image_received, part), heads_last(text_all, text_length)};
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const TransformerConfig& config,
@@ -369,26 +452,42 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
     const std::vector<SampleImages>& images) {
   DRAY_RETURN_IF_ERROR(
       CheckInputs(hidden_states, encoder_hidden_states, text_mask, timestep, images));
+  if (sequence_group_ != nullptr && at::GradMode::is_enabled()) {
+    return absl::FailedPreconditionError(
+        "transformer: sequence parallelism runs without gradients (inference and rollouts)");
+  }
   if (unit_hooks_ != nullptr) unit_hooks_->BeforeForward();
+  // Under sequence parallelism this rank's part of the image tokens.
+  const int ranks = sequence_group_ != nullptr ? sequence_group_->world_size() : 1;
+  auto own_part = [&](const at::Tensor& x, int64_t dim) {
+    return ranks == 1 ? x : SequencePart(x, dim, sequence_group_->rank(), ranks);
+  };
+  const int64_t batch = hidden_states.size(0), image_tokens = hidden_states.size(1);
   // Compute in the parameters' dtype (e.g. bfloat16 under mixed precision).
   const at::ScalarType dtype = img_in_->weight.scalar_type();
-  at::Tensor image = img_in_->forward(hidden_states.to(dtype));
+  at::Tensor image = img_in_->forward(own_part(hidden_states.to(dtype), 1));
   at::Tensor t = timestep.to(image.scalar_type());
   at::Tensor modulate_index;
   if (config_.zero_cond_t) {
     t = at::cat({t, t * 0}, 0);
     const int64_t noisy = Tokens(images[0][0]);
-    modulate_index = at::ones({image.size(0), image.size(1)}, image.options().dtype(at::kInt));
+    modulate_index = at::ones({batch, image_tokens}, image.options().dtype(at::kInt));
     modulate_index.slice(1, 0, noisy).fill_(0);
+    modulate_index = own_part(modulate_index, 1);
   }
   at::Tensor text = txt_in_->forward(txt_norm_->forward(encoder_hidden_states.to(dtype)));
   at::Tensor temb = TimestepEmbedding(t, image.scalar_type());
-  const auto [image_freqs, text_freqs] = rope_.Frequencies(images[0], text.size(1), image.device());
-  at::Tensor mask;
-  if (text_mask.defined()) {
-    mask = at::cat({text_mask.to(at::kBool),
-                    at::ones({image.size(0), image.size(1)}, text_mask.options().dtype(at::kBool))},
-                   1);
+  const auto [all_image_freqs, text_freqs] =
+      rope_.Frequencies(images[0], text.size(1), image.device());
+  const at::Tensor image_freqs = own_part(all_image_freqs, 0);
+  const int64_t padding = image.size(1) * ranks - image_tokens;
+  at::Tensor mask;  // over the keys [text, image tokens, padding]
+  if (text_mask.defined() || padding > 0) {
+    const at::TensorOptions flags = image.options().dtype(at::kBool);
+    mask =
+        at::cat({text_mask.defined() ? text_mask.to(flags) : at::ones({batch, text.size(1)}, flags),
+                 at::ones({batch, image_tokens}, flags), at::zeros({batch, padding}, flags)},
+                1);
   }
   for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
     if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
@@ -415,7 +514,20 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
   const std::vector<at::Tensor> scale_shift =
       norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
   image = LayerNorm(image) * (1 + scale_shift[0]).unsqueeze(1) + scale_shift[1].unsqueeze(1);
-  return proj_out_->forward(image);
+  const at::Tensor out = proj_out_->forward(image);
+  return ranks == 1 ? out : GatherSequence(*sequence_group_, out, image_tokens);
+}
+
+absl::Status QwenImageTransformerImpl::set_sequence_group(Communicator* group) {
+  if (group != nullptr && config_.num_attention_heads % group->world_size() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence parallelism over ", group->world_size(), " ranks needs the attention heads (",
+        config_.num_attention_heads, ") to divide by it"));
+  }
+  sequence_group_ = group;
+  for (const auto& block : *transformer_blocks_)
+    block->as<TransformerBlockImpl>()->set_sequence_group(group);
+  return absl::OkStatus();
 }
 
 }  // namespace dray::qwen_image

@@ -32,6 +32,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "absl/status/statusor.h"
+#include "runtime/collectives/communicator.h"
 #include "runtime/sharding/unit_hooks.h"
 #include "workers/models/json_config.h"
 #include "workers/models/layers.h"
@@ -96,13 +97,26 @@ TORCH_MODULE(FeedForward);
 class JointAttentionImpl : public torch::nn::Module {
  public:
   JointAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, at::TensorOptions options);
-  // Returns {image output, text output}. `mask`: bool [B, S_txt + S_img] or undefined.
+  // Returns {image output, text output}. `mask`: bool [B, S_txt + S_img]
+  // (under sequence parallelism: over every rank's image tokens) or undefined.
   std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
                                             const at::Tensor& image_freqs,
                                             const at::Tensor& text_freqs, const at::Tensor& mask);
+  // set_sequence_group: `image` holds this rank's part of the image tokens
+  // (QwenImageTransformerImpl::set_sequence_group); null: all of them.
+  void set_sequence_group(Communicator* group) { sequence_group_ = group; }
 
  private:
+  // UlyssesAttention: the joint attention of this rank's image tokens and
+  // all text, each rank attending over the whole sequence with its share of
+  // the heads ([B, S, H, D] inputs after RoPE; [B, S, H * D] outputs).
+  std::pair<at::Tensor, at::Tensor> UlyssesAttention(
+      const at::Tensor& img_q, const at::Tensor& img_k, const at::Tensor& img_v,
+      const at::Tensor& txt_q, const at::Tensor& txt_k, const at::Tensor& txt_v,
+      const at::Tensor& mask);
+
   int64_t heads_;
+  Communicator* sequence_group_ = nullptr;
   Linear to_q_{nullptr}, to_k_{nullptr}, to_v_{nullptr};
   Linear add_q_proj_{nullptr}, add_k_proj_{nullptr}, add_v_proj_{nullptr};
   Linear to_out_{nullptr}, to_add_out_{nullptr};
@@ -120,6 +134,7 @@ class TransformerBlockImpl : public torch::nn::Module {
                                             const at::Tensor& temb, const at::Tensor& image_freqs,
                                             const at::Tensor& text_freqs, const at::Tensor& mask,
                                             const at::Tensor& modulate_index);
+  void set_sequence_group(Communicator* group) { attn_->set_sequence_group(group); }
 
  private:
   bool zero_cond_t_;
@@ -156,6 +171,16 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   // set_activation_checkpointing recomputes each block in backward instead
   // of keeping its activations (less memory, one more forward of compute).
   void set_activation_checkpointing(bool enabled) { checkpoint_blocks_ = enabled; }
+  // set_sequence_group splits each forward's image tokens over `group`'s P
+  // ranks (Ulysses sequence parallelism, as xDiT and vLLM-Omni run it):
+  // each rank runs the blocks on its part of the image tokens (padded to a
+  // multiple of P) and on all of the text, and attention exchanges parts
+  // for heads (all-to-all) so that each rank attends over the whole
+  // sequence with H / P of the heads; the output is gathered whole on every
+  // rank. Every rank must call forward with the same inputs, without
+  // gradients; num_attention_heads must divide by P. null: off. `group`
+  // must outlive its use.
+  absl::Status set_sequence_group(Communicator* group);
 
  private:
   absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
@@ -172,6 +197,7 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   torch::nn::ModuleList transformer_blocks_{nullptr};
   UnitHooks* unit_hooks_ = nullptr;
   bool checkpoint_blocks_ = false;
+  Communicator* sequence_group_ = nullptr;
 };
 TORCH_MODULE(QwenImageTransformer);
 
