@@ -42,6 +42,7 @@ struct EditCommands::Flags {
   std::vector<std::string> overrides;
   int workers = 1;
   std::optional<int64_t> cfg_parallel_size, ulysses_degree;  // one edit over several ranks
+  std::optional<double> step_cache_threshold;
   // dray edit.
   std::vector<std::string> images;  // picture 1, 2, ...
   std::string instruction, out, server, model, lora, negative_prompt;
@@ -85,17 +86,19 @@ void ShowProgress(int64_t step, int64_t steps) {
   std::fflush(stderr);
 }
 
-// WithParallelFlags: the overrides, then the flags that spread one edit
-// over ranks (both commands have them).
-std::vector<std::string> WithParallelFlags(const EditCommands::Flags& f) {
+// WithSpeedFlags: the overrides, then the flags that make one edit faster
+// (spread over ranks, cached steps; both commands have them).
+std::vector<std::string> WithSpeedFlags(const EditCommands::Flags& f) {
   std::vector<std::string> overrides = f.overrides;
   if (f.cfg_parallel_size) overrides.push_back(Override("cfg_parallel_size", *f.cfg_parallel_size));
   if (f.ulysses_degree) overrides.push_back(Override("ulysses_degree", *f.ulysses_degree));
+  if (f.step_cache_threshold)
+    overrides.push_back(Override("step_cache_threshold", *f.step_cache_threshold));
   return overrides;
 }
 
-// AddParallelFlags adds the flags that spread one edit over ranks to `command`.
-void AddParallelFlags(CLI::App* command, EditCommands::Flags& f) {
+// AddSpeedFlags adds the flags that make one edit faster to `command`.
+void AddSpeedFlags(CLI::App* command, EditCommands::Flags& f) {
   command
       ->add_option("--cfg-parallel-size", f.cfg_parallel_size,
                    "2: each edit's prompt and negative-prompt passes on two workers at once "
@@ -106,11 +109,14 @@ void AddParallelFlags(CLI::App* command, EditCommands::Flags& f) {
                    "split each edit's image tokens over this many workers (ulysses_degree; "
                    "sequence parallelism, for large images)")
       ->check(CLI::Range(1, 64));
+  command->add_option("--step-cache-threshold", f.step_cache_threshold,
+                      "reuse the transformer's later blocks on steps whose first block changed "
+                      "less than this (step_cache_threshold; e.g. 0.1; 0: exact)");
 }
 
 // ResolveEditConfig: the file, the overrides, then the shortcut flags.
 absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) {
-  std::vector<std::string> overrides = WithParallelFlags(f);
+  std::vector<std::string> overrides = WithSpeedFlags(f);
   if (!f.model.empty()) overrides.push_back(Override("model_path", f.model));
   if (!f.lora.empty()) overrides.push_back(Override("lora_path", f.lora));
   if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
@@ -176,6 +182,14 @@ int EditLocally(const EditCommands::Flags& f) {
   absl::Status written = WriteFile(f.out, result.bytes.view());
   if (!written.ok()) return Fail("edit", written);
   std::printf("wrote %s (%dx%d)\n", f.out.c_str(), result.width, result.height);
+  if (config->step_cache_threshold > 0) {
+    const absl::StatusOr<at::Tensor> passes = edited->GetTensor(kTransformerPassesColumn);
+    const absl::StatusOr<at::Tensor> reused = edited->GetTensor(kReusedPassesColumn);
+    if (passes.ok() && reused.ok()) {
+      Log("edit", absl::StrFormat("step cache: %d of %d transformer passes reused the later blocks",
+                                  reused->sum().item<int64_t>(), passes->sum().item<int64_t>()));
+    }
+  }
   return 0;
 }
 
@@ -268,7 +282,7 @@ int Serve(const EditCommands::Flags& f) {
   BlockStopSignals();
   ClusterConfig cluster_config;
   absl::StatusOr<ImageEditConfig> config =
-      ImageEditConfig::Load(f.config_file, WithParallelFlags(f), ClusterConfigKeys(cluster_config));
+      ImageEditConfig::Load(f.config_file, WithSpeedFlags(f), ClusterConfigKeys(cluster_config));
   if (!config.ok()) return Fail("serve", config.status());
   const ClusterFlags cluster = f.cluster.WithConfig(cluster_config);
   std::printf("%s", config->ToYaml().c_str());
@@ -358,7 +372,7 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option("--token-file", f.token_file,
                      "a file with the token a --server asks for (authorization: Bearer)");
   f.tls.Add(f.edit);
-  AddParallelFlags(f.edit, f);
+  AddSpeedFlags(f.edit, f);
 
   f.serve = app.add_subcommand("serve", "serve ImageEditService (gRPC) from local workers");
   f.serve->add_option("--config", f.config_file, "a YAML file with a worker.image_edit section");
@@ -367,7 +381,7 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   f.cluster.Add(f.serve);
-  AddParallelFlags(f.serve, f);
+  AddSpeedFlags(f.serve, f);
   f.serve
       ->add_option("--host", f.host,
                    "address to listen on (0.0.0.0: every interface, without authentication)")

@@ -123,7 +123,12 @@ TEST(BenchCliTest, PrintsEveryEditFigure) {
                            "edit_cfg2_ulysses2_step_speedup",
                            "edit_ulysses4_step_speedup",
                            "edit_512_ulysses2_speedup",
-                           "edit_512_ulysses2_step_speedup"}) {
+                           "edit_512_ulysses2_step_speedup",
+                           "edit_score_exact",
+                           "edit_step_cache020_speedup",
+                           "edit_step_cache020_psnr_db",
+                           "edit_step_cache020_reused_share",
+                           "edit_step_cache020_edit_score"}) {
     ASSERT_EQ(figures.count(name), 1u) << name;
     EXPECT_TRUE(std::isfinite(figures.at(name))) << name;
   }

@@ -2,7 +2,8 @@
 // gives the images one rank computes bit for bit, alone and under FSDP;
 // Ulysses sequence parallelism, alone and with it, within a level; the
 // ranks of an edit stop together; a call that gives them different rows,
-// and layouts the workers or heads cannot hold, are refused.
+// and layouts the workers or heads cannot hold, are refused. A step cache
+// counts the passes it reuses.
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -92,8 +93,7 @@ TEST_F(CfgParallelTest, TheRanksOfAnEditStopTogether) {
         }
       });
   // Rank 0 names the reason, or that its partner stopped, whichever it saw first.
-  EXPECT_THAT(cancelled,
-              StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped after step")));
+  EXPECT_THAT(cancelled, StatusIs(absl::StatusCode::kCancelled, HasSubstr("stopped after step")));
   // Neither rank is left waiting for the other: the next edit runs.
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller_->Edit(batch.data));
   ExpectSameImages(edited, EditInProcess(TestConfig(), batch));
@@ -137,6 +137,31 @@ TEST(UlyssesTest, SequencePartsAloneAndWithCfgEditAsOneRankDoes) {
     DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(batch.data));
     ExpectWithinALevel(edited, expected);
   }
+}
+
+// A step cache's result counts each row's reused passes; at threshold 0 it
+// is the exact edit; it cannot run where FSDP gathers every block.
+TEST(StepCacheEditTest, RowsCountTheirReusedPassesAndThresholdZeroIsExact) {
+  const TestBatch batch = MakeTestBatch(2);
+  DRAY_ASSERT_OK_AND_ASSIGN(std::unique_ptr<ImageEditController> controller,
+                            StartTestController(TestConfig(), 1));
+  DataProto cached = batch.data;
+  cached.SetMeta("num_inference_steps", int64_t{8});
+  cached.SetMeta("step_cache_threshold", 10.0);  // every pass after the warm-up reuses
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto edited, controller->Edit(cached));
+  // 8 steps, guided: 16 passes a row, the first 2 steps' 4 computed.
+  EXPECT_TRUE(
+      at::equal(edited.GetTensor(kTransformerPassesColumn).value(), at::full({2}, 16, at::kLong)));
+  EXPECT_TRUE(
+      at::equal(edited.GetTensor(kReusedPassesColumn).value(), at::full({2}, 12, at::kLong)));
+  cached.SetMeta("step_cache_threshold", 0.0);
+  DRAY_ASSERT_OK_AND_ASSIGN(edited, controller->Edit(cached));
+  ExpectSameImages(edited,
+                   EditInProcess(TestConfig({"worker.image_edit.num_inference_steps=8"}), batch));
+  EXPECT_THAT(
+      ImageEditConfig::Load(
+          "", {"worker.image_edit.enable_fsdp=true", "worker.image_edit.step_cache_threshold=0.1"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("must be 0 with enable_fsdp")));
 }
 
 TEST(EditLayoutTest, WorkersOrHeadsTheLayoutDoesNotDivideAreRefused) {

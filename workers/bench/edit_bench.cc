@@ -4,6 +4,7 @@
 #include <grpcpp/client_context.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/files.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/process/subprocess.h"
@@ -22,7 +24,10 @@
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/image/image_codec.h"
+#include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/models/qwen_image/embedded_model.h"
 #include "workers/pipeline/edit_batch.h"
+#include "workers/train/synthetic_edit_score.h"
 
 namespace dray {
 namespace {
@@ -97,6 +102,7 @@ struct SingleEdit {
 // from the text encoder and the VAE every rank runs whole).
 struct EditLatency {
   double ms = 0, step_ms = 0;
+  DataProto edited;  // the last edit's result
 };
 
 absl::StatusOr<EditLatency> MeasureEdit(const EditBenchOptions& options, const SingleEdit& edit,
@@ -106,24 +112,22 @@ absl::StatusOr<EditLatency> MeasureEdit(const EditBenchOptions& options, const S
                                         edit.overrides, edit.threads));
   DRAY_RETURN_IF_ERROR(controller->Edit(row).status());  // warm up
   std::vector<double> ms, step_ms;
+  DataProto edited;
   for (int i = 0; i < (options.quick ? 1 : 3); ++i) {
     absl::Mutex mu;
     std::vector<absl::Time> steps;
     const absl::Time start = absl::Now();
-    DRAY_RETURN_IF_ERROR(controller
-                             ->Edit(row, std::nullopt,
-                                    [&](int64_t, int64_t) {
-                                      absl::MutexLock lock(&mu);
-                                      steps.push_back(absl::Now());
-                                    })
-                             .status());
+    DRAY_ASSIGN_OR_RETURN(edited, controller->Edit(row, std::nullopt, [&](int64_t, int64_t) {
+      absl::MutexLock lock(&mu);
+      steps.push_back(absl::Now());
+    }));
     ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
     absl::MutexLock lock(&mu);
     for (size_t k = 1; k < steps.size(); ++k)
       step_ms.push_back(absl::ToDoubleMilliseconds(steps[k] - steps[k - 1]));
   }
   if (step_ms.empty()) return absl::InternalError("an edit of 2 steps or more reported fewer");
-  return EditLatency{Median(std::move(ms)), Median(std::move(step_ms))};
+  return EditLatency{Median(std::move(ms)), Median(std::move(step_ms)), std::move(edited)};
 }
 
 using Emit = std::function<void(std::string name, double value, std::string unit)>;
@@ -188,6 +192,69 @@ absl::Status MeasureSingleEdits(const EditBenchOptions& options, const DataProto
   return absl::OkStatus();
 }
 
+// PsnrDb: the peak signal-to-noise ratio of `edited`'s image against
+// `exact`'s, in dB (100 for the same pixels).
+absl::StatusOr<double> PsnrDb(const DataProto& edited, const DataProto& exact) {
+  std::vector<at::Tensor> images;
+  for (const DataProto* result : {&edited, &exact}) {
+    DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* rows, result->GetRows<Image>(kEditedColumn));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor rgb, DecodeImage(rows->front().bytes.view()));
+    images.push_back(rgb.to(at::kDouble));
+  }
+  const double mse = (images[0] - images[1]).pow(2).mean().item<double>();
+  return mse == 0 ? 100.0 : 10 * std::log10(255.0 * 255.0 / mse);
+}
+
+// MeanEditScore: the embedded model's held-out edit score (the share of
+// each edit left undone, averaged over the instructions; lower is better)
+// with `step_cache`.
+absl::StatusOr<double> MeanEditScore(qwen_image::QwenImageEditPipeline& pipeline,
+                                     const qwen_image::StepCacheOptions& step_cache) {
+  DRAY_ASSIGN_OR_RETURN(std::vector<SyntheticEditScore> scores,
+                        ScoreSyntheticEdits(pipeline, {}, step_cache));
+  double sum = 0;
+  for (const SyntheticEditScore& score : scores) sum += score.remaining;
+  return sum / scores.size();
+}
+
+// MeasureStepCache: a guided 256^2 edit of `row` (20 steps) with the step
+// cache at several thresholds against the exact one, on one worker: the
+// speedup, the PSNR of its image against the exact image, the share of
+// passes that reused the later blocks; and the embedded model's edit score
+// at each threshold, in this process.
+absl::Status MeasureStepCache(const EditBenchOptions& options, const DataProto& row,
+                              const Emit& emit) {
+  SingleEdit edit;
+  edit.steps = options.quick ? 8 : 20;
+  DRAY_ASSIGN_OR_RETURN(const EditLatency exact, MeasureEdit(options, edit, row));
+  DRAY_ASSIGN_OR_RETURN(ScratchDir embedded, ScratchDir::Create("dray-bench-embedded"));
+  DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(embedded.path()));
+  DRAY_ASSIGN_OR_RETURN(qwen_image::QwenImageModel model,
+                        qwen_image::LoadQwenImageModel(embedded.path(), at::kFloat));
+  qwen_image::QwenImageEditPipeline pipeline(std::move(model));
+  DRAY_ASSIGN_OR_RETURN(const double exact_score, MeanEditScore(pipeline, {}));
+  emit("edit_score_exact", exact_score, "undone");
+  for (const auto& [name, threshold] : std::vector<std::pair<std::string, double>>{
+           {"010", 0.1}, {"020", 0.2}, {"030", 0.3}, {"050", 0.5}}) {
+    SingleEdit cached = edit;
+    cached.overrides = {absl::StrCat("worker.image_edit.step_cache_threshold=", threshold)};
+    DRAY_ASSIGN_OR_RETURN(const EditLatency latency, MeasureEdit(options, cached, row));
+    DRAY_ASSIGN_OR_RETURN(const double psnr, PsnrDb(latency.edited, exact.edited));
+    DRAY_ASSIGN_OR_RETURN(const at::Tensor reused, latency.edited.GetTensor(kReusedPassesColumn));
+    DRAY_ASSIGN_OR_RETURN(const at::Tensor passes,
+                          latency.edited.GetTensor(kTransformerPassesColumn));
+    const std::string prefix = absl::StrCat("edit_step_cache", name);
+    emit(prefix + "_speedup", exact.ms / latency.ms, "x");
+    emit(prefix + "_psnr_db", psnr, "dB");
+    emit(prefix + "_reused_share",
+         reused.sum().item<double>() / std::max<int64_t>(1, passes.sum().item<int64_t>()),
+         "of passes");
+    DRAY_ASSIGN_OR_RETURN(const double score, MeanEditScore(pipeline, {threshold, 2}));
+    emit(prefix + "_edit_score", score, "undone");
+  }
+  return absl::OkStatus();
+}
+
 // Milliseconds times one run of `run`.
 template <typename Fn>
 absl::StatusOr<double> Milliseconds(Fn run) {
@@ -229,6 +296,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunEditBench(const EditBenchOptions& op
   DRAY_ASSIGN_OR_RETURN(DataProto single,
                         MakeEditBatch({images[0]}, {"make the sky purple"}, {42}));
   DRAY_RETURN_IF_ERROR(MeasureSingleEdits(options, single, emit));
+  DRAY_RETURN_IF_ERROR(MeasureStepCache(options, single, emit));
 
   // Latency: a cheap edit (64^2, one step), so the service's few milliseconds
   // stand out of the model's time and this machine's noise.

@@ -97,6 +97,7 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
     total_steps += qwen_image::DenoisingLoops(inputs) * options.num_inference_steps;
   }
   int64_t done_before = 0;
+  std::vector<int64_t> passes, reused;  // each row's loop's, with a step cache
   for (const std::vector<qwen_image::EditInput>& inputs : micro_batches) {
     int64_t done = 0;
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
@@ -106,6 +107,10 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
                             return StopBetweenSteps(done_before + step, total_steps);
                           }));
     done_before += done;
+    for (const qwen_image::EditPasses& row : model_->pipeline->last_edit_passes()) {
+      passes.push_back(row.passes);
+      reused.push_back(row.reused);
+    }
     for (const at::Tensor& image : images) {
       DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));
       edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)),
@@ -113,7 +118,9 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
     }
   }
   if (model_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(model_->MoveParameters(at::kCPU));
-  return DataProto::Make({}, {{kEditedColumn, std::move(edited)}});
+  return DataProto::Make({{kTransformerPassesColumn, at::tensor(passes, at::kLong)},
+                          {kReusedPassesColumn, at::tensor(reused, at::kLong)}},
+                         {{kEditedColumn, std::move(edited)}});
 }
 
 }  // namespace dray

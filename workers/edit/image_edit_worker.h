@@ -7,7 +7,9 @@
 //                                        parameter_bytes, block_model_parameter_bytes
 //                                        (transformer and text encoder) and resident_bytes
 //   edit_images_batch  DP_COMPUTE_PROTO  the columns of edit_batch.h: images and
-//   process_batch      (the same)        instructions in, PNG images out
+//   process_batch      (the same)        instructions in, PNG images out (and
+//                                        each row's transformer passes, those
+//                                        a step cache reused)
 //
 // init_model: rank 0 reads the weights; with fsdp_sync_module_states the
 // other ranks build the model shape-only and receive rank 0's weights (each

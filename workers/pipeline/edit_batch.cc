@@ -288,6 +288,18 @@ absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& co
                         MetaOr<std::string>(meta, "negative_prompt", config.negative_prompt));
   DRAY_ASSIGN_OR_RETURN(int64_t width, MetaOr<int64_t>(meta, "width", 0));
   DRAY_ASSIGN_OR_RETURN(int64_t height, MetaOr<int64_t>(meta, "height", 0));
+  DRAY_ASSIGN_OR_RETURN(options.step_cache.threshold,
+                        MetaOr<double>(meta, "step_cache_threshold", config.step_cache_threshold));
+  options.step_cache.warmup_steps = static_cast<int>(config.step_cache_warmup_steps);
+  if (!(options.step_cache.threshold >= 0 && options.step_cache.threshold <= 10)) {
+    return absl::InvalidArgumentError(absl::StrCat("step_cache_threshold must lie in [0, 10], got ",
+                                                   options.step_cache.threshold));
+  }
+  if (options.step_cache.threshold > 0 && config.enable_fsdp) {
+    return absl::InvalidArgumentError(
+        "step_cache_threshold must be 0 on workers with enable_fsdp (a cached step skips "
+        "blocks, which sharded ranks gather together)");
+  }
   if (steps < 1 || steps > 1000) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_inference_steps must lie in [1, 1000], got ", steps));

@@ -41,6 +41,10 @@ inline constexpr char kImagesColumn[] = "preliminary_edited_images";
 inline constexpr char kInstructionsColumn[] = "re_edit_instructions";
 inline constexpr char kSeedsColumn[] = "seeds";
 inline constexpr char kEditedColumn[] = "final_edited_images";
+// Beside it, each row's denoising loop's transformer passes and those that
+// reused the later blocks (with a step cache; zeros without).
+inline constexpr char kTransformerPassesColumn[] = "transformer_passes";
+inline constexpr char kReusedPassesColumn[] = "reused_passes";
 
 // kMaxPictures: the most input images a row carries (Edit-Plus's).
 inline constexpr int kMaxPictures = qwen_image::kMaxEditPlusImages;

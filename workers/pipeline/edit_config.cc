@@ -49,6 +49,14 @@ absl::Status ImageEditConfig::Validate() const {
     return bad("cfg_parallel_size", "must be 1 or 2 (the prompt's and the negative prompt's pass)");
   if (c.ulysses_degree < 1 || c.ulysses_degree > 64)
     return bad("ulysses_degree", "must lie in [1, 64]");
+  if (!(c.step_cache_threshold >= 0 && c.step_cache_threshold <= 10))
+    return bad("step_cache_threshold", "must lie in [0, 10]");
+  if (c.step_cache_threshold > 0 && c.enable_fsdp) {
+    return bad("step_cache_threshold",
+               "must be 0 with enable_fsdp: a cached step skips blocks, which sharded ranks "
+               "gather together");
+  }
+  if (c.step_cache_warmup_steps < 0) return bad("step_cache_warmup_steps", "must be >= 0");
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(c.fsdp_sharding_strategy);
   if (!strategy.ok())
     return bad("fsdp_sharding_strategy", std::string(strategy.status().message()));
@@ -78,6 +86,8 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "lora_path", c.lora_path, "a path"),
       Key(s + "cfg_parallel_size", c.cfg_parallel_size, "1 or 2"),
       Key(s + "ulysses_degree", c.ulysses_degree, "an integer"),
+      Key(s + "step_cache_threshold", c.step_cache_threshold, "a number"),
+      Key(s + "step_cache_warmup_steps", c.step_cache_warmup_steps, "an integer"),
   };
 }
 

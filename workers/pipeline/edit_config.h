@@ -68,6 +68,11 @@ struct ImageEditConfig {
   // them for heads (Ulysses; QwenImageTransformerImpl::set_sequence_group).
   // The transformer's attention heads must divide by P.
   int64_t ulysses_degree = 1;
+  // > 0: first-block caching of each edit's denoising passes
+  // (qwen_image::StepCache): the largest relative change of the first
+  // block's residual that reuses the other blocks' work. 0: off, exact.
+  double step_cache_threshold = 0;
+  int64_t step_cache_warmup_steps = 2;  // steps computed whole before any reuse
 
   // RanksPerEdit: how many consecutive ranks run each edit together
   // (cfg_parallel_size x ulysses_degree, the Ulysses ranks adjacent).

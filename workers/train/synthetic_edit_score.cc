@@ -21,10 +21,12 @@ double Distance(const at::Tensor& a, const at::Tensor& b) { return (a - b).norm(
 }  // namespace
 
 absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
-    qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes) {
+    qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes,
+    const qwen_image::StepCacheOptions& step_cache) {
   ImageEditConfig config;
   config.UseEmbeddedDefaults();
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(config, {}));
+  options.step_cache = step_cache;
   torch::NoGradGuard no_grad;
   // score edits `inputs` (one per scene) and compares them with `targets`.
   auto score = [&](const std::string& instruction, const std::vector<qwen_image::EditInput>& inputs,

@@ -41,9 +41,10 @@ struct SyntheticEditScore {
 // ScoreSyntheticEdits edits `scenes` by every synthetic instruction (and,
 // for an Edit-Plus model, the two-picture sky edit, last) with the options
 // `dray edit` gives the embedded model (each scene's noise seeded by its
-// own seed) and scores them.
+// own seed), denoising with `step_cache` (default: exact), and scores them.
 absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
-    qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes = {});
+    qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes = {},
+    const qwen_image::StepCacheOptions& step_cache = {});
 
 }  // namespace dray
 

@@ -13,6 +13,7 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
@@ -258,6 +259,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
   DRAY_ASSIGN_OR_RETURN(std::vector<std::vector<size_t>> groups,
                         SameSizeGroups(inputs, options, model_.pipeline));
   std::vector<at::Tensor> results(inputs.size());
+  last_edit_passes_.assign(inputs.size(), {});
   const int steps = options.num_inference_steps;
   const int total = steps * static_cast<int>(groups.size());
   int done_before = 0;
@@ -270,7 +272,9 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Edit(
     }
     torch::NoGradGuard no_grad;
     DRAY_ASSIGN_OR_RETURN(PreparedEdit prepared, Prepare(rows, options));
-    DRAY_ASSIGN_OR_RETURN(at::Tensor latents, Denoise(prepared, options, loop_step));
+    EditPasses passes;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor latents, Denoise(prepared, options, loop_step, passes));
+    for (size_t i : indices) last_edit_passes_[i] = passes;
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
                           Decode(latents, prepared.height, prepared.width));
     done_before += steps;
@@ -476,9 +480,15 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& p
   const Denoiser& denoise = denoiser ? denoiser : DenoiserOf(*model_.transformer);
   const at::Tensor scaled = (timestep / 1000).to(latents.options());
   auto predict = [&](const PromptEmbeddings& text) -> absl::StatusOr<at::Tensor> {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor out, denoise(at::cat({latents, prepared.image_latents}, 1),
-                                                  text, scaled, prepared.shapes));
-    return out.narrow(1, 0, latents.size(1)).to(latents.scalar_type());
+    StepCache* cache = nullptr;
+    if (step_caches_ != nullptr && !denoiser)
+      cache = &(*step_caches_)[&text == &prepared.prompt ? 0 : 1];
+    model_.transformer->set_step_cache(cache);
+    absl::StatusOr<at::Tensor> out =
+        denoise(at::cat({latents, prepared.image_latents}, 1), text, scaled, prepared.shapes);
+    model_.transformer->set_step_cache(nullptr);
+    if (!out.ok()) return out.status();
+    return out->narrow(1, 0, latents.size(1)).to(latents.scalar_type());
   };
   if (!prepared.negative.has_value()) return predict(prepared.prompt);
   if (cfg_group_ != nullptr) {
@@ -497,10 +507,20 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& p
 
 absl::StatusOr<at::Tensor> QwenImageEditPipeline::Denoise(const PreparedEdit& prepared,
                                                           const EditOptions& options,
-                                                          const StepCallback& on_step) {
+                                                          const StepCallback& on_step,
+                                                          EditPasses& passes) {
   const int steps = options.num_inference_steps;
   at::Tensor latents = prepared.noise;
   DRAY_ASSIGN_OR_RETURN(FlowMatchEulerScheduler scheduler, Scheduler(latents.size(1), steps));
+  std::array<StepCache, 2> caches = {StepCache(options.step_cache), StepCache(options.step_cache)};
+  step_caches_ = options.step_cache.threshold > 0 ? &caches : nullptr;
+  const absl::Cleanup done = [&] {
+    step_caches_ = nullptr;
+    for (const StepCache& cache : caches) {
+      passes.passes += cache.passes();
+      passes.reused += cache.reused();
+    }
+  };
   for (int i = 0; i < steps; ++i) {
     const at::Tensor timestep = scheduler.timesteps()[i].expand({latents.size(0)});
     DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,

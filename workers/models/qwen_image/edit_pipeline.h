@@ -34,6 +34,7 @@
 #ifndef DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
 #define DRAY_WORKERS_MODELS_QWEN_IMAGE_EDIT_PIPELINE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -75,6 +76,16 @@ struct EditOptions {
   // Output size; each defaults to the resized input's, and is floored to a
   // multiple of 2 x the VAE's scale factor.
   std::optional<int64_t> width, height;
+  // First-block caching of the denoising loop's passes (threshold 0: off,
+  // the exact result).
+  StepCacheOptions step_cache;
+};
+
+// EditPasses: how many transformer passes a denoising loop ran with a step
+// cache, and how many of them reused the blocks after the first.
+struct EditPasses {
+  int passes = 0;
+  int reused = 0;
 };
 
 // StepCallback: called after each denoising step, with the steps done and
@@ -233,6 +244,10 @@ class QwenImageEditPipeline {
   absl::StatusOr<std::vector<at::Tensor>> Decode(const at::Tensor& latents, int64_t height,
                                                  int64_t width);
 
+  // last_edit_passes: for each input of the last Edit, its denoising
+  // loop's passes (with a step cache; zeros without).
+  const std::vector<EditPasses>& last_edit_passes() const { return last_edit_passes_; }
+
   // set_cfg_group spreads each guided step's two transformer passes over
   // `group`'s two ranks (null: one rank runs both), as xDiT's and
   // vLLM-Omni's CFG parallelism do: rank 0 predicts for the prompt, rank 1
@@ -253,12 +268,17 @@ class QwenImageEditPipeline {
   absl::Status EncodeConditions(ConditionCache& cache, const std::vector<size_t>& entries,
                                 const EditSizes& sizes,
                                 const std::optional<std::string>& negative_prompt);
-  // Denoise runs the flow-matching loop from the prepared noise.
+  // Denoise runs the flow-matching loop from the prepared noise, counting
+  // its passes into `passes`.
   absl::StatusOr<at::Tensor> Denoise(const PreparedEdit& prepared, const EditOptions& options,
-                                     const StepCallback& on_step);
+                                     const StepCallback& on_step, EditPasses& passes);
 
   QwenImageModel model_;
   Communicator* cfg_group_ = nullptr;
+  // During Denoise with a step cache: the prompt's and the negative
+  // prompt's (Velocity hands the transformer the one of its pass).
+  std::array<StepCache, 2>* step_caches_ = nullptr;
+  std::vector<EditPasses> last_edit_passes_;
 };
 
 }  // namespace dray::qwen_image

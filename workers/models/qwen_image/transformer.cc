@@ -489,33 +489,67 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
                  at::ones({batch, image_tokens}, flags), at::zeros({batch, padding}, flags)},
                 1);
   }
-  for (size_t i = 0; i < transformer_blocks_->size(); ++i) {
-    if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
-    TransformerBlockImpl* block = transformer_blocks_[i]->as<TransformerBlockImpl>();
-    if (checkpoint_blocks_) {
-      // Captured by value: the recomputation runs in backward, after forward returned.
-      const std::vector<at::Tensor> outputs = CheckpointedForward(
-          [block, image_rope = image_freqs, text_rope = text_freqs, mask,
-           modulate_index](const std::vector<at::Tensor>& in) {
-            const auto [txt, img] =
-                block->forward(in[0], in[1], in[2], image_rope, text_rope, mask, modulate_index);
-            return std::vector<at::Tensor>{txt, img};
-          },
-          {image, text, temb});
-      text = outputs[0];
-      image = outputs[1];
-    } else {
-      std::tie(text, image) =
-          block->forward(image, text, temb, image_freqs, text_freqs, mask, modulate_index);
-    }
-    if (unit_hooks_ != nullptr) unit_hooks_->AfterUnit(i, {text, image});
+  BlockStreams streams{image, text, temb, image_freqs, text_freqs, mask, modulate_index};
+  if (step_cache_ == nullptr) {
+    RunBlocks(streams, 0, transformer_blocks_->size());
+  } else {
+    // This rank's real image tokens: the first-block residual's.
+    const int64_t first_token = ranks == 1 ? 0 : sequence_group_->rank() * image.size(1);
+    const int64_t real = std::clamp<int64_t>(image_tokens - first_token, 0, image.size(1));
+    DRAY_RETURN_IF_ERROR(RunCachedBlocks(streams, real));
   }
+  image = streams.image;
   if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];
   const std::vector<at::Tensor> scale_shift =
       norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
   image = LayerNorm(image) * (1 + scale_shift[0]).unsqueeze(1) + scale_shift[1].unsqueeze(1);
   const at::Tensor out = proj_out_->forward(image);
   return ranks == 1 ? out : GatherSequence(*sequence_group_, out, image_tokens);
+}
+
+void QwenImageTransformerImpl::RunBlocks(BlockStreams& s, size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    if (unit_hooks_ != nullptr) unit_hooks_->BeforeUnit(i);
+    TransformerBlockImpl* block = transformer_blocks_[i]->as<TransformerBlockImpl>();
+    if (checkpoint_blocks_) {
+      // Captured by value: the recomputation runs in backward, after forward returned.
+      const std::vector<at::Tensor> outputs = CheckpointedForward(
+          [block, image_rope = s.image_freqs, text_rope = s.text_freqs, mask = s.mask,
+           modulate_index = s.modulate_index](const std::vector<at::Tensor>& in) {
+            const auto [txt, img] =
+                block->forward(in[0], in[1], in[2], image_rope, text_rope, mask, modulate_index);
+            return std::vector<at::Tensor>{txt, img};
+          },
+          {s.image, s.text, s.temb});
+      s.text = outputs[0];
+      s.image = outputs[1];
+    } else {
+      std::tie(s.text, s.image) = block->forward(s.image, s.text, s.temb, s.image_freqs,
+                                                 s.text_freqs, s.mask, s.modulate_index);
+    }
+    if (unit_hooks_ != nullptr) unit_hooks_->AfterUnit(i, {s.text, s.image});
+  }
+}
+
+absl::Status QwenImageTransformerImpl::RunCachedBlocks(BlockStreams& s, int64_t real_tokens) {
+  if (unit_hooks_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "transformer: step caching skips blocks, which sharded ranks gather together: "
+        "not with FSDP");
+  }
+  const at::Tensor image_in = s.image;
+  RunBlocks(s, 0, 1);
+  at::Tensor first_residual = (s.image - image_in).narrow(1, 0, real_tokens);
+  DRAY_ASSIGN_OR_RETURN(const bool reuse, step_cache_->Reuse(first_residual, sequence_group_));
+  if (reuse) {
+    s.image = s.image + step_cache_->image_rest();
+    s.text = s.text + step_cache_->text_rest();
+    return absl::OkStatus();
+  }
+  const at::Tensor image_first = s.image, text_first = s.text;
+  RunBlocks(s, 1, transformer_blocks_->size());
+  step_cache_->Store(std::move(first_residual), s.image - image_first, s.text - text_first);
+  return absl::OkStatus();
 }
 
 absl::Status QwenImageTransformerImpl::set_sequence_group(Communicator* group) {

@@ -36,6 +36,7 @@
 #include "runtime/sharding/unit_hooks.h"
 #include "workers/models/json_config.h"
 #include "workers/models/layers.h"
+#include "workers/models/qwen_image/step_cache.h"
 
 namespace dray::qwen_image {
 
@@ -181,12 +182,30 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   // gradients; num_attention_heads must divide by P. null: off. `group`
   // must outlive its use.
   absl::Status set_sequence_group(Communicator* group);
+  // set_step_cache makes each forward run the first block and, where
+  // `cache` says so, reuse what the other blocks added at its last computed
+  // pass instead of running them (StepCache); null: every block runs. Not
+  // with FSDP (its ranks gather each block together). `cache` must outlive
+  // its use.
+  void set_step_cache(StepCache* cache) { step_cache_ = cache; }
 
  private:
   absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
                            const at::Tensor& text_mask, const at::Tensor& timestep,
                            const std::vector<SampleImages>& images) const;
   at::Tensor TimestepEmbedding(const at::Tensor& timestep, at::ScalarType dtype);
+  // BlockStreams: the blocks' running image and text streams, and what
+  // every block reads beside them.
+  struct BlockStreams {
+    at::Tensor image, text;
+    at::Tensor temb, image_freqs, text_freqs, mask, modulate_index;
+  };
+  // RunBlocks runs blocks [begin, end) on `streams`.
+  void RunBlocks(BlockStreams& streams, size_t begin, size_t end);
+  // RunCachedBlocks runs the first block, then the others or what
+  // step_cache_ kept of them; `real_tokens`: this rank's image tokens that
+  // are not padding.
+  absl::Status RunCachedBlocks(BlockStreams& streams, int64_t real_tokens);
 
   TransformerConfig config_;
   Rope rope_;
@@ -198,6 +217,7 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   UnitHooks* unit_hooks_ = nullptr;
   bool checkpoint_blocks_ = false;
   Communicator* sequence_group_ = nullptr;
+  StepCache* step_cache_ = nullptr;
 };
 TORCH_MODULE(QwenImageTransformer);
 
