@@ -102,16 +102,16 @@ void AddSpeedFlags(CLI::App* command, EditCommands::Flags& f) {
   command
       ->add_option("--cfg-parallel-size", f.cfg_parallel_size,
                    "2: each edit's prompt and negative-prompt passes on two workers at once "
-                   "(cfg_parallel_size; needs guidance to pay)")
+                   "(cfg_parallel_size; needs guidance to pay; --workers a multiple of 2)")
       ->check(CLI::Range(1, 2));
   command
       ->add_option("--ulysses-degree", f.ulysses_degree,
                    "split each edit's image tokens over this many workers (ulysses_degree; "
-                   "sequence parallelism, for large images)")
+                   "sequence parallelism, for large images; --workers a multiple of it)")
       ->check(CLI::Range(1, 64));
   command->add_option("--step-cache-threshold", f.step_cache_threshold,
                       "reuse the transformer's later blocks on steps whose first block changed "
-                      "less than this (step_cache_threshold; e.g. 0.1; 0: exact)");
+                      "less than this (step_cache_threshold; e.g. 0.3; 0: exact)");
 }
 
 // ResolveEditConfig: the file, the overrides, then the shortcut flags.
@@ -195,7 +195,8 @@ int EditLocally(const EditCommands::Flags& f) {
 
 int EditOnServer(const EditCommands::Flags& f) {
   if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || !f.lora.empty() ||
-      f.image_size || f.edit->count("--workers") > 0) {
+      f.image_size || f.edit->count("--workers") > 0 || f.cfg_parallel_size || f.ulysses_degree ||
+      f.step_cache_threshold) {
     return Fail(
         "edit",
         absl::InvalidArgumentError(

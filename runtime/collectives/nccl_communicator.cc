@@ -137,7 +137,8 @@ class NcclCommunicator final : public Communicator {
     const size_t part_bytes = count * input.element_size();
     const char* sent = static_cast<const char*>(input.data_ptr());
     char* received = static_cast<char*>(output.data_ptr());
-    ncclResult_t result = ncclGroupStart();
+    DRAY_RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "all_to_all"));
+    ncclResult_t result = ncclSuccess;
     for (int peer = 0; peer < world_size() && result == ncclSuccess; ++peer) {
       result = ncclSend(sent + peer * part_bytes, count, type, peer, comm_, stream_);
       if (result == ncclSuccess)

@@ -154,8 +154,8 @@ absl::StatusOr<DispatchPlan> MethodDispatcher::Plan(const v1::MethodInfo& info,
   if (!plan.ok()) return plan.status();
   if (static_cast<int>(plan->per_rank.size()) != groups) {
     return absl::InternalError(absl::StrCat("dispatch mode ", mode.name, " planned ",
-                                            plan->per_rank.size(), " ranks for a group of ",
-                                            groups));
+                                            plan->per_rank.size(), " inputs for ", groups,
+                                            " rank groups"));
   }
   std::vector<std::shared_ptr<const DataProto>> per_group = std::move(plan->per_rank);
   plan->per_rank.clear();

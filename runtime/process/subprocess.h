@@ -103,10 +103,10 @@ absl::StatusOr<int> PickFreePort(const std::string& host = "127.0.0.1");
 // Slurm, a cgroup cpuset or taskset may have narrowed), at least 1.
 int UsableCores();
 
-// AddCpuShareEnv adds to `env` (a child's, see SubprocessOptions::env) how
-// a worker sharing this machine's usable cores with `sharing` processes in
-// all computes, each variable unless this process's environment or `env`
-// already sets it: OMP_NUM_THREADS = cores / sharing, as torchrun does (no
+// AddCpuShareEnv adds to `env` (a child's, see SubprocessOptions::env) the
+// variables that set how a worker computes when `sharing` processes in all
+// share this machine's usable cores, each unless this process's
+// environment or `env` already sets it: OMP_NUM_THREADS = cores / sharing, as torchrun does (no
 // oversubscribed cores), and OMP_WAIT_POLICY=PASSIVE (LibTorch's OpenMP
 // threads otherwise spin after each parallel region, on the cores its BLAS's
 // own threads multiply on: one edit on 2 cores took 1.8x as long).

@@ -111,7 +111,6 @@ TEST(BenchCliTest, PrintsEveryEditFigure) {
                            "attention_training_slowdown",
                            "step_ms_256",
                            "step_ms_512",
-                           "step_ms_1024",
                            "edit_single_ms_w1",
                            "edit_step_ms_w1",
                            "edit_single_ms_cfg2",

@@ -40,7 +40,7 @@ double MedianSeconds(int repetitions, const std::function<void()>& run) {
 class AttentionBench {
  public:
   AttentionBench(bool quick, BenchReporter report)
-      : repetitions_(quick ? 1 : 3), report_(std::move(report)) {}
+      : quick_(quick), repetitions_(quick ? 1 : 3), report_(std::move(report)) {}
 
   void MeasureAttention() {
     const int64_t n = 2048;
@@ -80,7 +80,8 @@ class AttentionBench {
     qwen_image::QwenImageTransformer model(preset.transformer);
     for (at::Tensor& parameter : model->parameters()) parameter.normal_(0, 0.02);
     const int64_t batch = 2;  // the prompt and the negative prompt
-    for (int64_t pixels : {256, 512, 1024}) {
+    for (int64_t pixels :
+         quick_ ? std::vector<int64_t>{256, 512} : std::vector<int64_t>{256, 512, 1024}) {
       const qwen_image::ImageShape image = {1, pixels / kPixelsPerToken, pixels / kPixelsPerToken};
       const at::Tensor latents =
           at::randn({batch, 2 * image[1] * image[2], preset.transformer.in_channels});
@@ -106,6 +107,7 @@ class AttentionBench {
     if (report_) report_(metrics_.back());
   }
 
+  bool quick_;
   int repetitions_;
   BenchReporter report_;
   std::vector<BenchMetric> metrics_;

@@ -12,7 +12,8 @@
 //                                 (blockwise, out of place) over the inference one
 //   step_ms_256, _512, _1024      one guided denoising step (a batch of 2) of the
 //                                 embedded transformer at the token counts of a
-//                                 256, 512 and 1024 pixel square edit
+//                                 256, 512 and 1024 pixel square edit (not 1024
+//                                 with --quick)
 #ifndef DRAY_WORKERS_BENCH_ATTENTION_BENCH_H_
 #define DRAY_WORKERS_BENCH_ATTENTION_BENCH_H_
 

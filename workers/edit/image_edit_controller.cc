@@ -15,6 +15,24 @@ namespace dray {
 ImageEditController::ImageEditController(ImageEditConfig config, Options options)
     : config_(std::move(config)), options_(std::move(options)) {}
 
+namespace {
+
+// CheckUlyssesHeads: whether the transformer in `model_path` has attention
+// heads that config.ulysses_degree divides.
+absl::Status CheckUlyssesHeads(const ImageEditConfig& config, const std::string& model_path) {
+  if (config.ulysses_degree == 1) return absl::OkStatus();
+  DRAY_ASSIGN_OR_RETURN(
+      qwen_image::TransformerConfig transformer,
+      qwen_image::TransformerConfig::FromFile(model_path + "/transformer/config.json"));
+  if (transformer.num_attention_heads % config.ulysses_degree == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(kConfigSection, ".ulysses_degree ", config.ulysses_degree,
+                   " does not divide the transformer's ", transformer.num_attention_heads,
+                   " attention heads (", model_path, ")"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     const ImageEditConfig& config, Options options) {
   const int64_t ranks = static_cast<int64_t>(options.nodes) * options.workers;
@@ -32,15 +50,7 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(controller->embedded_->path()));
     model_path = controller->embedded_->path();
   }
-  DRAY_ASSIGN_OR_RETURN(
-      qwen_image::TransformerConfig transformer,
-      qwen_image::TransformerConfig::FromFile(model_path + "/transformer/config.json"));
-  if (transformer.num_attention_heads % config.ulysses_degree != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kConfigSection, ".ulysses_degree ", config.ulysses_degree,
-                     " does not divide the transformer's ", transformer.num_attention_heads,
-                     " attention heads (", model_path, ")"));
-  }
+  DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
                         BpeTokenizer::FromDirectory(model_path + "/tokenizer"));
   DRAY_ASSIGN_OR_RETURN(controller->pipeline_, EditPipelineKindOf(config));

@@ -1,6 +1,8 @@
 #include "workers/edit/image_edit_worker.h"
 
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,12 +58,32 @@ absl::Status QwenImageEditWorker::StopBetweenSteps(int64_t done, int64_t steps) 
                       absl::StrCat(stop.message(), "; stopped after step ", done, " of ", steps));
 }
 
+namespace {
+
+// RowsFingerprint: a hash of the rows' instructions, seeds and pixels, the
+// same in every process of one build (std::hash is not salted).
+int64_t RowsFingerprint(const std::vector<EditRow>& rows) {
+  size_t hash = rows.size();
+  auto mix = [&hash](std::string_view bytes) {
+    hash = (hash * 1099511628211u) ^ std::hash<std::string_view>{}(bytes);
+  };
+  for (const EditRow& row : rows) {
+    mix(row.instruction);
+    mix(std::string_view(reinterpret_cast<const char*>(&row.seed), sizeof(row.seed)));
+    for (const at::Tensor& image : row.images) {
+      const at::Tensor pixels = image.contiguous();
+      mix(std::string_view(static_cast<const char*>(pixels.data_ptr()), pixels.nbytes()));
+    }
+  }
+  return static_cast<int64_t>(hash);
+}
+
+}  // namespace
+
 absl::Status QwenImageEditWorker::CheckSameRows(const std::vector<EditRow>& rows) {
   Communicator& group = *model_->edit_group;
-  uint64_t seeds = 0;
-  for (const EditRow& row : rows) seeds = seeds * 1000003 + row.seed;
   const at::Tensor mine =
-      at::tensor({static_cast<int64_t>(rows.size()), static_cast<int64_t>(seeds)}, at::kLong);
+      at::tensor({static_cast<int64_t>(rows.size()), RowsFingerprint(rows)}, at::kLong);
   at::Tensor all = at::empty({group.world_size(), 2}, at::kLong);
   DRAY_RETURN_IF_ERROR(group.AllGather(mine, all));
   if (at::equal(all, mine.expand_as(all))) return absl::OkStatus();
@@ -118,8 +140,15 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
     }
   }
   if (model_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(model_->MoveParameters(at::kCPU));
-  return DataProto::Make({{kTransformerPassesColumn, at::tensor(passes, at::kLong)},
-                          {kReusedPassesColumn, at::tensor(reused, at::kLong)}},
+  at::Tensor counts = at::stack({at::tensor(passes, at::kLong), at::tensor(reused, at::kLong)});
+  if (model_->edit_group != nullptr) {
+    // Each CFG branch counted its own passes, each of its Ulysses ranks the
+    // same ones; the first rank answers for the edit.
+    if (counts.numel() > 0) DRAY_RETURN_IF_ERROR(model_->edit_group->AllReduce(counts));
+    counts = counts.div(model_->config.ulysses_degree, "floor");
+    if (model_->edit_group->rank() != 0) return DataProto();
+  }
+  return DataProto::Make({{kTransformerPassesColumn, counts[0]}, {kReusedPassesColumn, counts[1]}},
                          {{kEditedColumn, std::move(edited)}});
 }
 

@@ -112,8 +112,8 @@ absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, cons
 
 namespace {
 
-// JoinEditGroups makes `model`'s edit and CFG groups, from consecutive
-// ranks, and hands the CFG pair to its pipeline.
+// JoinEditGroups makes `model`'s edit, CFG and Ulysses groups from
+// consecutive ranks, and hands them to its pipeline and transformer.
 absl::Status JoinEditGroups(EditModel& model, Worker& worker) {
   const int size = static_cast<int>(model.config.RanksPerEdit());
   if (size == 1) return absl::OkStatus();
@@ -126,24 +126,24 @@ absl::Status JoinEditGroups(EditModel& model, Worker& worker) {
   // first + r x ulysses_degree on.
   const int first = worker.rank() / size * size, ulysses = model.config.ulysses_degree;
   const int branch = (worker.rank() - first) / ulysses, part = (worker.rank() - first) % ulysses;
-  auto consecutive = [](int from, int count, int stride) {
+  auto every = [](int from, int count, int stride) {
     std::vector<int> ranks;
     for (int i = 0; i < count; ++i) ranks.push_back(from + i * stride);
     return ranks;
   };
   DRAY_ASSIGN_OR_RETURN(Communicator * world, worker.comm());
-  DRAY_ASSIGN_OR_RETURN(model.edit_group, world->Subgroup(consecutive(first, size, 1), "edit"));
+  DRAY_ASSIGN_OR_RETURN(model.edit_group, world->Subgroup(every(first, size, 1), "edit"));
   DRAY_ASSIGN_OR_RETURN(Communicator * devices,
                         model.device.is_cuda() ? worker.device_comm() : worker.comm());
   if (model.config.cfg_parallel_size == 2) {
     DRAY_ASSIGN_OR_RETURN(model.cfg_group,
-                          devices->Subgroup(consecutive(first + part, 2, ulysses), "cfg"));
+                          devices->Subgroup(every(first + part, 2, ulysses), "cfg"));
     model.pipeline->set_cfg_group(model.cfg_group.get());
   }
   if (ulysses > 1) {
     DRAY_ASSIGN_OR_RETURN(
         model.sequence_group,
-        devices->Subgroup(consecutive(first + branch * ulysses, ulysses, 1), "ulysses"));
+        devices->Subgroup(every(first + branch * ulysses, ulysses, 1), "ulysses"));
     DRAY_RETURN_IF_ERROR(model.model().transformer->set_sequence_group(model.sequence_group.get()));
   }
   return absl::OkStatus();

@@ -40,12 +40,12 @@ struct EditModel {
   at::Device device{at::kCPU};
   // Declared before the pipeline, whose models call them: destroyed after it.
   std::unique_ptr<FullyShardedModule> transformer_shards, text_encoder_shards;
-  std::unique_ptr<qwen_image::QwenImageEditPipeline> pipeline;
   // The config.RanksPerEdit() consecutive ranks that run each edit together
   // (null when one): all of them, over the CPU communicator (they agree on
   // their inputs and on stopping), the CFG pair and the Ulysses ranks, over
   // the device's.
   std::unique_ptr<Communicator> edit_group, cfg_group, sequence_group;
+  std::unique_ptr<qwen_image::QwenImageEditPipeline> pipeline;
 
   qwen_image::QwenImageModel& model() { return pipeline->model(); }
   bool sharded() const { return transformer_shards != nullptr; }

@@ -480,18 +480,19 @@ absl::StatusOr<at::Tensor> QwenImageEditPipeline::Velocity(const PreparedEdit& p
   const Denoiser& denoise = denoiser ? denoiser : DenoiserOf(*model_.transformer);
   const at::Tensor scaled = (timestep / 1000).to(latents.options());
   auto predict = [&](const PromptEmbeddings& text) -> absl::StatusOr<at::Tensor> {
-    StepCache* cache = nullptr;
-    if (step_caches_ != nullptr && !denoiser)
-      cache = &(*step_caches_)[&text == &prepared.prompt ? 0 : 1];
-    model_.transformer->set_step_cache(cache);
-    absl::StatusOr<at::Tensor> out =
-        denoise(at::cat({latents, prepared.image_latents}, 1), text, scaled, prepared.shapes);
-    model_.transformer->set_step_cache(nullptr);
-    if (!out.ok()) return out.status();
-    return out->narrow(1, 0, latents.size(1)).to(latents.scalar_type());
+    // Edits (Denoise) cache the model's own transformer's passes, if asked.
+    const bool cached = step_caches_ != nullptr && !denoiser;
+    if (cached)
+      model_.transformer->set_step_cache(&(*step_caches_)[&text == &prepared.prompt ? 0 : 1]);
+    const absl::Cleanup no_cache = [&] {
+      if (cached) model_.transformer->set_step_cache(nullptr);
+    };
+    DRAY_ASSIGN_OR_RETURN(at::Tensor out, denoise(at::cat({latents, prepared.image_latents}, 1),
+                                                  text, scaled, prepared.shapes));
+    return out.narrow(1, 0, latents.size(1)).to(latents.scalar_type());
   };
   if (!prepared.negative.has_value()) return predict(prepared.prompt);
-  if (cfg_group_ != nullptr) {
+  if (cfg_group_ != nullptr && !denoiser) {
     const bool negative_side = cfg_group_->rank() == 1;
     DRAY_ASSIGN_OR_RETURN(at::Tensor own,
                           predict(negative_side ? *prepared.negative : prepared.prompt));

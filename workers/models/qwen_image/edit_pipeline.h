@@ -48,6 +48,7 @@
 #include "runtime/collectives/communicator.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/scheduler.h"
+#include "workers/models/qwen_image/step_cache.h"
 
 namespace dray::qwen_image {
 
@@ -254,7 +255,8 @@ class QwenImageEditPipeline {
   // for the negative prompt, both gather the two and combine them as one
   // rank would, so both hold the same latents, bit for bit those of one
   // rank. Both ranks must run the same rows; without guidance each
-  // predicts for the prompt alone. `group` must outlive the pipeline's use.
+  // predicts for the prompt alone. Velocity with a `denoiser` of its own
+  // (RL's reference) runs both passes here. `group` must outlive the pipeline's use.
   void set_cfg_group(Communicator* group) { cfg_group_ = group; }
 
   QwenImageModel& model() { return model_; }

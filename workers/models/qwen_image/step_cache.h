@@ -25,8 +25,8 @@ struct StepCacheOptions {
   // Largest relative L1 change of the first-block residual that reuses the
   // other blocks' (0: never reuse, the exact result).
   double threshold = 0;
-  // Passes always computed at the start of the loop.
-  int warmup_steps = 1;
+  // Steps (this cache's passes) always computed at the start of the loop.
+  int warmup_steps = 2;
 };
 
 class StepCache {

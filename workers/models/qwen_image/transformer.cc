@@ -49,11 +49,12 @@ at::Tensor SequencePart(const at::Tensor& x, int64_t dim, int rank, int ranks) {
 
 // GatherSequence: every rank's part [B, part, C] of a sequence of `length`,
 // whole, on every rank.
-at::Tensor GatherSequence(Communicator& group, const at::Tensor& part, int64_t length) {
+absl::StatusOr<at::Tensor> GatherSequence(Communicator& group, const at::Tensor& part,
+                                          int64_t length) {
   const at::Tensor mine = part.contiguous();
   at::Tensor all =
       at::empty({group.world_size(), mine.size(0), mine.size(1), mine.size(2)}, mine.options());
-  CheckCollective(group.AllGather(mine, all));
+  DRAY_RETURN_IF_ERROR(group.AllGather(mine, all));
   return all.permute({1, 0, 2, 3}).flatten(1, 2).narrow(1, 0, length);
 }
 
@@ -504,7 +505,8 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
       norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);
   image = LayerNorm(image) * (1 + scale_shift[0]).unsqueeze(1) + scale_shift[1].unsqueeze(1);
   const at::Tensor out = proj_out_->forward(image);
-  return ranks == 1 ? out : GatherSequence(*sequence_group_, out, image_tokens);
+  if (ranks == 1) return out;
+  return GatherSequence(*sequence_group_, out, image_tokens);
 }
 
 void QwenImageTransformerImpl::RunBlocks(BlockStreams& s, size_t begin, size_t end) {
