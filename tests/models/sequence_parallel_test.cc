@@ -18,8 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/collectives/local_group.h"
-#include "tests/models/reference.h"
-#include "workers/models/component_weights.h"
+#include "tests/models/reference_transformer.h"
 #include "workers/models/qwen_image/transformer.h"
 
 namespace dray::qwen_image {
@@ -27,15 +26,6 @@ namespace {
 
 using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
-
-absl::StatusOr<QwenImageTransformer> LoadModel(const std::string& folder, bool zero_cond_t) {
-  DRAY_ASSIGN_OR_RETURN(TransformerConfig config,
-                        TransformerConfig::FromFile(ReferencePath(folder + "/config.json")));
-  config.zero_cond_t = zero_cond_t;
-  QwenImageTransformer model(config, at::TensorOptions().dtype(at::kFloat));
-  DRAY_RETURN_IF_ERROR(LoadStateDict(*model, OpenComponentWeights(ReferencePath(folder)).value()));
-  return model;
-}
 
 // Inputs: two samples whose target and condition images cover 5 x 3 tokens
 // each (30 in all: no group of 4 divides them), the second with padded text.
@@ -60,7 +50,7 @@ Inputs MakeInputs(const TransformerConfig& config) {
 // and returns the largest difference any rank's output has from one rank's.
 double LargestDifference(const std::string& folder, int ranks, bool zero_cond_t) {
   torch::NoGradGuard no_grad;
-  QwenImageTransformer whole = LoadModel(folder, zero_cond_t).value();
+  QwenImageTransformer whole = LoadReferenceTransformer(folder, zero_cond_t).value();
   const Inputs in = MakeInputs(whole->config());
   const at::Tensor expected =
       whole->forward(in.hidden, in.text, in.text_mask, in.timestep, in.images).value();
@@ -68,7 +58,8 @@ double LargestDifference(const std::string& folder, int ranks, bool zero_cond_t)
   const absl::Status run = RunLocalGroup(ranks, [&](int rank, Communicator* comm) -> absl::Status {
     UseOneCpuThreadPerCaller();
     torch::NoGradGuard no_grad;
-    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer model, LoadModel(folder, zero_cond_t));
+    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer model,
+                          LoadReferenceTransformer(folder, zero_cond_t));
     DRAY_RETURN_IF_ERROR(model->set_sequence_group(comm));
     DRAY_ASSIGN_OR_RETURN(at::Tensor out,
                           model->forward(in.hidden, in.text, in.text_mask, in.timestep, in.images));
@@ -94,11 +85,12 @@ TEST(SequenceParallelTest, ThreeHeadsOverThreeRanks) {
 
 TEST(SequenceParallelTest, RefusesHeadsThatDoNotDivideAndGradients) {
   DRAY_EXPECT_OK(RunLocalGroup(2, [](int, Communicator* comm) -> absl::Status {
-    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer tiny, LoadModel("transformer_tiny", false));
+    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer tiny, LoadReferenceTransformer("transformer_tiny"));
     EXPECT_THAT(tiny->set_sequence_group(comm),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          HasSubstr("needs the attention heads (3) to divide by it")));
-    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer small, LoadModel("transformer_small", false));
+    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer small,
+                          LoadReferenceTransformer("transformer_small"));
     DRAY_RETURN_IF_ERROR(small->set_sequence_group(comm));
     const Inputs in = MakeInputs(small->config());
     EXPECT_THAT(small->forward(in.hidden, in.text, in.text_mask, in.timestep, in.images),

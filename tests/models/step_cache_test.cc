@@ -14,23 +14,12 @@
 #include "base/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "runtime/collectives/local_group.h"
-#include "tests/models/reference.h"
-#include "workers/models/component_weights.h"
+#include "tests/models/reference_transformer.h"
 #include "workers/models/qwen_image/step_cache.h"
 #include "workers/models/qwen_image/transformer.h"
 
 namespace dray::qwen_image {
 namespace {
-
-absl::StatusOr<QwenImageTransformer> SmallModel() {
-  DRAY_ASSIGN_OR_RETURN(
-      TransformerConfig config,
-      TransformerConfig::FromFile(ReferencePath("transformer_small/config.json")));
-  QwenImageTransformer model(config, at::TensorOptions().dtype(at::kFloat));
-  DRAY_RETURN_IF_ERROR(
-      LoadStateDict(*model, OpenComponentWeights(ReferencePath("transformer_small")).value()));
-  return model;
-}
 
 // Passes: the latents of a few neighbouring steps (each a little away from
 // the last, as a denoising loop's are), then one far away.
@@ -66,7 +55,8 @@ std::vector<at::Tensor> RunPasses(QwenImageTransformer& model, const Passes& p, 
 }
 
 TEST(StepCacheTest, ThresholdZeroIsTheExactPass) {
-  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer model, SmallModel());
+  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer model,
+                            LoadReferenceTransformer("transformer_small"));
   const Passes p = MakePasses(model->config());
   const std::vector<at::Tensor> exact = RunPasses(model, p, nullptr);
   StepCache cache({/*threshold=*/0, /*warmup_steps=*/0});
@@ -79,7 +69,8 @@ TEST(StepCacheTest, ThresholdZeroIsTheExactPass) {
 // After one warm-up pass, the neighbouring passes reuse the later blocks
 // (close to, not equal to, the exact output); the far one computes them.
 TEST(StepCacheTest, NeighbouringPassesReuseTheLaterBlocksAndAFarOneComputesThem) {
-  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer model, SmallModel());
+  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer model,
+                            LoadReferenceTransformer("transformer_small"));
   const Passes p = MakePasses(model->config());
   const std::vector<at::Tensor> exact = RunPasses(model, p, nullptr);
   StepCache cache({/*threshold=*/0.2, /*warmup_steps=*/1});
@@ -97,13 +88,15 @@ TEST(StepCacheTest, NeighbouringPassesReuseTheLaterBlocksAndAFarOneComputesThem)
 // Two sequence-parallel ranks see parts of the residual, sum them, and so
 // reuse on the same passes as one rank, with its outputs within 1e-5.
 TEST(StepCacheTest, SequenceParallelRanksDecideAsOneRank) {
-  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer whole, SmallModel());
+  DRAY_ASSERT_OK_AND_ASSIGN(QwenImageTransformer whole,
+                            LoadReferenceTransformer("transformer_small"));
   const Passes p = MakePasses(whole->config());
   StepCache one_rank({0.2, 1});
   const std::vector<at::Tensor> expected = RunPasses(whole, p, &one_rank);
   DRAY_EXPECT_OK(RunLocalGroup(2, [&](int rank, Communicator* comm) -> absl::Status {
     UseOneCpuThreadPerCaller();
-    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer model, SmallModel());
+    DRAY_ASSIGN_OR_RETURN(QwenImageTransformer model,
+                          LoadReferenceTransformer("transformer_small"));
     DRAY_RETURN_IF_ERROR(model->set_sequence_group(comm));
     StepCache cache({0.2, 1});
     const std::vector<at::Tensor> outputs = RunPasses(model, p, &cache);

@@ -12,8 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/io/safetensors.h"
-#include "tests/models/reference.h"
-#include "workers/models/component_weights.h"
+#include "tests/models/reference_transformer.h"
 #include "workers/models/lora.h"
 #include "workers/models/qwen_image/transformer.h"
 
@@ -24,13 +23,9 @@ using ::dray::testing::StatusIs;
 
 // LoadModel builds the reference model of `folder`.
 QwenImageTransformer LoadModel(const std::string& folder) {
-  auto parsed = TransformerConfig::FromFile(ReferencePath(folder + "/config.json"));
-  EXPECT_TRUE(parsed.ok()) << parsed.status();
-  QwenImageTransformer model(*parsed, at::TensorOptions().dtype(at::kFloat));
-  const absl::Status loaded =
-      LoadStateDict(*model, OpenComponentWeights(ReferencePath(folder)).value());
-  EXPECT_TRUE(loaded.ok()) << loaded;
-  return model;
+  absl::StatusOr<QwenImageTransformer> model = LoadReferenceTransformer(folder);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
 }
 
 TEST(TransformerTest, RejectsBadInputsWithTheirShapes) {
