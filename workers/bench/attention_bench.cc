@@ -15,6 +15,7 @@
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/transformer.h"
+#include "workers/models/qwen_image/vae.h"
 
 namespace dray {
 namespace {
@@ -99,6 +100,30 @@ class AttentionBench {
     return absl::OkStatus();
   }
 
+  // MeasureVae: one image of each size through the embedded model's VAE,
+  // each way, to set beside the steps.
+  absl::Status MeasureVae() {
+    torch::NoGradGuard no_grad;
+    DRAY_ASSIGN_OR_RETURN(qwen_image::ModelPreset preset, qwen_image::PresetNamed("embedded"));
+    qwen_image::AutoencoderKLQwenImage vae(preset.vae);
+    for (at::Tensor& parameter : vae->parameters()) parameter.normal_(0, 0.02);
+    const int64_t scale = preset.vae.spatial_compression();
+    for (int64_t pixels : {256, 512}) {
+      const at::Tensor image = at::rand({1, 3, 1, pixels, pixels}) * 2 - 1;
+      const at::Tensor latents =
+          at::randn({1, preset.vae.z_dim, 1, pixels / scale, pixels / scale});
+      absl::Status status;
+      const double encode =
+          MedianSeconds(repetitions_, [&] { status.Update(vae->Encode(image).status()); });
+      const double decode =
+          MedianSeconds(repetitions_, [&] { status.Update(vae->Decode(latents).status()); });
+      DRAY_RETURN_IF_ERROR(status);
+      Emit(absl::StrCat("vae_encode_ms_", pixels), encode * 1e3, "ms");
+      Emit(absl::StrCat("vae_decode_ms_", pixels), decode * 1e3, "ms");
+    }
+    return absl::OkStatus();
+  }
+
   std::vector<BenchMetric> metrics() && { return std::move(metrics_); }
 
  private:
@@ -120,6 +145,7 @@ absl::StatusOr<std::vector<BenchMetric>> RunAttentionBench(bool quick,
   AttentionBench bench(quick, report);
   bench.MeasureAttention();
   DRAY_RETURN_IF_ERROR(bench.MeasureSteps());
+  DRAY_RETURN_IF_ERROR(bench.MeasureVae());
   return std::move(bench).metrics();
 }
 

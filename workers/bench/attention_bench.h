@@ -1,6 +1,6 @@
 // The single-rank speed of one edit on this CPU, part of `dray bench --suite
-// edit`: how close attention comes to the machine's matrix multiply, and one
-// denoising step at the sizes people edit at.
+// edit`: how close attention comes to the machine's matrix multiply, one
+// denoising step and the VAE at the sizes people edit at.
 //   matmul_gflops                 at::mm of two 2048 x 2048 float32 matrices
 //   attention_gflops              DotProductAttention at a 1024 x 1024 edit's
 //                                 token count (two images of 64 x 64 tokens and
@@ -14,6 +14,8 @@
 //                                 embedded transformer at the token counts of a
 //                                 256, 512 and 1024 pixel square edit (not 1024
 //                                 with --quick)
+//   vae_encode_ms_256, _512       one image into latents by the embedded VAE
+//   vae_decode_ms_256, _512       and latents back into one image
 #ifndef DRAY_WORKERS_BENCH_ATTENTION_BENCH_H_
 #define DRAY_WORKERS_BENCH_ATTENTION_BENCH_H_
 
