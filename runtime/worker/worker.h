@@ -80,6 +80,12 @@ struct MethodOptions {
   // splits batches unevenly instead of padding them, and calls only the
   // ranks that get rows (see DispatchOptions).
   bool rows_independent = false;
+  // Its ranks run collectives together (sharded models, the ranks of one
+  // edit). The worker refuses a stopped call before it starts, unless the
+  // method is collective: a rank that skipped it would leave the others
+  // waiting in their first collective. A collective method decides itself,
+  // e.g. with StopRequestedOnAnyRank before its first other collective.
+  bool collective = false;
 };
 
 using MethodFn = std::function<absl::StatusOr<DataProto>(const DataProto& input)>;

@@ -62,6 +62,10 @@ absl::StatusOr<DataProto> WorkerHost::Execute(absl::string_view role, absl::stri
     }
   } scope{workers_};
   for (const auto& [role, worker] : workers_) worker->set_call_hooks(hooks);
+  if (absl::Status stop = hooks.stop ? hooks.stop() : absl::OkStatus();
+      !stop.ok() && !found.second->options.collective) {
+    return absl::Status(stop.code(), absl::StrCat(where, ": not started: ", stop.message()));
+  }
   try {
     absl::StatusOr<DataProto> result = found.second->fn(input);
     if (!result.ok()) {

@@ -37,7 +37,9 @@ class WorkerHost {
                                                             int rank);
 
   // Execute runs `method` of `role` (empty: whichever role has the method)
-  // with `hooks` to its caller (progress reports, stop requests).
+  // with `hooks` to its caller (progress reports, stop requests). Calls run
+  // one at a time; one whose stop is requested by its turn is refused
+  // ("not started"), unless its method is collective (MethodOptions).
   absl::StatusOr<DataProto> Execute(absl::string_view role, absl::string_view method,
                                     const DataProto& input, const CallHooks& hooks = {});
 

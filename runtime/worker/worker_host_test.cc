@@ -34,6 +34,9 @@ class Counter : public Worker {
     per_row.dispatch_mode = kDpComputeProto;
     per_row.rows_independent = true;
     Def("shared", &Counter::Count, per_row);
+    MethodOptions collective;
+    collective.collective = true;
+    Def("together", &Counter::SeeStop, collective);
   }
   absl::StatusOr<DataProto> Count() {
     for (int step = 1; step <= 2; ++step) {
@@ -41,6 +44,10 @@ class Counter : public Worker {
       ReportProgress("count", step, 2);
     }
     return DataProto::Make({}, {}, {{"calls", ++calls_}});
+  }
+  // SeeStop starts and says whether it was asked to stop.
+  absl::StatusOr<DataProto> SeeStop() {
+    return DataProto::Make({}, {}, {{"stopped", StopRequested().ok() ? 0 : 1}});
   }
   absl::StatusOr<DataProto> Fail() { return absl::NotFoundError("nothing here"); }
   absl::StatusOr<DataProto> Throw() { throw std::runtime_error("broke"); }
@@ -119,6 +126,18 @@ TEST(WorkerHostTest, AStopRequestEndsTheCallWithItsReason) {
   DRAY_EXPECT_OK(host->Execute("", "count", DataProto()).status());  // no stop: runs through
 }
 
+TEST(WorkerHostTest, AStoppedCallStartsOnlyIfItsMethodIsCollective) {
+  auto host = Host();
+  CallHooks cancelled;
+  cancelled.stop = [] { return absl::CancelledError("the caller gave up"); };
+  EXPECT_THAT(host->Execute("", "count", DataProto(), cancelled),
+              StatusIs(absl::StatusCode::kCancelled,
+                       HasSubstr("rank 3, counter.count: not started: the caller gave up")));
+  // Its group's other ranks may have started: it starts, to stop with them.
+  DRAY_ASSERT_OK_AND_ASSIGN(DataProto seen, host->Execute("", "together", DataProto(), cancelled));
+  EXPECT_EQ(seen.GetMeta<int64_t>("stopped").value(), 1);
+}
+
 TEST(WorkerHostTest, DescribePublishesEveryMethodWithItsOptions) {
   const v1::MethodTable table = Host()->Describe();
   EXPECT_EQ(table.rank(), 3);
@@ -131,7 +150,7 @@ TEST(WorkerHostTest, DescribePublishesEveryMethodWithItsOptions) {
     }
   }
   EXPECT_THAT(names, ElementsAre("counter.count", "counter.fail", "counter.throw", "counter.check",
-                                 "counter.shared", "other.shared"));
+                                 "counter.shared", "counter.together", "other.shared"));
 }
 
 TEST(WorkerHostTest, RolesMustBeKnownAndDistinct) {

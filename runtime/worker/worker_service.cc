@@ -174,11 +174,6 @@ v1::CallResponse WorkerServiceImpl::Run(const v1::CallRequest& request,
                 deadline = request.deadline_unix_ms()] {
     return StopRequested(call_id, cancellable, deadline);
   };
-  if (absl::Status stop = hooks.stop(); !stop.ok()) {
-    SetError(absl::Status(stop.code(), absl::StrCat(what, ": not started: ", stop.message())),
-             &response);
-    return response;
-  }
   absl::StatusOr<DataProto> input = FromWire(request.input(), input_payload);
   if (!input.ok()) {
     SetError(

@@ -24,6 +24,7 @@ QwenImageEditWorker::QwenImageEditWorker() {
   MethodOptions per_row;
   per_row.dispatch_mode = kDpComputeProto;
   per_row.rows_independent = true;
+  per_row.collective = true;  // EditImagesBatch stops with its group (AgreedStop)
   Def("edit_images_batch", &QwenImageEditWorker::EditImagesBatch, per_row);
   Def("process_batch", &QwenImageEditWorker::EditImagesBatch, per_row);
 }
@@ -47,12 +48,16 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   return DataProto::Make({}, {}, model_->MemoryFigures(rank()));
 }
 
-absl::Status QwenImageEditWorker::StopBetweenSteps(int64_t done, int64_t steps) {
+absl::Status QwenImageEditWorker::AgreedStop() {
   // Sharded ranks gather parameters together, and the ranks of one edit
   // exchange its passes: they stop together.
-  const absl::Status stop = model_->sharded()    ? StopRequestedOnAnyRank()
-                            : model_->edit_group ? StopRequestedOnAnyRank(model_->edit_group.get())
-                                                 : StopRequested();
+  return model_->sharded()    ? StopRequestedOnAnyRank()
+         : model_->edit_group ? StopRequestedOnAnyRank(model_->edit_group.get())
+                              : StopRequested();
+}
+
+absl::Status QwenImageEditWorker::StopBetweenSteps(int64_t done, int64_t steps) {
+  const absl::Status stop = AgreedStop();
   if (stop.ok()) return stop;
   return absl::Status(stop.code(),
                       absl::StrCat(stop.message(), "; stopped after step ", done, " of ", steps));
@@ -96,6 +101,9 @@ absl::Status QwenImageEditWorker::CheckSameRows(const std::vector<EditRow>& rows
 absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& batch) {
   if (model_ == nullptr)
     return absl::FailedPreconditionError("call init_model before editing images");
+  if (absl::Status stop = AgreedStop(); !stop.ok()) {  // the group's first collective
+    return absl::Status(stop.code(), absl::StrCat("not started: ", stop.message()));
+  }
   // Admission again: a caller other than the controller gets the same limits.
   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, model_->config, model_->model().pipeline,
                                       CountTokensWith(model_->model().tokenizer)));

@@ -61,8 +61,10 @@ class QwenImageEditWorker : public Worker {
   absl::StatusOr<DataProto> EditImagesBatch(const DataProto& batch);
 
  private:
-  // StopBetweenSteps: why the call must stop after step `done` of `steps`
-  // (Worker::StopRequested, agreed across shards), or OK.
+  // AgreedStop: Worker::StopRequested agreed by every rank that computes
+  // with this one (all shards, or the ranks of one edit), or OK.
+  absl::Status AgreedStop();
+  // StopBetweenSteps: AgreedStop after step `done` of `steps`.
   absl::Status StopBetweenSteps(int64_t done, int64_t steps);
   // CheckSameRows: FAILED_PRECONDITION unless every rank of this rank's
   // edit group was given the same rows (the group computes them together).

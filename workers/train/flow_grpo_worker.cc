@@ -491,6 +491,7 @@ FlowGrpoWorker::FlowGrpoWorker() {
   Def("init_model", &FlowGrpoWorker::InitModel, {kOneToAll});
   MethodOptions batched;  // sharded ranks run in step: every rank gets an equal share
   batched.dispatch_mode = kDpComputeProto;
+  batched.collective = true;  // so every rank starts them; rollouts stop together
   Def("rollout", &FlowGrpoWorker::Rollout, batched);
   Def("compute_log_prob", &FlowGrpoWorker::ComputeLogProb, batched);
   Def("edit", &FlowGrpoWorker::Edit, batched);
