@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
 #include "runtime/security/tls.h"
+#include "workers/edit/http_gateway.h"
 #include "workers/edit/image_edit_controller.h"
 #include "workers/edit/image_edit_server.h"
 #include "workers/pipeline/edit_batch.h"
@@ -60,6 +62,9 @@ struct EditCommands::Flags {
   int max_restarts = 3;
   std::string client_token_file;                // the bearer token clients must present
   std::string public_tls_cert, public_tls_key;  // ImageEditService's own certificate
+  std::optional<int> http_port;                 // unset: no HTTP
+  int http_max_connections = 64;
+  int64_t http_max_body_mb = 64;
   ClusterFlags cluster;
 };
 
@@ -278,6 +283,28 @@ int ServeUntilStopped(const EditCommands::Flags& f, ImageEditController& control
   return 0;
 }
 
+// GatewayOptions: the HTTP port's, with the gRPC port's host, token and
+// certificate (its own, else the cluster's).
+HttpOptions GatewayOptions(const EditCommands::Flags& f, const ImageEditConfig& config,
+                           const ServeOptions& serve) {
+  HttpOptions options;
+  options.address = absl::StrCat(f.host, ":", *f.http_port);
+  if (!config.model_path.empty()) {  // its directory's name, as vLLM's served model name
+    std::filesystem::path directory = std::filesystem::path(config.model_path).lexically_normal();
+    if (!directory.has_filename()) directory = directory.parent_path();  // ".../name/"
+    options.model_id = directory.filename();
+  }
+  options.bearer_token = serve.bearer_token;
+  if (!f.public_tls_cert.empty()) {
+    options.tls = {f.public_tls_cert, f.public_tls_key, "", false};
+  } else if (!f.cluster.tls.cert.empty()) {
+    options.tls = {f.cluster.tls.cert, f.cluster.tls.key, f.cluster.tls.ca, f.cluster.tls.mutual};
+  }
+  options.max_connections = f.http_max_connections;
+  options.max_body_bytes = f.http_max_body_mb << 20;
+  return options;
+}
+
 int Serve(const EditCommands::Flags& f) {
   // Signals wait for WaitForStopSignal below; every thread started from here on inherits the mask.
   BlockStopSignals();
@@ -322,6 +349,16 @@ int Serve(const EditCommands::Flags& f) {
         absl::StrFormat("warning: ImageEditService listens on %s without authentication: anyone "
                         "who can reach port %d can use the workers (see --client-token-file)",
                         f.host, (*server)->port()));
+  }
+  absl::StatusOr<std::unique_ptr<HttpGateway>> http;
+  if (f.http_port.has_value()) {
+    http = HttpGateway::Start((*server)->InProcessChannel(), GatewayOptions(f, *config, options));
+    if (!http.ok()) return Fail("serve", http.status());
+    std::printf(
+        "dray serve: HTTP on %s://%s:%d (OpenAI's POST /v1/images/edits, GET /v1/models, "
+        "/health, /ready)\n",
+        f.public_tls_cert.empty() && f.cluster.tls.cert.empty() ? "http" : "https", f.host.c_str(),
+        (*http)->port());
   }
   std::fflush(stdout);
   return ServeUntilStopped(f, **controller, **server);
@@ -416,6 +453,21 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
                       "dial; clients show no certificate (default: the cluster's --tls-cert)");
   f.serve->add_option("--public-tls-key", f.public_tls_key,
                       "the private key of --public-tls-cert (PEM)");
+  f.serve
+      ->add_option("--http-port", f.http_port,
+                   "also serve HTTP here (OpenAI's images API, health); 0 picks a free port; same "
+                   "host, token and certificate as the gRPC port")
+      ->check(CLI::Range(0, 65535));
+  f.serve
+      ->add_option("--http-max-connections", f.http_max_connections,
+                   "HTTP connections served at once; more get 503 at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  f.serve
+      ->add_option("--http-max-body-mb", f.http_max_body_mb,
+                   "largest HTTP request body (MiB); larger get 413")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
 }
 
 EditCommands::~EditCommands() = default;

@@ -4,6 +4,11 @@
 #
 #   deploy/install-deps.sh              # everything, as root or with sudo available
 #   deploy/install-deps.sh --build-only # what `bazel build //cli:dray` needs (the image's build stage)
+#   deploy/install-deps.sh --no-clients # everything but the npm clients of the HTTP tests
+#
+# Everything includes the real clients the HTTP tests drive (tests/http:
+# OpenAI's Node.js client, a browser driver), installed by npm from the
+# lock file into /usr/local/lib/dray-test-clients.
 set -euo pipefail
 
 build_packages=(
@@ -23,6 +28,8 @@ build_packages=(
   libicu-dev
   # Command line and JSON (configs, safetensors headers).
   libcli11-dev nlohmann-json3-dev
+  # dray serve's HTTP port.
+  libcpp-httplib-dev
 )
 test_packages=(
   # Every C++ file as clang-format writes it (tests/style).
@@ -36,17 +43,42 @@ test_packages=(
   # Container tests: an image built from a debootstrap base, run by podman.
   debootstrap podman podman-compose buildah runc containernetworking-plugins
   golang-github-containernetworking-plugin-dnsname iptables
+  # HTTP tests: curl, and Node.js for OpenAI's official client.
+  curl nodejs
 )
 
 packages=("${build_packages[@]}")
+clients=false
 case ${1:-} in
 --build-only) ;;
-"") packages+=("${test_packages[@]}") ;;
+--no-clients) packages+=("${test_packages[@]}") ;;
+"")
+  packages+=("${test_packages[@]}")
+  clients=true
+  ;;
 *)
-  echo "install-deps: unknown argument '$1' (the only option is --build-only)" >&2
+  echo "install-deps: unknown argument '$1' (options: --build-only, --no-clients)" >&2
   exit 2
   ;;
 esac
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
+
+# install_clients: the npm packages of tests/http's lock file, unless the
+# same lock file is installed already.
+install_clients() {
+  local from dir=/usr/local/lib/dray-test-clients
+  from="$(cd "$(dirname "$0")/.." && pwd)/tests/http"
+  if cmp -s "$from/package-lock.json" "$dir/package-lock.json" && [[ -d $dir/node_modules ]]; then
+    echo "install-deps: the HTTP tests' clients already installed"
+    return
+  fi
+  command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm
+  $sudo mkdir -p "$dir"
+  $sudo cp "$from/package.json" "$from/package-lock.json" "$dir/"
+  $sudo npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
+  echo "install-deps: the HTTP tests' clients installed in $dir"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -55,12 +87,10 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages already installed"
-  exit 0
+else
+  echo "install-deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-
-sudo=""
-if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if $clients; then install_clients; fi
 echo "install-deps: done"

@@ -1,5 +1,6 @@
 #include "workers/edit/image_edit_server.h"
 
+#include <grpcpp/create_channel.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
@@ -16,7 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/random/random.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -73,6 +76,17 @@ absl::Time DeadlineOf(const grpc::ServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
+// RequestIdOf: the caller's request id when it is 16 hex digits, else a new one.
+std::string RequestIdOf(const grpc::ServerContext& context) {
+  const auto& metadata = context.client_metadata();
+  const auto sent = metadata.find(kRequestIdMetadata);
+  if (sent != metadata.end()) {
+    const absl::string_view id(sent->second.data(), sent->second.size());
+    if (id.size() == 16 && absl::c_all_of(id, absl::ascii_isxdigit)) return std::string(id);
+  }
+  return NewRequestId();
+}
+
 }  // namespace
 
 class ImageEditServer::Impl final : public v1::ImageEditService::Service {
@@ -87,6 +101,11 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   void Drain(absl::Duration grace);
   void Shutdown();
   int port() const { return port_; }
+  std::shared_ptr<grpc::Channel> InProcessChannel() {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);  // the answer to n rows holds n images
+    return server_->InProcessChannel(args);
+  }
 
   grpc::Status Edit(grpc::ServerContext* context, const v1::EditImageRequest* request,
                     v1::EditImageResponse* response) override {
@@ -119,9 +138,10 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   }
 
  private:
-  // Answer handles one request under a new request id, which its client
-  // finds in the initial metadata (kRequestIdMetadata) and at the end of an
-  // error's message; errors are logged with it.
+  // Answer handles one request under its request id (the caller's, when it
+  // sends a well-formed one, else a new one), which its client finds in the
+  // initial metadata (kRequestIdMetadata) and at the end of an error's
+  // message; errors are logged with it.
   grpc::Status Answer(grpc::ServerContext* context, absl::string_view method,
                       const std::function<absl::Status()>& handle);
   absl::Status EditAll(const v1::EditImageBatchRequest& request, const grpc::ServerContext& context,
@@ -167,8 +187,7 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
 grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::string_view method,
                                            const std::function<absl::Status()>& handle) {
-  thread_local absl::BitGen random;
-  const std::string id = absl::StrFormat("%016x", absl::Uniform<uint64_t>(random));
+  const std::string id = RequestIdOf(*context);
   context->AddInitialMetadata(kRequestIdMetadata, id);
   absl::Status status = options_.bearer_token.empty()
                             ? absl::OkStatus()
@@ -488,6 +507,15 @@ absl::StatusOr<std::unique_ptr<ImageEditServer>> ImageEditServer::Start(EditBack
 }
 
 int ImageEditServer::port() const { return impl_->port(); }
+
+std::shared_ptr<grpc::Channel> ImageEditServer::InProcessChannel() {
+  return impl_->InProcessChannel();
+}
+
+std::string NewRequestId() {
+  thread_local absl::BitGen random;
+  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(random));
+}
 
 void ImageEditServer::Shutdown() { impl_->Shutdown(); }
 

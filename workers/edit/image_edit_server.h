@@ -35,6 +35,7 @@
 #include "workers/edit/edit_backend.h"
 
 namespace grpc {
+class Channel;
 class ServerCredentials;
 }  // namespace grpc
 
@@ -44,8 +45,12 @@ namespace dray {
 inline constexpr char kImageEditServiceName[] = "dray.v1.ImageEditService";
 // kRequestIdMetadata: the initial-metadata key of each request's id, which
 // also ends every error message ("[request <id>]") and the server's log line
-// of that error.
+// of that error. A caller may send its own (16 hex digits, NewRequestId), as
+// the HTTP gateway does, and the answer keeps it.
 inline constexpr char kRequestIdMetadata[] = "dray-request-id";
+
+// NewRequestId: 16 random hex digits.
+std::string NewRequestId();
 
 struct ServeOptions {
   std::string address = "127.0.0.1:8000";            // host:port; port 0 picks a free one
@@ -69,6 +74,10 @@ class ImageEditServer {
 
   // port: where the server listens (the one picked, for port 0).
   int port() const;
+
+  // InProcessChannel reaches the service within this process, past the
+  // port's credentials (HttpGateway's way in); the bearer token still holds.
+  std::shared_ptr<grpc::Channel> InProcessChannel();
 
   // Drain is a graceful shutdown: admission stops (UNAVAILABLE, health
   // NOT_SERVING), queued and running requests get up to `grace` to finish,

@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/rpc/grpc_util.h"
+#include "workers/edit/fake_edit_backend.h"
 #include "workers/image/image_codec.h"
 #include "workers/pipeline/edit_batch.h"
 
@@ -30,84 +31,6 @@ using ::testing::ElementsAre;
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
-
-// FakeBackend answers every row with its own input image, after reporting
-// two steps. While held (Hold), calls wait for Release or a CancelRunning,
-// which ends them with its status.
-class FakeBackend final : public EditBackend {
- public:
-  explicit FakeBackend(int64_t batch_size) { config_.batch_size = batch_size; }
-
-  const ImageEditConfig& config() const override { return config_; }
-  int workers() const override { return 2; }
-  void CancelRunning(const absl::Status& why) override {
-    absl::MutexLock lock(&mu_);
-    cancel_ = why;
-  }
-  void CancelAll(const absl::Status&) override {}
-  absl::Status CheckRows(const DataProto& batch, int64_t first_row) const override {
-    return CheckEditBatch(batch, config_, qwen_image::EditPipelineKind::kEdit,
-                          /*count_tokens=*/nullptr, first_row);
-  }
-  absl::Status Health() const override {
-    absl::MutexLock lock(&mu_);
-    return health_;
-  }
-  absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch, std::optional<absl::Duration>,
-                                            const ProgressCallback& on_progress) override {
-    {
-      absl::MutexLock lock(&mu_);
-      call_rows_.push_back(batch.size());
-      auto go = [this]()
-                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !held_ || cancel_.has_value(); };
-      mu_.Await(absl::Condition(&go));
-      if (held_) return *cancel_;
-    }
-    on_progress(1, 2);
-    on_progress(2, 2);
-    DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* images, batch.GetRows<Image>(kImagesColumn));
-    return DataProto::Make({}, {{kEditedColumn, *images}});
-  }
-
-  void set_health(absl::Status health) {
-    absl::MutexLock lock(&mu_);
-    health_ = std::move(health);
-  }
-  void Hold() {
-    absl::MutexLock lock(&mu_);
-    held_ = true;
-  }
-  void Release() {
-    absl::MutexLock lock(&mu_);
-    held_ = false;
-    cancel_.reset();
-  }
-  // WaitForCalls returns once `calls` calls have begun.
-  void WaitForCalls(size_t calls) {
-    absl::MutexLock lock(&mu_);
-    auto begun = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return call_rows_.size() >= calls; };
-    mu_.Await(absl::Condition(&begun));
-  }
-  // WaitForCancel returns the status of the first CancelRunning since Release.
-  absl::Status WaitForCancel() {
-    absl::MutexLock lock(&mu_);
-    auto cancelled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancel_.has_value(); };
-    mu_.Await(absl::Condition(&cancelled));
-    return *cancel_;
-  }
-  std::vector<int64_t> call_rows() const {
-    absl::MutexLock lock(&mu_);
-    return call_rows_;
-  }
-
- private:
-  ImageEditConfig config_;
-  mutable absl::Mutex mu_;
-  bool held_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Status> cancel_ ABSL_GUARDED_BY(mu_);
-  absl::Status health_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> call_rows_ ABSL_GUARDED_BY(mu_);
-};
 
 class ImageEditServerUnitTest : public ::testing::Test {
  protected:
@@ -146,7 +69,7 @@ class ImageEditServerUnitTest : public ::testing::Test {
     return response;
   }
 
-  FakeBackend backend_{/*batch_size=*/1};  // 2 workers: at most 2 rows a call
+  FakeEditBackend backend_{/*batch_size=*/1};  // 2 workers: at most 2 rows a call
   std::unique_ptr<ImageEditServer> server_;
   std::unique_ptr<v1::ImageEditService::Stub> stub_;
 };
