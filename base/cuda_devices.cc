@@ -8,6 +8,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <exception>
 #include <string>
 
 namespace dray {
@@ -78,6 +79,18 @@ int64_t CudaPeakAllocatedBytes(int device) {
 
 void ResetCudaPeakAllocated(int device) {
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+int64_t CudaAllocatedBytes(int device) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || device >= devices) return 0;
+  try {  // the allocator refuses a device before the process's first CUDA tensor
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+    return stats.allocated_bytes[0].current;
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 }  // namespace dray

@@ -48,6 +48,11 @@ CudaDevices DescribeCudaDevices();
 int64_t CudaPeakAllocatedBytes(int device);
 void ResetCudaPeakAllocated(int device);
 
+// CudaAllocatedBytes: what LibTorch's CUDA allocator has allocated on
+// `device` now, as torch.cuda.memory_allocated(); 0 in a build without CUDA
+// or without that device.
+int64_t CudaAllocatedBytes(int device);
+
 }  // namespace dray
 
 #endif  // DRAY_BASE_CUDA_DEVICES_H_

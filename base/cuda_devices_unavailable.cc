@@ -13,4 +13,6 @@ int64_t CudaPeakAllocatedBytes(int) { return 0; }
 
 void ResetCudaPeakAllocated(int) {}
 
+int64_t CudaAllocatedBytes(int) { return 0; }
+
 }  // namespace dray

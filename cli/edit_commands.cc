@@ -284,10 +284,11 @@ int ServeUntilStopped(const EditCommands::Flags& f, ImageEditController& control
 }
 
 // GatewayOptions: the HTTP port's, with the gRPC port's host, token and
-// certificate (its own, else the cluster's).
+// certificate (its own, else the cluster's), and the service's metrics.
 HttpOptions GatewayOptions(const EditCommands::Flags& f, const ImageEditConfig& config,
-                           const ServeOptions& serve) {
+                           const ServeOptions& serve, ServeMetrics& metrics) {
   HttpOptions options;
+  options.metrics = &metrics;
   options.address = absl::StrCat(f.host, ":", *f.http_port);
   if (!config.model_path.empty()) {  // its directory's name, as vLLM's served model name
     std::filesystem::path directory = std::filesystem::path(config.model_path).lexically_normal();
@@ -352,11 +353,12 @@ int Serve(const EditCommands::Flags& f) {
   }
   absl::StatusOr<std::unique_ptr<HttpGateway>> http;
   if (f.http_port.has_value()) {
-    http = HttpGateway::Start((*server)->InProcessChannel(), GatewayOptions(f, *config, options));
+    http = HttpGateway::Start((*server)->InProcessChannel(),
+                              GatewayOptions(f, *config, options, (*server)->metrics()));
     if (!http.ok()) return Fail("serve", http.status());
     std::printf(
         "dray serve: HTTP on %s://%s:%d (OpenAI's POST /v1/images/edits, GET /v1/models, "
-        "/health, /ready)\n",
+        "/health, /ready, /metrics)\n",
         f.public_tls_cert.empty() && f.cluster.tls.cert.empty() ? "http" : "https", f.host.c_str(),
         (*http)->port());
   }

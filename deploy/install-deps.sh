@@ -28,8 +28,8 @@ build_packages=(
   libicu-dev
   # Command line and JSON (configs, safetensors headers).
   libcli11-dev nlohmann-json3-dev
-  # dray serve's HTTP port.
-  libcpp-httplib-dev
+  # dray serve's HTTP port and its metrics.
+  libcpp-httplib-dev prometheus-cpp-dev
 )
 test_packages=(
   # Every C++ file as clang-format writes it (tests/style).
@@ -43,8 +43,8 @@ test_packages=(
   # Container tests: an image built from a debootstrap base, run by podman.
   debootstrap podman podman-compose buildah runc containernetworking-plugins
   golang-github-containernetworking-plugin-dnsname iptables
-  # HTTP tests: curl, and Node.js for OpenAI's official client.
-  curl nodejs
+  # HTTP tests: curl, Node.js for OpenAI's official client, a Prometheus server.
+  curl nodejs prometheus
 )
 
 packages=("${build_packages[@]}")

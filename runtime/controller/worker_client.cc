@@ -166,6 +166,11 @@ void WorkerClient::Fail(absl::Status status) {
   if (call_ != nullptr) call_->Cancel();
 }
 
+std::optional<v1::ProcessMemory> WorkerClient::memory() const {
+  absl::MutexLock lock(&mu_);
+  return memory_;
+}
+
 void WorkerClient::ReadLoop() {
   ClientSession* call_for_reading;
   {
@@ -180,6 +185,10 @@ void WorkerClient::ReadLoop() {
     if (!next.ok()) ended = next.status();
     if (!next.ok() || !next->has_value()) break;
     v1::CallResponse& response = (*next)->header;
+    if (response.has_memory()) {
+      absl::MutexLock lock(&mu_);
+      memory_ = response.memory();
+    }
     if (response.has_error()) {
       Resolve(response.call_id(),
               absl::Status(static_cast<absl::StatusCode>(response.error().code()),

@@ -85,6 +85,8 @@ class WorkerClient final : public WorkerConnection {
   void Close();
 
   int rank() const { return rank_; }
+  // memory: the worker's memory as it answered its last call (unset before).
+  std::optional<v1::ProcessMemory> memory() const;
   // address: where the session goes (the local address, where there is one).
   const std::string& address() const { return local_address_.empty() ? address_ : local_address_; }
 
@@ -118,8 +120,9 @@ class WorkerClient final : public WorkerConnection {
   absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   std::unique_ptr<ClientSession> call_ ABSL_GUARDED_BY(write_mu_);
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   uint64_t next_call_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::optional<v1::ProcessMemory> memory_ ABSL_GUARDED_BY(mu_);
   // The deadline the watchdog waits for; an earlier call's wakes it.
   absl::Time watched_until_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);

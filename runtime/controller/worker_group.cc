@@ -103,6 +103,16 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     for (const auto& registration : registrations_) addresses.push_back(registration->address());
     return addresses;
   }
+  std::vector<RankMemory> memory() const {
+    std::vector<RankMemory> ranks;
+    for (const auto& client : clients_) {
+      const std::optional<v1::ProcessMemory> memory = client->memory();
+      ranks.push_back(memory.has_value() ? RankMemory{true, memory->resident_bytes(),
+                                                      memory->device_allocated_bytes()}
+                                         : RankMemory{});
+    }
+    return ranks;
+  }
   std::vector<std::string> call_addresses() const {
     std::vector<std::string> addresses;
     for (const auto& client : clients_) addresses.push_back(client->address());
@@ -503,6 +513,8 @@ void WorkerGroup::CancelCalls(const absl::Status& why) { impl_->CancelCalls(why)
 void WorkerGroup::Abort(const absl::Status& why) { impl_->Abort(why); }
 
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
+
+std::vector<RankMemory> WorkerGroup::memory() const { return impl_->memory(); }
 
 absl::Status WorkerGroup::Health() const { return impl_->Health(); }
 

@@ -61,6 +61,7 @@
 #include "dray/v1/worker.pb.h"
 #include "runtime/controller/method_dispatcher.h"
 #include "runtime/controller/node_pool.h"
+#include "runtime/controller/rank_memory.h"
 
 namespace dray {
 
@@ -176,6 +177,9 @@ class WorkerGroup {
 
   // pids returns the worker processes' ids, by rank.
   std::vector<pid_t> pids() const;
+
+  // memory: each rank's memory as it answered its last call, by rank.
+  std::vector<RankMemory> memory() const;
 
   // worker_addresses returns where each rank's WorkerService (and
   // grpc.health.v1) listens, as host:port.

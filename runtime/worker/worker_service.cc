@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/cuda_devices.h"
+#include "base/process_memory.h"
 #include "dispatch/wire.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/rpc/session_stream.h"
@@ -183,6 +185,9 @@ v1::CallResponse WorkerServiceImpl::Run(const v1::CallRequest& request,
   }
   absl::StatusOr<DataProto> result =
       host_->Execute(request.role(), request.method(), *input, hooks);
+  v1::ProcessMemory& memory = *response.mutable_memory();
+  memory.set_resident_bytes(ResidentBytes());
+  memory.set_device_allocated_bytes(CudaAllocatedBytes(/*device=*/0));  // its GPU, if any
   absl::StatusOr<DetachedWire> encoded =
       result.ok() ? ToDetachedWire(*result) : absl::StatusOr<DetachedWire>(result.status());
   if (!encoded.ok()) {

@@ -3,8 +3,9 @@
 # token: curl and OpenAI's official Node.js client edit an image through it;
 # health, readiness and the model list answer; bad input (no image, not an
 # image, a 200 MB upload, a malformed multipart body, a wrong token) gets its
-# 4xx with a JSON error naming the field and the request id; SIGTERM stops
-# the server and its worker.
+# 4xx with a JSON error naming the field and the request id; /metrics passes
+# promtool and a real Prometheus server scrapes it and answers queries of
+# dray's metrics; SIGTERM stops the server and its worker.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -77,6 +78,45 @@ grep -q "request [0-9a-f]\{16\} (POST /v1/images/edits): INVALID_ARGUMENT" "$out
 
 workers=$(pgrep -P $server || true)
 [[ -n "$workers" ]] || fail "dray serve has no worker"
+https "$url/metrics" >"$out/metrics.txt"
+promtool check metrics <"$out/metrics.txt" >"$out/promtool.txt" 2>&1 ||
+  fail "promtool check metrics: $(cat "$out/promtool.txt")"
+prometheus_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$out/prometheus.yml" <<EOF
+global: {scrape_interval: 1s}
+scrape_configs:
+  - job_name: dray
+    scheme: https
+    tls_config: {ca_file: $out/certs/ca.crt}
+    static_configs: [{targets: ["127.0.0.1:$port"]}]
+EOF
+prometheus --config.file="$out/prometheus.yml" --storage.tsdb.path="$out/tsdb" \
+  --web.listen-address="127.0.0.1:$prometheus_port" >"$out/prometheus.log" 2>&1 &
+prometheus=$!
+trap 'kill -KILL $server $prometheus 2>/dev/null || true' EXIT
+# value QUERY: the value of QUERY's first sample once Prometheus has one (it
+# scrapes each second), waiting at most a minute.
+value() {
+  local answer
+  for _ in $(seq 120); do
+    answer=$(curl -s "http://127.0.0.1:$prometheus_port/api/v1/query" --data-urlencode "query=$1" |
+      /usr/bin/python3 -c 'import json, sys; r = json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else "")' 2>/dev/null || true)
+    if [[ -n "$answer" ]]; then
+      echo "$answer"
+      return
+    fi
+    sleep 0.5
+  done
+  fail "Prometheus never answered $1: $(tail -5 "$out/prometheus.log")"
+}
+[[ $(value 'up{job="dray"}') == 1 ]] || fail "Prometheus does not see dray serve up"
+[[ $(value 'dray_serve_images_total{outcome="edited"}') -ge 4 ]] || fail "images edited"
+[[ $(value 'sum(dray_serve_requests_total{api="http",code="401"})') -ge 1 ]] || fail "401s counted"
+[[ $(value 'dray_worker_resident_bytes{rank="0"}') -gt 100000000 ]] || fail "the worker's memory"
+[[ $(value 'dray_serve_ready') == 1 ]] || fail "ready"
+kill -TERM $prometheus
+wait $prometheus || true
+
 kill -TERM $server
 wait $server || fail "dray serve exited with status $? on SIGTERM"
 grep -q "dray serve: stopped" "$out/serve.log" || fail "dray serve did not stop cleanly"

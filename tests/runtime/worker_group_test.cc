@@ -78,6 +78,16 @@ class WorkerGroupTest : public ::testing::Test {
 
 WorkerGroup* WorkerGroupTest::group_ = nullptr;
 
+TEST_F(WorkerGroupTest, EachAnswerSaysWhatItsRankHoldsInMemory) {
+  for (const RankMemory& rank : group_->memory()) EXPECT_FALSE(rank.known);
+  DRAY_ASSERT_OK(group_->Call("identity", {}).status());
+  for (const RankMemory& rank : group_->memory()) {
+    EXPECT_TRUE(rank.known);
+    EXPECT_GT(rank.resident_bytes, 1 << 20);  // a process with LibTorch holds more than 1 MiB
+    EXPECT_EQ(rank.device_allocated_bytes, 0);
+  }
+}
+
 TEST_F(WorkerGroupTest, OneToAllReachesEveryRankWithItsIdentity) {
   DRAY_ASSERT_OK_AND_ASSIGN(std::vector<DataProto> out, group_->Call("identity", {}));
   ASSERT_EQ(out.size(), 4u);

@@ -2,7 +2,7 @@
 # Packs what a GPU machine needs to build dray with CMake besides its own
 # LibTorch, CUDA and compiler: Debian 12's gRPC, protobuf (with protoc and
 # the gRPC plugins), Abseil, yaml-cpp, libpng, libjpeg, ICU, CLI11,
-# nlohmann-json, Gloo's headers and GoogleTest, as their .debs unpacked
+# nlohmann-json, cpp-httplib, prometheus-cpp, Gloo's headers and GoogleTest, as their .debs unpacked
 # (`dpkg -x`) and pruned to headers, shared libraries and CMake files, in
 # one archive: .gpu/deps.tar.xz (git-ignored; about 12 MB; ICU's data
 # package replaced by an empty one: tools/gpu/icu_stub_data.c). Run here, where
@@ -27,6 +27,8 @@ packages=(
   libabsl-dev libabsl20220623 libre2-dev libre2-9 libc-ares-dev libc-ares2 libssl-dev libssl3
   libyaml-cpp-dev libyaml-cpp0.7 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo
   libicu-dev libicu72 libcli11-dev nlohmann-json3-dev libgloo-dev libgtest-dev libgmock-dev
+  libcpp-httplib-dev libcpp-httplib0.11 libbrotli-dev libbrotli1 zlib1g-dev
+  prometheus-cpp-dev libprometheus-cpp-core1.0
 )
 
 work=$(mktemp -d)

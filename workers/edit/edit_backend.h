@@ -1,6 +1,6 @@
 // EditBackend: what ImageEditServer needs of whatever edits its batches: the
 // configuration, the number of workers (to size batches), their health, and
-// the edit call itself with its progress. ImageEditController is the real
+// the edit call itself with its progress, and what metrics report. ImageEditController is the real
 // one; unit tests of the server's admission and batching use a fake.
 //
 // Thread-safety: implementations are thread-safe.
@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dispatch/data_proto.h"
+#include "runtime/controller/rank_memory.h"
 #include "workers/pipeline/edit_config.h"
 
 namespace dray {
@@ -32,6 +34,10 @@ class EditBackend {
   virtual int workers() const = 0;
   // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
   virtual absl::Status Health() const = 0;
+  // restarts: how many times the workers have been restarted.
+  virtual int restarts() const = 0;
+  // WorkerMemory: each rank's memory as it answered its last call.
+  virtual std::vector<RankMemory> WorkerMemory() const = 0;
 
   // CancelRunning asks the calls in flight to stop early (they fail with
   // `why`); it does not wait, and later calls run as usual.

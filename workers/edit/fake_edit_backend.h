@@ -37,6 +37,10 @@ class FakeEditBackend final : public EditBackend {
     absl::MutexLock lock(&mu_);
     return health_;
   }
+  int restarts() const override { return 1; }
+  std::vector<RankMemory> WorkerMemory() const override {
+    return {{true, int64_t{300} << 20, 0}, {false, 0, 0}};  // rank 1 has not answered
+  }
   absl::StatusOr<DataProto> EditCheckedRows(const DataProto& batch, std::optional<absl::Duration>,
                                             const ProgressCallback& on_progress) override {
     {

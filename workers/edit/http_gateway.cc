@@ -177,8 +177,10 @@ class HttpGateway::Impl {
   // Handler: a route's work, given its request id; an error becomes the reply.
   using Handler = std::function<absl::Status(const httplib::Request&, httplib::Response&,
                                              const std::string& request_id)>;
-  // Route wraps `handler` with the request id and, for /v1/, the token check.
-  httplib::Server::Handler Route(bool needs_token, Handler handler);
+  // Handle serves `method` (GET or POST) on `path` by `handler`, under a
+  // request id, behind the token when `needs_token`, counted in the metrics.
+  void Handle(const std::string& method, const std::string& path, bool needs_token,
+              Handler handler);
   absl::Status CheckToken(const httplib::Request& request) const;
 
   absl::Status Edits(const httplib::Request& request, httplib::Response& response,
@@ -204,18 +206,30 @@ class HttpGateway::Impl {
   std::once_flag shutdown_;
 };
 
-httplib::Server::Handler HttpGateway::Impl::Route(bool needs_token, Handler handler) {
-  return [this, needs_token, handler = std::move(handler)](const httplib::Request& request,
-                                                           httplib::Response& response) {
+void HttpGateway::Impl::Handle(const std::string& method, const std::string& path, bool needs_token,
+                               Handler handler) {
+  const std::string route = absl::StrCat(method, " ", path);
+  auto serve = [this, route, needs_token, handler = std::move(handler)](
+                   const httplib::Request& request, httplib::Response& response) {
+    const absl::Time start = absl::Now();
     const std::string request_id = NewRequestId();
     response.set_header("x-request-id", request_id);
     absl::Status status = needs_token ? CheckToken(request) : absl::OkStatus();
     if (status.ok()) status = handler(request, response, request_id);
-    if (status.ok()) return;
-    Log("http", absl::StrCat("request ", request_id, " (", request.method, " ", request.path,
-                             "): ", status.ToString()));
-    ReplyError(response, status, request_id);
+    if (!status.ok()) {
+      Log("http", absl::StrCat("request ", request_id, " (", route, "): ", status.ToString()));
+      ReplyError(response, status, request_id);
+    }
+    if (options_.metrics != nullptr) {
+      const int code = response.status == -1 ? 200 : response.status;  // a stream's is set later
+      options_.metrics->Request("http", route, std::to_string(code), absl::Now() - start);
+    }
   };
+  if (method == "GET") {
+    server_->Get(path, std::move(serve));
+  } else {
+    server_->Post(path, std::move(serve));
+  }
 }
 
 absl::Status HttpGateway::Impl::CheckToken(const httplib::Request& request) const {
@@ -334,7 +348,7 @@ absl::Status HttpGateway::Impl::HttplibRefusal(int status, const httplib::Reques
     case 404:
       return absl::NotFoundError(
           absl::StrCat("no ", request.method, " ", request.path,
-                       " here (POST /v1/images/edits, GET /v1/models, /health, /ready)"));
+                       " here (POST /v1/images/edits, GET /v1/models, /health, /ready, /metrics)"));
     case 413:
       return absl::ResourceExhaustedError(
           absl::StrCat("the body is larger than ", options_.max_body_bytes, " bytes"));
@@ -376,20 +390,24 @@ absl::Status HttpGateway::Impl::Start() {
         Refuse(response, HttplibRefusal(response.status, request), response.status);
         return httplib::Server::HandlerResponse::Handled;
       }));
-  server_->Post("/v1/images/edits",
-                Route(true, [this](const auto& request, auto& response, const auto& id) {
-                  return Edits(request, response, id);
-                }));
-  server_->Get("/v1/models", Route(true, [this](const auto&, auto& response, const auto&) {
-                 return Models(response);
-               }));
-  server_->Get("/health", Route(false, [](const auto&, auto& response, const auto&) {
-                 ReplyJson(response, 200, {{"status", "ok"}});
-                 return absl::OkStatus();
-               }));
-  server_->Get("/ready", Route(false, [this](const auto&, auto& response, const auto&) {
-                 return Ready(response);
-               }));
+  Handle("POST", "/v1/images/edits", true,
+         [this](const auto& request, auto& response, const auto& id) {
+           return Edits(request, response, id);
+         });
+  Handle("GET", "/v1/models", true,
+         [this](const auto&, auto& response, const auto&) { return Models(response); });
+  Handle("GET", "/health", false, [](const auto&, auto& response, const auto&) {
+    ReplyJson(response, 200, {{"status", "ok"}});
+    return absl::OkStatus();
+  });
+  Handle("GET", "/ready", false,
+         [this](const auto&, auto& response, const auto&) { return Ready(response); });
+  if (options_.metrics != nullptr) {
+    Handle("GET", "/metrics", false, [this](const auto&, auto& response, const auto&) {
+      response.set_content(options_.metrics->Render(), "text/plain; version=0.0.4; charset=utf-8");
+      return absl::OkStatus();
+    });
+  }
   const auto& [host, port] = address;
   port_ =
       port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);

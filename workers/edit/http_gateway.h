@@ -9,6 +9,7 @@
 //   GET  /v1/models        the model served ({"object": "list", "data": [...]})
 //   GET  /health           200 while the process answers (liveness)
 //   GET  /ready            200 while the service takes edits, else 503
+//   GET  /metrics          Prometheus' text format (ServeMetrics), when given
 // Each edit goes to ImageEditService over an in-process channel, so HTTP
 // requests meet the same admission, queue, budgets and deadlines as gRPC
 // ones, under one request id (the x-request-id header, kept by the service).
@@ -17,7 +18,7 @@
 //   {"error": {"message", "type", "param", "code", "request_id"}}.
 // The port is bounded: at most max_connections served at once (one more
 // thread answers the rest with 503 at once) and max_body_bytes per body
-// (413). /v1/ needs the bearer token when one is set; the health paths do not.
+// (413). /v1/ needs the bearer token when one is set; health and metrics do not.
 //
 //   HttpOptions options;
 //   options.address = "127.0.0.1:8080";
@@ -33,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/security/tls.h"
+#include "workers/edit/serve_metrics.h"
 
 namespace grpc {
 class Channel;
@@ -49,6 +51,9 @@ struct HttpOptions {
   TlsFiles tls;
   int max_connections = 64;
   int64_t max_body_bytes = int64_t{64} << 20;
+  // Set (the service's, ImageEditServer::metrics): GET /metrics shows them,
+  // with the HTTP requests counted in.
+  ServeMetrics* metrics = nullptr;
 };
 
 class HttpGateway {

@@ -24,6 +24,7 @@ namespace {
 
 using ::testing::EndsWith;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class HttpGatewayTest : public ::testing::Test {
  protected:
@@ -33,6 +34,7 @@ class HttpGatewayTest : public ::testing::Test {
     serve.bearer_token = options.bearer_token;
     server_ = ImageEditServer::Start(&backend_, serve).value();
     options.address = "127.0.0.1:0";
+    options.metrics = &server_->metrics();
     gateway_ = HttpGateway::Start(server_->InProcessChannel(), options).value();
     client_ = std::make_unique<httplib::Client>("127.0.0.1", gateway_->port());
     client_->set_read_timeout(std::chrono::seconds(60));
@@ -161,6 +163,28 @@ TEST_F(HttpGatewayTest, StreamsProgressThenTheImage) {
   result = Edit({{"prompt", "x", "", ""}, {"stream", "true", "", ""}}, "not a picture");
   EXPECT_THAT(result->body,
               HasSubstr("event: error\ndata: {\"error\":{\"code\":\"invalid_argument\""));
+}
+
+TEST_F(HttpGatewayTest, MetricsCountRequestsImagesAndWorkers) {
+  Serve();
+  ASSERT_EQ(Edit({{"prompt", "x", "", ""}, {"n", "2", "", ""}})->status, 200);
+  ASSERT_EQ(Edit({{"prompt", "x", "", ""}, {"n", "11", "", ""}})->status, 400);
+  httplib::Result result = client_->Get("/metrics");
+  ASSERT_EQ(result->status, 200);
+  EXPECT_EQ(result->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  const std::string& text = result->body;
+  for (const char* sample :
+       {R"(dray_serve_requests_total{api="grpc",code="OK",method="EditBatch"} 1)",
+        R"(dray_serve_requests_total{api="http",code="200",method="POST /v1/images/edits"} 1)",
+        R"(dray_serve_requests_total{api="http",code="400",method="POST /v1/images/edits"} 1)",
+        R"(dray_serve_request_seconds_count{api="grpc",method="EditBatch"} 1)",
+        R"(dray_serve_images_total{outcome="edited"} 2)", "dray_serve_batch_rows_count 1",
+        "dray_serve_batch_rows_sum 2", "dray_serve_queue_images 0", "dray_serve_ready 1",
+        "dray_serve_worker_restarts_total 1", R"(dray_worker_resident_bytes{rank="0"} 314572800)",
+        R"(dray_worker_device_allocated_bytes{rank="0"} 0)"}) {
+    EXPECT_THAT(text, HasSubstr(sample));
+  }
+  EXPECT_THAT(text, Not(HasSubstr(R"(rank="1")")));  // it has not answered
 }
 
 TEST_F(HttpGatewayTest, BodiesAreBounded) {

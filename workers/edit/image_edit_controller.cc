@@ -99,6 +99,11 @@ bool ImageEditController::WaitUntilGivenUp(absl::Duration timeout) const {
 
 int ImageEditController::restarts() const { return workers_->restarts(); }
 
+std::vector<RankMemory> ImageEditController::WorkerMemory() const {
+  const std::shared_ptr<WorkerGroup> current = group();
+  return current ? current->memory() : std::vector<RankMemory>();
+}
+
 std::vector<DataProto> ImageEditController::init_results() const {
   return workers_->init_results();
 }

@@ -109,8 +109,9 @@ class ImageEditController final : public EditBackend {
   // WaitUntilGivenUp waits up to `timeout` for the controller to give up
   // (restarts exhausted); true if it has.
   bool WaitUntilGivenUp(absl::Duration timeout) const;
-  // restarts: how many times the worker group has been restarted.
-  int restarts() const;
+  int restarts() const override;
+  // WorkerMemory: the current group's; unknown while it restarts.
+  std::vector<RankMemory> WorkerMemory() const override;
 
   // init_results: what the latest init_model returned, by rank (memory
   // figures as meta).

@@ -94,13 +94,15 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   Impl(EditBackend* backend, ServeOptions options)
       : backend_(backend),
         options_(std::move(options)),
-        max_rows_(backend->config().batch_size * backend->workers()) {}
+        max_rows_(backend->config().batch_size * backend->workers()),
+        metrics_(backend) {}
   ~Impl() override { Shutdown(); }
 
   absl::Status Start();
   void Drain(absl::Duration grace);
   void Shutdown();
   int port() const { return port_; }
+  ServeMetrics& metrics() { return metrics_; }
   std::shared_ptr<grpc::Channel> InProcessChannel() {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(-1);  // the answer to n rows holds n images
@@ -172,6 +174,7 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
   EditBackend* const backend_;
   const ServeOptions options_;
   const int64_t max_rows_;
+  ServeMetrics metrics_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::thread batcher_, health_watcher_;
@@ -187,12 +190,15 @@ class ImageEditServer::Impl final : public v1::ImageEditService::Service {
 
 grpc::Status ImageEditServer::Impl::Answer(grpc::ServerContext* context, absl::string_view method,
                                            const std::function<absl::Status()>& handle) {
+  const absl::Time start = absl::Now();
   const std::string id = RequestIdOf(*context);
   context->AddInitialMetadata(kRequestIdMetadata, id);
   absl::Status status = options_.bearer_token.empty()
                             ? absl::OkStatus()
                             : CheckBearerToken(*context, options_.bearer_token);
   if (status.ok()) status = handle();
+  metrics_.Request("grpc", std::string(method), absl::StatusCodeToString(status.code()),
+                   absl::Now() - start);
   if (status.ok()) return grpc::Status::OK;
   Log("serve", absl::StrCat("request ", id, " (", method, "): ", status.ToString()));
   return ToGrpcStatus(
@@ -285,6 +291,7 @@ absl::StatusOr<QueuedEdits> ImageEditServer::Impl::Admit(
     edit->enqueued = now;
     queue_.push_back(edit);
   }
+  metrics_.QueueImages(static_cast<int64_t>(queue_.size()));
   return edits;
 }
 
@@ -358,6 +365,7 @@ std::optional<QueuedEdits> ImageEditServer::Impl::NextBatch() {
     it = queue_.erase(it);
   }
   running_batch_ = batch;
+  metrics_.QueueImages(static_cast<int64_t>(queue_.size()));
   return batch;
 }
 
@@ -372,6 +380,7 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     seeds.push_back(edit->seed);
     deadline = std::max(deadline, edit->deadline);
   }
+  const absl::Time start = absl::Now();
   absl::StatusOr<DataProto> edited = [&]() -> absl::StatusOr<DataProto> {
     DRAY_ASSIGN_OR_RETURN(DataProto input, MakeEditBatch(images, instructions, seeds));
     for (const auto& [key, value] : batch.front()->options) input.SetMeta(key, value);
@@ -391,6 +400,7 @@ void ImageEditServer::Impl::RunBatch(const QueuedEdits& batch) {
     else
       edited = column.status();
   }
+  metrics_.Batch(static_cast<int64_t>(batch.size()), absl::Now() - start, edited.ok());
   for (size_t i = 0; i < batch.size(); ++i) {
     QueuedEdit& edit = *batch[i];
     if (!edited.ok()) {
@@ -511,6 +521,8 @@ int ImageEditServer::port() const { return impl_->port(); }
 std::shared_ptr<grpc::Channel> ImageEditServer::InProcessChannel() {
   return impl_->InProcessChannel();
 }
+
+ServeMetrics& ImageEditServer::metrics() { return impl_->metrics(); }
 
 std::string NewRequestId() {
   thread_local absl::BitGen random;

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "workers/edit/edit_backend.h"
+#include "workers/edit/serve_metrics.h"
 
 namespace grpc {
 class Channel;
@@ -78,6 +79,10 @@ class ImageEditServer {
   // InProcessChannel reaches the service within this process, past the
   // port's credentials (HttpGateway's way in); the bearer token still holds.
   std::shared_ptr<grpc::Channel> InProcessChannel();
+
+  // metrics: the service's Prometheus metrics (ServeMetrics), shown by the
+  // HTTP port at /metrics.
+  ServeMetrics& metrics();
 
   // Drain is a graceful shutdown: admission stops (UNAVAILABLE, health
   // NOT_SERVING), queued and running requests get up to `grace` to finish,

@@ -4,7 +4,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cstdio>
-#include <fstream>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/log.h"
+#include "base/process_memory.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/replicate.h"
 #include "workers/models/qwen_image/embedded_model.h"
@@ -36,14 +36,6 @@ at::ScalarType ParseDtype(const std::string& name) {
   if (name == "float16") return at::kHalf;
   if (name == "float64") return at::kDouble;
   return at::kFloat;  // validated by ImageEditConfig
-}
-
-// ResidentBytes: this process's resident memory, from /proc/self/statm.
-int64_t ResidentBytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  statm >> size >> resident;
-  return resident * 4096;
 }
 
 // Frozen: no parameter of `module` trains.
