@@ -198,15 +198,23 @@ int EditLocally(const EditCommands::Flags& f) {
   return 0;
 }
 
+// ServerSideOption: the first option given of those only a server's own
+// configuration sets (an override included), or empty.
+std::string ServerSideOption(const EditCommands::Flags& f) {
+  for (const char* name : {"--config", "--model", "--lora", "--image-size", "--workers",
+                           "--cfg-parallel-size", "--ulysses-degree", "--step-cache-threshold"}) {
+    if (f.edit->count(name) > 0) return name;
+  }
+  return f.overrides.empty() ? "" : f.overrides.front();
+}
+
 int EditOnServer(const EditCommands::Flags& f) {
-  if (!f.config_file.empty() || !f.overrides.empty() || !f.model.empty() || !f.lora.empty() ||
-      f.image_size || f.edit->count("--workers") > 0 || f.cfg_parallel_size || f.ulysses_degree ||
-      f.step_cache_threshold) {
-    return Fail(
-        "edit",
-        absl::InvalidArgumentError(
-            "with --server the server's configuration applies; per request only --steps, "
-            "--true-cfg-scale, --negative-prompt, --seed, --width and --height can be set"));
+  if (const std::string option = ServerSideOption(f); !option.empty()) {
+    return Fail("edit", absl::InvalidArgumentError(absl::StrCat(
+                            option,
+                            ": with --server the server's configuration applies; per request "
+                            "only --steps, --true-cfg-scale, --negative-prompt, --seed, --width "
+                            "and --height can be set")));
   }
   absl::StatusOr<std::vector<Bytes>> images = ReadImages(f.images);
   if (!images.ok()) return Fail("edit", images.status());
@@ -343,7 +351,8 @@ int Serve(const EditCommands::Flags& f) {
       "dray serve: ImageEditService on %s:%d with %s, up to %lld images per call; "
       "SIGINT or SIGTERM stops\n",
       f.host.c_str(), (*server)->port(), WorkerLayout(cluster, f.workers).c_str(),
-      static_cast<long long>(config->batch_size * f.workers * cluster.nodes));
+      static_cast<long long>(config->batch_size * f.workers * cluster.nodes /
+                             config->RanksPerEdit()));
   if (f.client_token_file.empty() && f.host != "127.0.0.1" && f.host != "localhost" &&
       f.host != "::1") {
     Log("serve",

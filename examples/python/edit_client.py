@@ -36,6 +36,9 @@ def main():
     parser.add_argument("--out", required=True, help="output PNG")
     parser.add_argument("--seed", type=int, help="noise seed (default: the server's)")
     parser.add_argument("--steps", type=int, help="denoising steps (default: the server's)")
+    parser.add_argument("--negative-prompt",
+                        help='what to steer away from; "" turns guidance off (default: the server\'s)')
+    parser.add_argument("--true-cfg-scale", type=float, help="guidance scale (default: the server's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait")
     parser.add_argument("--token-file", help="a file with the token the server asks for")
     parser.add_argument("--tls-ca", help="the authority (PEM) that signed the server's certificate")
@@ -51,6 +54,10 @@ def main():
         request.seed = args.seed
     if args.steps is not None:
         request.num_inference_steps = args.steps
+    if args.negative_prompt is not None:
+        request.negative_prompt = args.negative_prompt
+    if args.true_cfg_scale is not None:
+        request.true_cfg_scale = args.true_cfg_scale
 
     metadata = []
     if args.token_file:

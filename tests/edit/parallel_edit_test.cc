@@ -170,8 +170,10 @@ TEST(StepCacheEditTest, RowsCountTheirReusedPassesAndThresholdZeroIsExact) {
 TEST(EditLayoutTest, WorkersOrHeadsTheLayoutDoesNotDivideAreRefused) {
   EXPECT_THAT(StartTestController(TestConfig({kCfgParallel}), 3),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("cfg_parallel_size 2 x worker.image_edit.ulysses_degree 1"),
-                             HasSubstr("do not divide the 3 workers"))));
+                       AllOf(HasSubstr("cfg_parallel_size 2 (--cfg-parallel-size) x "
+                                       "worker.image_edit.ulysses_degree 1 (--ulysses-degree)"),
+                             HasSubstr("3 workers (1 node(s) x --workers 3) are not a "
+                                       "multiple of 2"))));
   EXPECT_THAT(StartTestController(TestConfig({"worker.image_edit.ulysses_degree=2"}), 2),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("ulysses_degree 2 does not divide the transformer's 3 "

@@ -30,7 +30,8 @@ class EditBackend {
   virtual ~EditBackend() = default;
 
   virtual const ImageEditConfig& config() const = 0;
-  // workers: how many workers share each call's rows.
+  // workers: how many share each call's rows: workers, or the groups of
+  // workers that compute one edit together (CFG in parallel, Ulysses).
   virtual int workers() const = 0;
   // Health is OK while every worker runs; UNAVAILABLE naming one that does not.
   virtual absl::Status Health() const = 0;

@@ -1,9 +1,11 @@
 #include "workers/edit/image_edit_controller.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/files.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "workers/edit/image_edit_worker.h"
 #include "workers/models/qwen_image/embedded_model.h"
@@ -25,10 +27,11 @@ absl::Status CheckUlyssesHeads(const ImageEditConfig& config, const std::string&
       qwen_image::TransformerConfig transformer,
       qwen_image::TransformerConfig::FromFile(model_path + "/transformer/config.json"));
   if (transformer.num_attention_heads % config.ulysses_degree == 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(kConfigSection, ".ulysses_degree ", config.ulysses_degree,
-                   " does not divide the transformer's ", transformer.num_attention_heads,
-                   " attention heads (", model_path, ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      kConfigSection, ".ulysses_degree ", config.ulysses_degree,
+      " does not divide the transformer's ", transformer.num_attention_heads, " attention heads (",
+      config.model_path.empty() ? "the embedded model" : config.model_path,
+      "): --ulysses-degree must divide them"));
 }
 
 }  // namespace
@@ -38,17 +41,25 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
   const int64_t ranks = static_cast<int64_t>(options.nodes) * options.workers;
   if (ranks % config.RanksPerEdit() != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(config.EditLayout(), ": each edit takes ", config.RanksPerEdit(),
-                     " workers, which do not divide the ", ranks, " workers (", options.nodes,
-                     " node(s) x ", options.workers, ")"));
+        absl::StrCat(config.EditLayout(), ": one edit takes ", config.RanksPerEdit(),
+                     " workers, and ", ranks, " workers (", options.nodes, " node(s) x --workers ",
+                     options.workers, ") are not a multiple of ", config.RanksPerEdit()));
+  }
+  if (config.cfg_parallel_size > 1 &&
+      (config.negative_prompt.empty() || config.true_cfg_scale <= 1)) {
+    Log("edit",
+        "note: cfg_parallel_size (--cfg-parallel-size) spreads guided edits only, and this "
+        "configuration guides none (give a negative prompt, e.g. --negative-prompt \" \", and "
+        "true_cfg_scale > 1): each of its edits runs the same pass on both workers");
   }
   std::unique_ptr<ImageEditController> controller(
       new ImageEditController(config, std::move(options)));
   std::string model_path = config.model_path;
+  std::optional<ScratchDir> embedded;  // gone once its tokenizer is read
   if (model_path.empty()) {  // the embedded model: for its tokenizer (workers unpack their own)
-    DRAY_ASSIGN_OR_RETURN(controller->embedded_, ScratchDir::Create("dray-tiny"));
-    DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(controller->embedded_->path()));
-    model_path = controller->embedded_->path();
+    DRAY_ASSIGN_OR_RETURN(embedded, ScratchDir::Create("dray-tiny"));
+    DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(embedded->path()));
+    model_path = embedded->path();
   }
   DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,

@@ -39,7 +39,6 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "base/files.h"
 #include "dispatch/data_proto.h"
 #include "runtime/controller/supervised_group.h"
 #include "runtime/controller/worker_group.h"
@@ -101,7 +100,9 @@ class ImageEditController final : public EditBackend {
   // later calls and restarts no worker.
   void CancelAll(const absl::Status& why) override;
   const ImageEditConfig& config() const override { return config_; }
-  int workers() const override { return options_.workers; }
+  int workers() const override {
+    return static_cast<int>(options_.nodes * options_.workers / config_.RanksPerEdit());
+  }
   // Health: OK while the workers serve; UNAVAILABLE naming the cause while
   // they restart, or once the controller has given up.
   absl::Status Health() const override;
@@ -127,8 +128,7 @@ class ImageEditController final : public EditBackend {
 
   const ImageEditConfig config_;
   const Options options_;
-  std::optional<ScratchDir> embedded_;  // the tiny model, when no model_path
-  PromptTokenCounter count_tokens_;     // the model's tokenizer, for admission
+  PromptTokenCounter count_tokens_;  // the model's tokenizer, for admission
   qwen_image::EditPipelineKind pipeline_ = qwen_image::EditPipelineKind::kEdit;  // the model's
   std::unique_ptr<SupervisedGroup> workers_;
 

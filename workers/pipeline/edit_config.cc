@@ -92,8 +92,9 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
 }
 
 std::string ImageEditConfig::EditLayout() const {
-  return absl::StrCat(kConfigSection, ".cfg_parallel_size ", cfg_parallel_size, " x ",
-                      kConfigSection, ".ulysses_degree ", ulysses_degree);
+  return absl::StrCat(kConfigSection, ".cfg_parallel_size ", cfg_parallel_size,
+                      " (--cfg-parallel-size) x ", kConfigSection, ".ulysses_degree ",
+                      ulysses_degree, " (--ulysses-degree)");
 }
 
 void ImageEditConfig::UseEmbeddedDefaults() {
