@@ -367,7 +367,7 @@ int Serve(const EditCommands::Flags& f) {
     if (!http.ok()) return Fail("serve", http.status());
     std::printf(
         "dray serve: HTTP on %s://%s:%d (OpenAI's POST /v1/images/edits, GET /v1/models, "
-        "/health, /ready, /metrics)\n",
+        "/health, /ready, /metrics; a page at /)\n",
         f.public_tls_cert.empty() && f.cluster.tls.cert.empty() ? "http" : "https", f.host.c_str(),
         (*http)->port());
   }

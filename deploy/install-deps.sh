@@ -43,8 +43,8 @@ test_packages=(
   # Container tests: an image built from a debootstrap base, run by podman.
   debootstrap podman podman-compose buildah runc containernetworking-plugins
   golang-github-containernetworking-plugin-dnsname iptables
-  # HTTP tests: curl, Node.js for OpenAI's official client, a Prometheus server.
-  curl nodejs prometheus
+  # HTTP tests: curl, Node.js for OpenAI's official client, a browser, a Prometheus server.
+  curl nodejs chromium prometheus
 )
 
 packages=("${build_packages[@]}")

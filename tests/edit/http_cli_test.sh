@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `dray serve --http-port` as its users call it, over HTTPS with a client
-# token: curl and OpenAI's official Node.js client edit an image through it;
+# token: curl, OpenAI's official Node.js client and its page in a headless
+# Chromium edit an image through it;
 # health, readiness and the model list answer; bad input (no image, not an
 # image, a 200 MB upload, a malformed multipart body, a wrong token) gets its
 # 4xx with a JSON error naming the field and the request id; /metrics passes
@@ -63,6 +64,8 @@ PY
 
 NODE_PATH="$clients" NODE_EXTRA_CA_CERTS="$out/certs/ca.crt" \
   node "$root/tests/http/openai_client.cjs" "$url/v1" sekrit "$image" || fail "OpenAI's client"
+NODE_PATH="$clients" node "$root/tests/http/browser_edit.cjs" "$url/" sekrit "$image" \
+  "${TEST_UNDECLARED_OUTPUTS_DIR:-$out}/http_page.png" || fail "the page in Chromium"
 
 echo "not an image" >"$out/bad.png"
 expect_error 400 image "${authorized[@]}" "$url/v1/images/edits" -F prompt=x

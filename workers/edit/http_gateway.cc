@@ -23,6 +23,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
 #include "runtime/security/job_secret.h"
+#include "workers/edit/edit_page.h"
 #include "workers/edit/http_edit_request.h"
 #include "workers/edit/image_edit_server.h"
 
@@ -346,9 +347,9 @@ absl::Status HttpGateway::Impl::Ready(httplib::Response& response) {
 absl::Status HttpGateway::Impl::HttplibRefusal(int status, const httplib::Request& request) const {
   switch (status) {
     case 404:
-      return absl::NotFoundError(
-          absl::StrCat("no ", request.method, " ", request.path,
-                       " here (POST /v1/images/edits, GET /v1/models, /health, /ready, /metrics)"));
+      return absl::NotFoundError(absl::StrCat(
+          "no ", request.method, " ", request.path,
+          " here (POST /v1/images/edits, GET /, /v1/models, /health, /ready, /metrics)"));
     case 413:
       return absl::ResourceExhaustedError(
           absl::StrCat("the body is larger than ", options_.max_body_bytes, " bytes"));
@@ -398,6 +399,10 @@ absl::Status HttpGateway::Impl::Start() {
          [this](const auto&, auto& response, const auto&) { return Models(response); });
   Handle("GET", "/health", false, [](const auto&, auto& response, const auto&) {
     ReplyJson(response, 200, {{"status", "ok"}});
+    return absl::OkStatus();
+  });
+  Handle("GET", "/", false, [](const auto&, auto& response, const auto&) {
+    response.set_content(kEditPage, "text/html; charset=utf-8");
     return absl::OkStatus();
   });
   Handle("GET", "/ready", false,

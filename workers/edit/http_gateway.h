@@ -10,6 +10,7 @@
 //   GET  /health           200 while the process answers (liveness)
 //   GET  /ready            200 while the service takes edits, else 503
 //   GET  /metrics          Prometheus' text format (ServeMetrics), when given
+//   GET  /                 a page to try edits in a browser (kEditPage)
 // Each edit goes to ImageEditService over an in-process channel, so HTTP
 // requests meet the same admission, queue, budgets and deadlines as gRPC
 // ones, under one request id (the x-request-id header, kept by the service).
@@ -18,7 +19,8 @@
 //   {"error": {"message", "type", "param", "code", "request_id"}}.
 // The port is bounded: at most max_connections served at once (one more
 // thread answers the rest with 503 at once) and max_body_bytes per body
-// (413). /v1/ needs the bearer token when one is set; health and metrics do not.
+// (413). /v1/ needs the bearer token when one is set; the page, health and
+// metrics do not.
 //
 //   HttpOptions options;
 //   options.address = "127.0.0.1:8080";

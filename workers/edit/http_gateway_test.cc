@@ -115,7 +115,7 @@ TEST_F(HttpGatewayTest, RefusalsCarryTheirStatusFieldAndRequestId) {
   EXPECT_EQ(Error(result)["code"], "not_found");
 }
 
-TEST_F(HttpGatewayTest, TheTokenGuardsTheApiButNotHealth) {
+TEST_F(HttpGatewayTest, TheTokenGuardsTheApiButNotHealthOrThePage) {
   HttpOptions options;
   options.bearer_token = "secret";
   Serve(options);
@@ -132,6 +132,10 @@ TEST_F(HttpGatewayTest, TheTokenGuardsTheApiButNotHealth) {
   EXPECT_EQ(Edit({{"prompt", "x", "", ""}, {"steps", "2", "", ""}})->status, 200);
   httplib::Client anyone("127.0.0.1", gateway_->port());
   EXPECT_EQ(anyone.Get("/health")->status, 200);
+  httplib::Result page = anyone.Get("/");
+  EXPECT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_THAT(page->body, HasSubstr("<title>dray: edit an image</title>"));
   EXPECT_EQ(anyone.Get("/ready")->status, 200);
 }
 
