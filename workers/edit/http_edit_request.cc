@@ -19,8 +19,6 @@
 namespace dray {
 namespace {
 
-constexpr char kFieldPayload[] = "type.dray.dev/http-field";
-
 absl::StatusOr<int64_t> IntField(absl::string_view field, absl::string_view value, int64_t low,
                                  int64_t high) {
   int64_t number;
@@ -179,17 +177,6 @@ absl::StatusOr<std::string> DecodeImage(const nlohmann::json& value, size_t inde
 }
 
 }  // namespace
-
-absl::Status FieldError(absl::string_view field, absl::string_view message) {
-  absl::Status status = absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
-  status.SetPayload(kFieldPayload, absl::Cord(field));
-  return status;
-}
-
-std::string FieldOf(const absl::Status& status) {
-  const auto field = status.GetPayload(kFieldPayload);
-  return field.has_value() ? std::string(*field) : std::string();
-}
 
 absl::StatusOr<HttpEditRequest> ParseEditForm(std::vector<FormPart> parts) {
   return ReadFields(std::move(parts));

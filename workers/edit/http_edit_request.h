@@ -14,7 +14,7 @@
 // INVALID_ARGUMENT naming it (FieldOf).
 //
 //   absl::StatusOr<HttpEditRequest> request = ParseEditJson(body);
-//   if (!request.ok()) reply 400 naming FieldOf(request.status());
+//   if (!request.ok()) reply 400 naming FieldOf(request.status())  (http_server.h)
 #ifndef DRAY_WORKERS_EDIT_HTTP_EDIT_REQUEST_H_
 #define DRAY_WORKERS_EDIT_HTTP_EDIT_REQUEST_H_
 
@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "dray/v1/image_edit.pb.h"
+#include "runtime/http/http_server.h"
 
 namespace dray {
 
@@ -51,11 +52,6 @@ absl::StatusOr<HttpEditRequest> ParseEditForm(std::vector<FormPart> parts);
 
 // ParseEditJson reads the same fields from a JSON object.
 absl::StatusOr<HttpEditRequest> ParseEditJson(absl::string_view body);
-
-// FieldError is INVALID_ARGUMENT about request field `field`; FieldOf reads
-// the field back (empty for other errors).
-absl::Status FieldError(absl::string_view field, absl::string_view message);
-std::string FieldOf(const absl::Status& status);
 
 }  // namespace dray
 

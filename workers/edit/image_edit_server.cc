@@ -18,13 +18,12 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
-#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/log.h"
+#include "base/request_id.h"
 #include "base/status_macros.h"
 #include "dray/v1/image_edit.grpc.pb.h"
 #include "runtime/rpc/grpc_util.h"
@@ -523,11 +522,6 @@ std::shared_ptr<grpc::Channel> ImageEditServer::InProcessChannel() {
 }
 
 ServeMetrics& ImageEditServer::metrics() { return impl_->metrics(); }
-
-std::string NewRequestId() {
-  thread_local absl::BitGen random;
-  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(random));
-}
 
 void ImageEditServer::Shutdown() { impl_->Shutdown(); }
 

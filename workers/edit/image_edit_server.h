@@ -46,12 +46,9 @@ namespace dray {
 inline constexpr char kImageEditServiceName[] = "dray.v1.ImageEditService";
 // kRequestIdMetadata: the initial-metadata key of each request's id, which
 // also ends every error message ("[request <id>]") and the server's log line
-// of that error. A caller may send its own (16 hex digits, NewRequestId), as
-// the HTTP gateway does, and the answer keeps it.
+// of that error. A caller may send its own (16 hex digits, NewRequestId in
+// base/request_id.h), as the HTTP gateway does, and the answer keeps it.
 inline constexpr char kRequestIdMetadata[] = "dray-request-id";
-
-// NewRequestId: 16 random hex digits.
-std::string NewRequestId();
 
 struct ServeOptions {
   std::string address = "127.0.0.1:8000";            // host:port; port 0 picks a free one

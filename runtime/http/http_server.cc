@@ -1,0 +1,262 @@
+#include "runtime/http/http_server.h"
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+#include "runtime/security/job_secret.h"
+
+namespace dray {
+namespace {
+
+constexpr char kFieldPayload[] = "type.dray.dev/http-field";
+
+void ReplyError(httplib::Response& response, const absl::Status& status,
+                const std::string& request_id) {
+  ReplyJson(response, HttpStatusOf(status.code()), ErrorJson(status, request_id));
+}
+
+// Refuse replies `status` to a request that reached no route, under a new
+// request id; `http_status` overrides the code's.
+void Refuse(httplib::Response& response, const absl::Status& status, int http_status = 0) {
+  const std::string request_id = NewRequestId();
+  response.set_header("x-request-id", request_id);
+  ReplyError(response, status, request_id);
+  if (http_status != 0) response.status = http_status;
+}
+
+// ConnectionQueue: httplib's task queue, serving at most `limit`
+// connections at once; one more thread answers the rest at once, each with
+// Refusing() true for its pre-routing handler.
+class ConnectionQueue final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionQueue(int limit) : limit_(limit), pool_(limit), refuser_(1) {}
+
+  void enqueue(std::function<void()> connection) override {
+    if (open_.fetch_add(1) >= limit_) {
+      refuser_.enqueue([this, connection = std::move(connection)] {
+        refusing_ = true;
+        connection();
+        refusing_ = false;
+        --open_;
+      });
+      return;
+    }
+    pool_.enqueue([this, connection = std::move(connection)] {
+      connection();
+      --open_;
+    });
+  }
+  void shutdown() override {
+    pool_.shutdown();
+    refuser_.shutdown();
+  }
+
+  static bool Refusing() { return refusing_; }
+
+ private:
+  static thread_local bool refusing_;
+  const int limit_;
+  std::atomic<int> open_{0};
+  httplib::ThreadPool pool_, refuser_;
+};
+
+thread_local bool ConnectionQueue::refusing_ = false;
+
+// SplitAddress reads "host:port".
+absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", address, "' is not HOST:PORT"));
+  }
+  return std::pair{address.substr(0, colon), port};
+}
+
+}  // namespace
+
+absl::Status FieldError(absl::string_view field, absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+  status.SetPayload(kFieldPayload, absl::Cord(field));
+  return status;
+}
+
+std::string FieldOf(const absl::Status& status) {
+  const auto field = status.GetPayload(kFieldPayload);
+  return field.has_value() ? std::string(*field) : std::string();
+}
+
+int HttpStatusOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kAborted:
+      return 409;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;  // the client closed the request (nginx's)
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+nlohmann::json ErrorJson(const absl::Status& status, const std::string& request_id) {
+  const std::string field = FieldOf(status);
+  std::string code = absl::StatusCodeToString(status.code());
+  absl::AsciiStrToLower(&code);
+  return {{"error",
+           {{"message", std::string(status.message())},
+            {"type", HttpStatusOf(status.code()) < 500 ? "invalid_request_error" : "server_error"},
+            {"param", field.empty() ? nlohmann::json(nullptr) : nlohmann::json(field)},
+            {"code", code},
+            {"request_id", request_id}}}};
+}
+
+void ReplyJson(httplib::Response& response, int status, const nlohmann::json& body) {
+  response.status = status;
+  response.set_content(body.dump(), "application/json");
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(Options options) {
+  std::unique_ptr<HttpServer> server(new HttpServer(std::move(options)));
+  DRAY_RETURN_IF_ERROR(server->Bind());
+  return server;
+}
+
+HttpServer::HttpServer(Options options) : options_(std::move(options)) {}
+
+HttpServer::~HttpServer() { Shutdown(); }
+
+absl::Status HttpServer::Bind() {
+  DRAY_ASSIGN_OR_RETURN(const auto address, SplitAddress(options_.address));
+  const TlsFiles& tls = options_.tls;
+  if (tls.cert.empty()) {
+    server_ = std::make_unique<httplib::Server>();
+  } else {
+    server_ = std::make_unique<httplib::SSLServer>(tls.cert.c_str(), tls.key.c_str(),
+                                                   tls.mutual ? tls.ca.c_str() : nullptr);
+  }
+  if (!server_->is_valid()) {
+    return absl::InvalidArgumentError(absl::StrCat("HTTPS cannot start with certificate '",
+                                                   tls.cert, "' and key '", tls.key, "'"));
+  }
+  const int limit = options_.max_connections;
+  server_->new_task_queue = [limit] { return new ConnectionQueue(limit); };
+  server_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
+  server_->set_read_timeout(std::chrono::seconds(30));
+  server_->set_pre_routing_handler([limit](const httplib::Request&, httplib::Response& response) {
+    if (!ConnectionQueue::Refusing()) return httplib::Server::HandlerResponse::Unhandled;
+    response.set_header("Connection", "close");
+    Refuse(response, absl::UnavailableError(absl::StrCat("the HTTP port serves at most ", limit,
+                                                         " connections at once; retry later")));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  server_->set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& request, httplib::Response& response) {
+        if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        Refuse(response, Refusal(response.status, request), response.status);
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  const auto& [host, port] = address;
+  port_ =
+      port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (port_ <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve HTTP on ", options_.address, " (in use, or not an address)"));
+  }
+  return absl::OkStatus();
+}
+
+void HttpServer::Handle(const std::string& method, const std::string& path, Access access,
+                        Handler handler) {
+  const std::string route = absl::StrCat(method, " ", path);
+  routes_.push_back(route);
+  auto serve = [this, route, access, handler = std::move(handler)](const httplib::Request& request,
+                                                                   httplib::Response& response) {
+    const absl::Time start = absl::Now();
+    const std::string request_id = NewRequestId();
+    response.set_header("x-request-id", request_id);
+    absl::Status status = access == kNeedsToken ? CheckToken(request) : absl::OkStatus();
+    if (status.ok()) status = handler(request, response, request_id);
+    if (!status.ok()) {
+      Log("http", absl::StrCat("request ", request_id, " (", request.method, " ", request.path,
+                               "): ", status.ToString()));
+      ReplyError(response, status, request_id);
+    }
+    if (options_.on_request) {
+      options_.on_request(route, response.status == -1 ? 200 : response.status,
+                          absl::Now() - start);
+    }
+  };
+  if (method == "GET") {
+    server_->Get(path, std::move(serve));
+  } else {
+    server_->Post(path, std::move(serve));
+  }
+}
+
+absl::Status HttpServer::CheckToken(const httplib::Request& request) const {
+  if (options_.bearer_token.empty() ||
+      ShowsSecret(request.get_header_value("Authorization"),
+                  absl::StrCat("Bearer ", options_.bearer_token))) {
+    return absl::OkStatus();
+  }
+  return absl::UnauthenticatedError(
+      "this service needs a client token: send the header 'Authorization: Bearer TOKEN'");
+}
+
+absl::Status HttpServer::Refusal(int status, const httplib::Request& request) const {
+  switch (status) {
+    case 404:
+      return absl::NotFoundError(absl::StrCat("no ", request.method, " ", request.path, " here (",
+                                              absl::StrJoin(routes_, ", "), ")"));
+    case 413:
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the body is larger than ", options_.max_body_bytes, " bytes"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("HTTP ", status, ": the request could not be read (a malformed body?)"));
+  }
+}
+
+void HttpServer::Start() {
+  listener_ = std::thread([this] { server_->listen_after_bind(); });
+}
+
+void HttpServer::Shutdown() {
+  std::call_once(shutdown_, [this] {
+    if (server_ == nullptr) return;
+    server_->stop();
+    if (listener_.joinable()) listener_.join();
+  });
+}
+
+}  // namespace dray
