@@ -311,6 +311,7 @@ HttpOptions GatewayOptions(const EditCommands::Flags& f, const ImageEditConfig& 
   }
   options.max_connections = f.http_max_connections;
   options.max_body_bytes = f.http_max_body_mb << 20;
+  options.max_call_bytes = 2 * serve.max_image_bytes;  // what its gRPC port takes, less a margin
   return options;
 }
 

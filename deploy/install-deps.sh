@@ -4,11 +4,11 @@
 #
 #   deploy/install-deps.sh              # everything, as root or with sudo available
 #   deploy/install-deps.sh --build-only # what `bazel build //cli:dray` needs (the image's build stage)
-#   deploy/install-deps.sh --no-clients # everything but the npm clients of the HTTP tests
+#   deploy/install-deps.sh --no-clients # everything but the npm client of the HTTP tests
 #
-# Everything includes the real clients the HTTP tests drive (tests/http:
-# OpenAI's Node.js client, a browser driver), installed by npm from the
-# lock file into /usr/local/lib/dray-test-clients.
+# Everything includes OpenAI's Node.js client, which the HTTP tests drive,
+# installed by npm from tests/http's lock file into
+# /usr/local/lib/dray-test-clients.
 set -euo pipefail
 
 build_packages=(
@@ -43,8 +43,9 @@ test_packages=(
   # Container tests: an image built from a debootstrap base, run by podman.
   debootstrap podman podman-compose buildah runc containernetworking-plugins
   golang-github-containernetworking-plugin-dnsname iptables
-  # HTTP tests: curl, Node.js for OpenAI's official client, a browser, a Prometheus server.
-  curl nodejs chromium prometheus
+  # HTTP tests: curl, Node.js for OpenAI's official client, a browser driven by
+  # Selenium, a Prometheus server.
+  curl nodejs chromium chromium-driver python3-selenium prometheus
 )
 
 packages=("${build_packages[@]}")
@@ -73,7 +74,10 @@ install_clients() {
     echo "install-deps: the HTTP tests' clients already installed"
     return
   fi
-  command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq npm
+  if ! command -v npm >/dev/null; then
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm
+  fi
   $sudo mkdir -p "$dir"
   $sudo cp "$from/package.json" "$from/package-lock.json" "$dir/"
   $sudo npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error
@@ -90,7 +94,7 @@ if ((${#missing[@]} == 0)); then
 else
   echo "install-deps: installing ${missing[*]}"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 if $clients; then install_clients; fi
 echo "install-deps: done"

@@ -104,6 +104,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
     return addresses;
   }
   std::vector<RankMemory> memory() const {
+    absl::MutexLock lock(&mu_);  // Shutdown may be closing the clients
     std::vector<RankMemory> ranks;
     for (const auto& client : clients_) {
       const std::optional<v1::ProcessMemory> memory = client->memory();
@@ -174,7 +175,7 @@ class WorkerGroup::Impl final : public v1::ControllerService::Service {
   std::vector<std::unique_ptr<Process>> processes_;     // by rank
   std::vector<std::unique_ptr<WorkerClient>> clients_;  // by rank
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   std::vector<std::optional<v1::RegisterWorkerRequest>> registrations_ ABSL_GUARDED_BY(mu_);
   std::vector<std::optional<ExitStatus>> exits_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Time> heartbeats_ ABSL_GUARDED_BY(mu_);   // by rank: the last one
@@ -483,7 +484,12 @@ void WorkerGroup::Impl::Stop() {
   }
   processes_.clear();  // kills what is left, reaps, joins
   store_dir_.reset();
-  clients_.clear();
+  std::vector<std::unique_ptr<WorkerClient>> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing.swap(clients_);
+  }
+  closing.clear();  // outside the lock: closing joins threads that may take it
   if (server_ != nullptr) server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
 }
 

@@ -6,10 +6,13 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -19,19 +22,29 @@ namespace dray {
 namespace {
 
 constexpr char kFieldPayload[] = "type.dray.dev/http-field";
+constexpr char kHttpStatusPayload[] = "type.dray.dev/http-status";
+
+// WithHttpStatus: `status`, replied with HTTP status `http_status` rather than its code's.
+absl::Status WithHttpStatus(absl::Status status, int http_status) {
+  status.SetPayload(kHttpStatusPayload, absl::Cord(std::to_string(http_status)));
+  return status;
+}
 
 void ReplyError(httplib::Response& response, const absl::Status& status,
                 const std::string& request_id) {
-  ReplyJson(response, HttpStatusOf(status.code()), ErrorJson(status, request_id));
+  int http_status = HttpStatusOf(status.code());
+  if (const auto given = status.GetPayload(kHttpStatusPayload); given.has_value()) {
+    absl::SimpleAtoi(std::string(*given), &http_status);
+  }
+  ReplyJson(response, http_status, ErrorJson(status, request_id));
 }
 
 // Refuse replies `status` to a request that reached no route, under a new
-// request id; `http_status` overrides the code's.
-void Refuse(httplib::Response& response, const absl::Status& status, int http_status = 0) {
+// request id.
+void Refuse(httplib::Response& response, const absl::Status& status) {
   const std::string request_id = NewRequestId();
   response.set_header("x-request-id", request_id);
   ReplyError(response, status, request_id);
-  if (http_status != 0) response.status = http_status;
 }
 
 // ConnectionQueue: httplib's task queue, serving at most `limit`
@@ -142,10 +155,17 @@ nlohmann::json ErrorJson(const absl::Status& status, const std::string& request_
 
 void ReplyJson(httplib::Response& response, int status, const nlohmann::json& body) {
   response.status = status;
-  response.set_content(body.dump(), "application/json");
+  // Text that is not UTF-8 (a client's, quoted in an error) is replaced, never thrown on.
+  response.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                       "application/json");
 }
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(Options options) {
+  if (options.max_connections < 1 || options.max_body_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an HTTP port serves at least 1 connection (not ", options.max_connections,
+                     ") and bodies of 0 bytes or more (not ", options.max_body_bytes, ")"));
+  }
   std::unique_ptr<HttpServer> server(new HttpServer(std::move(options)));
   DRAY_RETURN_IF_ERROR(server->Bind());
   return server;
@@ -172,17 +192,26 @@ absl::Status HttpServer::Bind() {
   server_->new_task_queue = [limit] { return new ConnectionQueue(limit); };
   server_->set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   server_->set_read_timeout(std::chrono::seconds(30));
-  server_->set_pre_routing_handler([limit](const httplib::Request&, httplib::Response& response) {
-    if (!ConnectionQueue::Refusing()) return httplib::Server::HandlerResponse::Unhandled;
-    response.set_header("Connection", "close");
-    Refuse(response, absl::UnavailableError(absl::StrCat("the HTTP port serves at most ", limit,
-                                                         " connections at once; retry later")));
+  server_->set_pre_routing_handler([this, limit](const httplib::Request& request,
+                                                 httplib::Response& response) {
+    if (ConnectionQueue::Refusing()) {
+      Refuse(response, absl::UnavailableError(absl::StrCat("the HTTP port serves at most ", limit,
+                                                           " connections at once; retry later")));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    const std::optional<absl::Status> refused = BeforeRouting(request);
+    if (!refused.has_value()) return httplib::Server::HandlerResponse::Unhandled;
+    Refuse(response, *refused);
     return httplib::Server::HandlerResponse::Handled;
   });
+  server_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& response, std::exception_ptr) {
+        Refuse(response, absl::InternalError("the server failed to answer this request"));
+      });
   server_->set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& request, httplib::Response& response) {
         if (!response.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        Refuse(response, Refusal(response.status, request), response.status);
+        Refuse(response, WithHttpStatus(Refusal(response.status, request), response.status));
         return httplib::Server::HandlerResponse::Handled;
       }));
   const auto& [host, port] = address;
@@ -195,32 +224,109 @@ absl::Status HttpServer::Bind() {
   return absl::OkStatus();
 }
 
-void HttpServer::Handle(const std::string& method, const std::string& path, Access access,
-                        Handler handler) {
-  const std::string route = absl::StrCat(method, " ", path);
-  routes_.push_back(route);
-  auto serve = [this, route, access, handler = std::move(handler)](const httplib::Request& request,
-                                                                   httplib::Response& response) {
-    const absl::Time start = absl::Now();
-    const std::string request_id = NewRequestId();
-    response.set_header("x-request-id", request_id);
-    absl::Status status = access == kNeedsToken ? CheckToken(request) : absl::OkStatus();
-    if (status.ok()) status = handler(request, response, request_id);
-    if (!status.ok()) {
-      Log("http", absl::StrCat("request ", request_id, " (", request.method, " ", request.path,
-                               "): ", status.ToString()));
-      ReplyError(response, status, request_id);
-    }
-    if (options_.on_request) {
-      options_.on_request(route, response.status == -1 ? 200 : response.status,
-                          absl::Now() - start);
-    }
-  };
-  if (method == "GET") {
-    server_->Get(path, std::move(serve));
-  } else {
-    server_->Post(path, std::move(serve));
+void HttpServer::Answer(const std::string& route, Access access, const httplib::Request& request,
+                        httplib::Response& response,
+                        const std::function<absl::Status(const std::string&)>& work) {
+  const absl::Time start = absl::Now();
+  const std::string request_id = NewRequestId();
+  response.set_header("x-request-id", request_id);
+  absl::Status status = access == kNeedsToken ? CheckToken(request) : absl::OkStatus();
+  if (status.ok()) status = work(request_id);
+  if (!status.ok()) {
+    Log("http", absl::StrCat("request ", request_id, " (", route, "): ", status.ToString()));
+    ReplyError(response, status, request_id);
   }
+  if (options_.on_request) {
+    options_.on_request(route, response.status == -1 ? 200 : response.status, absl::Now() - start);
+  }
+}
+
+void HttpServer::HandleGet(const std::string& path, Access access, Handler handler) {
+  const std::string route = absl::StrCat("GET ", path);
+  routes_.push_back(route);
+  server_->Get(path, [this, route, access, handler = std::move(handler)](
+                         const httplib::Request& request, httplib::Response& response) {
+    Answer(route, access, request, response,
+           [&](const std::string& request_id) { return handler(request, response, request_id); });
+  });
+}
+
+void HttpServer::HandlePost(const std::string& path, Access access, PostHandler handler) {
+  const std::string route = absl::StrCat("POST ", path);
+  routes_.push_back(route);
+  post_paths_.push_back(path);
+  server_->Post(path, [this, route, access, handler = std::move(handler)](
+                          const httplib::Request& request, httplib::Response& response,
+                          const httplib::ContentReader& read) {
+    Answer(route, access, request, response, [&](const std::string& request_id) -> absl::Status {
+      DRAY_ASSIGN_OR_RETURN(HttpBody body, ReadBody(request, read));
+      return handler(request, std::move(body), response, request_id);
+    });
+  });
+}
+
+absl::StatusOr<HttpBody> HttpServer::ReadBody(const httplib::Request& request,
+                                              const httplib::ContentReader& read) const {
+  int64_t length = 0;  // the length it announces, if it does
+  if (absl::SimpleAtoi(request.get_header_value("Content-Length"), &length) &&
+      length > options_.max_body_bytes) {
+    return TooLarge();
+  }
+  HttpBody body;
+  int64_t bytes = 0;
+  // Counts every byte as it arrives, whatever the framing: false past the bound.
+  auto counted = [&](std::string& into) {
+    return [&bytes, &into, this](const char* data, size_t size) {
+      bytes += static_cast<int64_t>(size);
+      if (bytes > options_.max_body_bytes) return false;
+      into.append(data, size);
+      return true;
+    };
+  };
+  bool read_through;
+  if (request.is_multipart_form_data()) {
+    body.multipart = true;
+    read_through = read(
+        [&](const httplib::MultipartFormData& part) {
+          body.parts.push_back({part.name, ""});
+          return true;
+        },
+        [&](const char* data, size_t size) {
+          return counted(body.parts.back().content)(data, size);
+        });
+  } else {
+    read_through = read(counted(body.bytes));
+  }
+  if (bytes > options_.max_body_bytes) return TooLarge();
+  if (!read_through) {
+    return absl::InvalidArgumentError("the body could not be read (a malformed multipart body?)");
+  }
+  return body;
+}
+
+std::optional<absl::Status> HttpServer::BeforeRouting(const httplib::Request& request) const {
+  const std::string length = request.get_header_value("Content-Length");
+  const bool has_body =
+      request.has_header("Transfer-Encoding") || (!length.empty() && length != "0");
+  if (request.method == "POST") {
+    if (absl::c_linear_search(post_paths_, request.path)) return std::nullopt;
+    return absl::NotFoundError(
+        absl::StrCat("no POST ", request.path, " here (", absl::StrJoin(routes_, ", "), ")"));
+  }
+  if (request.method == "GET" || request.method == "HEAD") {
+    if (!has_body) return std::nullopt;
+    return absl::InvalidArgumentError(absl::StrCat(request.method, " takes no body"));
+  }
+  return WithHttpStatus(
+      absl::InvalidArgumentError(
+          absl::StrCat(request.method, " is not served here (", absl::StrJoin(routes_, ", "), ")")),
+      405);
+}
+
+absl::Status HttpServer::TooLarge() const {
+  return WithHttpStatus(absl::ResourceExhaustedError(absl::StrCat(
+                            "the body is larger than ", options_.max_body_bytes, " bytes")),
+                        413);
 }
 
 absl::Status HttpServer::CheckToken(const httplib::Request& request) const {
@@ -239,8 +345,7 @@ absl::Status HttpServer::Refusal(int status, const httplib::Request& request) co
       return absl::NotFoundError(absl::StrCat("no ", request.method, " ", request.path, " here (",
                                               absl::StrJoin(routes_, ", "), ")"));
     case 413:
-      return absl::ResourceExhaustedError(
-          absl::StrCat("the body is larger than ", options_.max_body_bytes, " bytes"));
+      return TooLarge();
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("HTTP ", status, ": the request could not be read (a malformed body?)"));
@@ -248,7 +353,14 @@ absl::Status HttpServer::Refusal(int status, const httplib::Request& request) co
 }
 
 void HttpServer::Start() {
-  listener_ = std::thread([this] { server_->listen_after_bind(); });
+  listener_ = std::thread([this] {
+    server_->listen_after_bind();
+    stopped_listening_.Notify();
+  });
+  // Shutdown stops only a running server: wait until it runs (or failed).
+  while (!server_->is_running() &&
+         !stopped_listening_.WaitForNotificationWithTimeout(absl::Milliseconds(1))) {
+  }
 }
 
 void HttpServer::Shutdown() {

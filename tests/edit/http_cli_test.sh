@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `dray serve --http-port` as its users call it, over HTTPS with a client
 # token: curl, OpenAI's official Node.js client and its page in a headless
-# Chromium edit an image through it;
+# Chromium (Selenium) edit an image through it;
 # health, readiness and the model list answer; bad input (no image, not an
 # image, a 200 MB upload, a malformed multipart body, a wrong token) gets its
 # 4xx with a JSON error naming the field and the request id; /metrics passes
@@ -64,7 +64,7 @@ PY
 
 NODE_PATH="$clients" NODE_EXTRA_CA_CERTS="$out/certs/ca.crt" \
   node "$root/tests/http/openai_client.cjs" "$url/v1" sekrit "$image" || fail "OpenAI's client"
-NODE_PATH="$clients" node "$root/tests/http/browser_edit.cjs" "$url/" sekrit "$image" \
+/usr/bin/python3 "$root/tests/http/browser_edit.py" "$url/" sekrit "$image" \
   "${TEST_UNDECLARED_OUTPUTS_DIR:-$out}/http_page.png" || fail "the page in Chromium"
 
 echo "not an image" >"$out/bad.png"
@@ -98,7 +98,7 @@ prometheus --config.file="$out/prometheus.yml" --storage.tsdb.path="$out/tsdb" \
 prometheus=$!
 trap 'kill -KILL $server $prometheus 2>/dev/null || true' EXIT
 # value QUERY: the value of QUERY's first sample once Prometheus has one (it
-# scrapes each second), waiting at most a minute.
+# scrapes each second), waiting at most a minute; empty if it has none.
 value() {
   local answer
   for _ in $(seq 120); do
@@ -110,7 +110,7 @@ value() {
     fi
     sleep 0.5
   done
-  fail "Prometheus never answered $1: $(tail -5 "$out/prometheus.log")"
+  echo "Prometheus never answered $1: $(tail -3 "$out/prometheus.log")" >&2
 }
 [[ $(value 'up{job="dray"}') == 1 ]] || fail "Prometheus does not see dray serve up"
 [[ $(value 'dray_serve_images_total{outcome="edited"}') -ge 4 ]] || fail "images edited"

@@ -41,12 +41,6 @@ struct HttpEditRequest {
   absl::Duration timeout = absl::Minutes(10);
 };
 
-// FormPart: one part of a multipart/form-data body.
-struct FormPart {
-  std::string name;
-  std::string content;
-};
-
 // ParseEditForm reads OpenAI's multipart form.
 absl::StatusOr<HttpEditRequest> ParseEditForm(std::vector<FormPart> parts);
 

@@ -57,7 +57,7 @@ class HttpGateway::Impl {
   int port() const { return server_->port(); }
 
  private:
-  absl::Status Edits(const httplib::Request& request, httplib::Response& response,
+  absl::Status Edits(const httplib::Request& request, HttpBody body, httplib::Response& response,
                      const std::string& request_id);
   // Stream answers a stream=true edit with server-sent events.
   void Stream(HttpEditRequest edit, httplib::Response& response, const std::string& request_id);
@@ -81,15 +81,13 @@ void HttpGateway::Impl::Prepare(grpc::ClientContext& context, const std::string&
   if (!options_.bearer_token.empty()) AttachBearerToken(&context, options_.bearer_token);
 }
 
-absl::Status HttpGateway::Impl::Edits(const httplib::Request& request, httplib::Response& response,
-                                      const std::string& request_id) {
+absl::Status HttpGateway::Impl::Edits(const httplib::Request& request, HttpBody body,
+                                      httplib::Response& response, const std::string& request_id) {
   absl::StatusOr<HttpEditRequest> edit;
-  if (request.is_multipart_form_data()) {
-    std::vector<FormPart> parts;
-    for (const auto& [name, file] : request.files) parts.push_back({name, file.content});
-    edit = ParseEditForm(std::move(parts));
+  if (body.multipart) {
+    edit = ParseEditForm(std::move(body.parts));
   } else if (absl::StartsWith(request.get_header_value("Content-Type"), "application/json")) {
-    edit = ParseEditJson(request.body);
+    edit = ParseEditJson(body.bytes);
   } else {
     return absl::InvalidArgumentError(
         "send the fields as multipart/form-data (OpenAI's images.edit) or as application/json");
@@ -98,6 +96,13 @@ absl::Status HttpGateway::Impl::Edits(const httplib::Request& request, httplib::
   if (!edit->model.empty() && edit->model != options_.model_id) {
     return absl::NotFoundError(absl::StrCat("model '", edit->model, "' is not served here; '",
                                             options_.model_id, "' is (GET /v1/models)"));
+  }
+  if (const int64_t bytes = static_cast<int64_t>(edit->batch.ByteSizeLong());
+      bytes > options_.max_call_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n = ", edit->batch.requests_size(), " copies of the pictures make ", bytes,
+                     " bytes, more than the service takes in one call (", options_.max_call_bytes,
+                     "): ask for fewer images, or send smaller pictures"));
   }
   if (edit->stream) {
     Stream(*std::move(edit), response, request_id);
@@ -188,30 +193,29 @@ absl::Status HttpGateway::Impl::Start() {
     };
   }
   DRAY_ASSIGN_OR_RETURN(server_, HttpServer::Create(std::move(http)));
-  server_->Handle("POST", "/v1/images/edits", HttpServer::kNeedsToken,
-                  [this](const auto& request, auto& response, const auto& id) {
-                    return Edits(request, response, id);
-                  });
-  server_->Handle("GET", "/v1/models", HttpServer::kNeedsToken,
-                  [this](const auto&, auto& response, const auto&) { return Models(response); });
-  server_->Handle("GET", "/", HttpServer::kOpen, [](const auto&, auto& response, const auto&) {
+  server_->HandlePost("/v1/images/edits", HttpServer::kNeedsToken,
+                      [this](const auto& request, HttpBody body, auto& response, const auto& id) {
+                        return Edits(request, std::move(body), response, id);
+                      });
+  server_->HandleGet("/v1/models", HttpServer::kNeedsToken,
+                     [this](const auto&, auto& response, const auto&) { return Models(response); });
+  server_->HandleGet("/", HttpServer::kOpen, [](const auto&, auto& response, const auto&) {
     response.set_content(kEditPage, "text/html; charset=utf-8");
     return absl::OkStatus();
   });
-  server_->Handle("GET", "/health", HttpServer::kOpen,
-                  [](const auto&, auto& response, const auto&) {
-                    ReplyJson(response, 200, {{"status", "ok"}});
-                    return absl::OkStatus();
-                  });
-  server_->Handle("GET", "/ready", HttpServer::kOpen,
-                  [this](const auto&, auto& response, const auto&) { return Ready(response); });
+  server_->HandleGet("/health", HttpServer::kOpen, [](const auto&, auto& response, const auto&) {
+    ReplyJson(response, 200, {{"status", "ok"}});
+    return absl::OkStatus();
+  });
+  server_->HandleGet("/ready", HttpServer::kOpen,
+                     [this](const auto&, auto& response, const auto&) { return Ready(response); });
   if (options_.metrics != nullptr) {
-    server_->Handle("GET", "/metrics", HttpServer::kOpen,
-                    [this](const auto&, auto& response, const auto&) {
-                      response.set_content(options_.metrics->Render(),
-                                           "text/plain; version=0.0.4; charset=utf-8");
-                      return absl::OkStatus();
-                    });
+    server_->HandleGet("/metrics", HttpServer::kOpen,
+                       [this](const auto&, auto& response, const auto&) {
+                         response.set_content(options_.metrics->Render(),
+                                              "text/plain; version=0.0.4; charset=utf-8");
+                         return absl::OkStatus();
+                       });
   }
   server_->Start();
   return absl::OkStatus();

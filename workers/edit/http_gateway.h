@@ -53,6 +53,9 @@ struct HttpOptions {
   TlsFiles tls;
   int max_connections = 64;
   int64_t max_body_bytes = int64_t{64} << 20;
+  // The most one edit call to the service may carry (its n rows, each with
+  // the pictures): more is INVALID_ARGUMENT before the call.
+  int64_t max_call_bytes = int64_t{64} << 20;
   // Set (the service's, ImageEditServer::metrics): GET /metrics shows them,
   // with the HTTP requests counted in.
   ServeMetrics* metrics = nullptr;

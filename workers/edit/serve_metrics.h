@@ -4,8 +4,8 @@
 //       api "grpc" (method Edit, EditBatch or EditStream, code the gRPC
 //       code's name) or "http" (method the route, code the HTTP status;
 //       HTTP edits are also counted as the gRPC calls they make)
-//   dray_serve_request_seconds{api, method}       histogram: their time (a
-//       stream's, until its events begin)
+//   dray_serve_request_seconds{api, method}       histogram: their time (an
+//       HTTP stream's, until its events begin)
 //   dray_serve_queue_images                       gauge: images waiting for a batch
 //   dray_serve_images_total{outcome}              counter: images answered, "edited"
 //       or "failed" (rate(dray_serve_images_total{outcome="edited"}[1m]): images/s)

@@ -1,0 +1,22 @@
+"""A headless browser for the HTTP tests: Debian's Chromium through
+chromium-driver and Selenium (python3-selenium), the certificate of a
+test's own authority accepted."""
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+
+def check(ok, what):
+    """Prints `what` when `ok`; raises naming it otherwise."""
+    if not ok:
+        raise AssertionError(f"FAIL: {what}")
+    print(f"ok: {what}", flush=True)
+
+
+def chromium():
+    """A headless Chromium, 1000 x 900."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--ignore-certificate-errors", "--window-size=1000,900"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
