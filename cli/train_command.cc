@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,9 +18,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "base/stop_signals.h"
 #include "cli/cluster_commands.h"
 #include "workers/train/train_config.h"
+#include "workers/train/train_dashboard.h"
 #include "workers/train/trainer.h"
 
 namespace dray {
@@ -29,6 +33,8 @@ struct TrainCommand::Flags {
   std::string config_file;
   std::vector<std::string> overrides;
   int workers = 1;
+  std::optional<int> http_port;  // the dashboard's; unset: none
+  std::string http_host = "127.0.0.1";
   ClusterFlags cluster;
 };
 
@@ -66,6 +72,25 @@ void StopOnSignals(const std::atomic<FlowGrpoTrainer*>& trainer, const absl::Not
   }
 }
 
+// StartDashboard serves --http-port with the cluster's certificate, if any.
+absl::StatusOr<std::unique_ptr<TrainDashboard>> StartDashboard(
+    const TrainCommand::Flags& f, const TrainConfig& config,
+    const std::atomic<FlowGrpoTrainer*>& running) {
+  DashboardOptions options;
+  options.http.address = absl::StrCat(f.http_host, ":", *f.http_port);
+  const TlsFlags& tls = f.cluster.tls;
+  if (!tls.cert.empty()) options.http.tls = {tls.cert, tls.key, tls.ca, tls.mutual};
+  options.restarts = [&running] {
+    const FlowGrpoTrainer* trainer = running.load();
+    return trainer == nullptr ? 0 : trainer->restarts();
+  };
+  DRAY_ASSIGN_OR_RETURN(std::unique_ptr<TrainDashboard> dashboard,
+                        TrainDashboard::Start(config, std::move(options)));
+  Log("train", absl::StrCat("dashboard on ", tls.cert.empty() ? "http" : "https", "://",
+                            f.http_host, ":", dashboard->port(), "/ (metrics at /metrics)"));
+  return dashboard;
+}
+
 }  // namespace
 
 TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_unique<Flags>()) {
@@ -84,6 +109,14 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.train->add_option("--workers", f.workers, "worker processes (one per GPU) on each node")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  f.train
+      ->add_option("--http-port", f.http_port,
+                   "serve a dashboard here (curves, samples, checkpoints, configuration; "
+                   "Prometheus metrics at /metrics); 0 picks a free port")
+      ->check(CLI::Range(0, 65535));
+  f.train
+      ->add_option("--http-host", f.http_host, "the dashboard's address (0.0.0.0: every interface)")
+      ->capture_default_str();
   f.cluster.Add(f.train);
 }
 
@@ -113,6 +146,11 @@ std::optional<int> TrainCommand::Run() {
   if (!pool.ok()) return Fail(pool.status());
   BlockStopSignals();  // for StopOnSignals; threads started from here on inherit the mask
   std::atomic<FlowGrpoTrainer*> running{nullptr};
+  absl::StatusOr<std::unique_ptr<TrainDashboard>> dashboard;
+  if (f.http_port.has_value()) {
+    dashboard = StartDashboard(f, *config, running);
+    if (!dashboard.ok()) return Fail(dashboard.status());
+  }
   absl::Notification done;
   std::thread stopper([&] { StopOnSignals(running, done); });
   FlowGrpoTrainer::Options options;
@@ -129,7 +167,8 @@ std::optional<int> TrainCommand::Run() {
     ran = (*trainer)->Run();
   }
   done.Notify();
-  stopper.join();  // before the trainer goes
+  stopper.join();                          // before the trainer goes
+  if (dashboard.ok()) dashboard->reset();  // and its last request, which may ask the trainer
   if (!ran.ok()) return Fail(ran);
   std::error_code ignored;
   std::printf("wrote %s/{config.yaml,metrics.jsonl,curves.png,samples/,final/}\n",
