@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <utility>
 
 #include "absl/algorithm/container.h"
@@ -52,9 +53,14 @@ void Refuse(httplib::Response& response, const absl::Status& status) {
 // Refusing() true for its pre-routing handler.
 class ConnectionQueue final : public httplib::TaskQueue {
  public:
+  // What enqueue returns: void up to httplib 0.14 (Debian 12's 0.11), then
+  // whether the task was taken (Debian 13's 0.18). Every task is taken.
+  using Taken =
+      decltype(std::declval<httplib::TaskQueue&>().enqueue(std::declval<std::function<void()>>()));
+
   explicit ConnectionQueue(int limit) : limit_(limit), pool_(limit), refuser_(1) {}
 
-  void enqueue(std::function<void()> connection) override {
+  Taken enqueue(std::function<void()> connection) override {
     if (open_.fetch_add(1) >= limit_) {
       refuser_.enqueue([this, connection = std::move(connection)] {
         refusing_ = true;
@@ -62,12 +68,13 @@ class ConnectionQueue final : public httplib::TaskQueue {
         refusing_ = false;
         --open_;
       });
-      return;
+    } else {
+      pool_.enqueue([this, connection = std::move(connection)] {
+        connection();
+        --open_;
+      });
     }
-    pool_.enqueue([this, connection = std::move(connection)] {
-      connection();
-      --open_;
-    });
+    return static_cast<Taken>(true);
   }
   void shutdown() override {
     pool_.shutdown();
