@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/log.h"
@@ -106,7 +107,10 @@ absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& addr
 }  // namespace
 
 absl::Status FieldError(absl::string_view field, absl::string_view message) {
-  absl::Status status = absl::InvalidArgumentError(absl::StrCat(field, ": ", message));
+  return WithField(absl::InvalidArgumentError(absl::StrCat(field, ": ", message)), field);
+}
+
+absl::Status WithField(absl::Status status, absl::string_view field) {
   status.SetPayload(kFieldPayload, absl::Cord(field));
   return status;
 }
@@ -201,7 +205,9 @@ absl::Status HttpServer::Bind() {
   server_->set_read_timeout(std::chrono::seconds(30));
   server_->set_pre_routing_handler([this, limit](const httplib::Request& request,
                                                  httplib::Response& response) {
-    if (ConnectionQueue::Refusing()) {
+    // Past the bound only POSTs (edits) are refused: the rest is quick, and
+    // a health probe or a scrape must not fail for a busy port.
+    if (ConnectionQueue::Refusing() && request.method == "POST") {
       Refuse(response, absl::UnavailableError(absl::StrCat("the HTTP port serves at most ", limit,
                                                            " connections at once; retry later")));
       return httplib::Server::HandlerResponse::Handled;
@@ -240,7 +246,8 @@ void HttpServer::Answer(const std::string& route, Access access, const httplib::
   absl::Status status = access == kNeedsToken ? CheckToken(request) : absl::OkStatus();
   if (status.ok()) status = work(request_id);
   if (!status.ok()) {
-    Log("http", absl::StrCat("request ", request_id, " (", route, "): ", status.ToString()));
+    Log("http", absl::StrCat("request ", request_id, " (", route, "): ",
+                             absl::StatusCodeToString(status.code()), ": ", status.message()));
     ReplyError(response, status, request_id);
   }
   if (options_.on_request) {
@@ -265,15 +272,22 @@ void HttpServer::HandlePost(const std::string& path, Access access, PostHandler 
   server_->Post(path, [this, route, access, handler = std::move(handler)](
                           const httplib::Request& request, httplib::Response& response,
                           const httplib::ContentReader& read) {
-    Answer(route, access, request, response, [&](const std::string& request_id) -> absl::Status {
-      DRAY_ASSIGN_OR_RETURN(HttpBody body, ReadBody(request, read));
+    Answer(route, kOpen, request, response, [&](const std::string& request_id) -> absl::Status {
+      if (absl::Status token = access == kNeedsToken ? CheckToken(request) : absl::OkStatus();
+          !token.ok()) {
+        // Read on (and dropped), within the bound: a client that writes its
+        // whole body before it reads sees the refusal, not a broken pipe.
+        ReadBody(request, read, /*keep=*/false).IgnoreError();
+        return token;
+      }
+      DRAY_ASSIGN_OR_RETURN(HttpBody body, ReadBody(request, read, /*keep=*/true));
       return handler(request, std::move(body), response, request_id);
     });
   });
 }
 
 absl::StatusOr<HttpBody> HttpServer::ReadBody(const httplib::Request& request,
-                                              const httplib::ContentReader& read) const {
+                                              const httplib::ContentReader& read, bool keep) const {
   int64_t length = 0;  // the length it announces, if it does
   if (absl::SimpleAtoi(request.get_header_value("Content-Length"), &length) &&
       length > options_.max_body_bytes) {
@@ -283,10 +297,10 @@ absl::StatusOr<HttpBody> HttpServer::ReadBody(const httplib::Request& request,
   int64_t bytes = 0;
   // Counts every byte as it arrives, whatever the framing: false past the bound.
   auto counted = [&](std::string& into) {
-    return [&bytes, &into, this](const char* data, size_t size) {
+    return [&bytes, &into, keep, this](const char* data, size_t size) {
       bytes += static_cast<int64_t>(size);
       if (bytes > options_.max_body_bytes) return false;
-      into.append(data, size);
+      if (keep) into.append(data, size);
       return true;
     };
   };
@@ -316,9 +330,16 @@ std::optional<absl::Status> HttpServer::BeforeRouting(const httplib::Request& re
   const bool has_body =
       request.has_header("Transfer-Encoding") || (!length.empty() && length != "0");
   if (request.method == "POST") {
-    if (absl::c_linear_search(post_paths_, request.path)) return std::nullopt;
-    return absl::NotFoundError(
-        absl::StrCat("no POST ", request.path, " here (", absl::StrJoin(routes_, ", "), ")"));
+    if (!absl::c_linear_search(post_paths_, request.path)) {
+      return absl::NotFoundError(
+          absl::StrCat("no POST ", request.path, " here (", absl::StrJoin(routes_, ", "), ")"));
+    }
+    if (length.empty() && !request.has_header("Transfer-Encoding")) {  // read until it hangs up
+      return WithHttpStatus(absl::InvalidArgumentError("send the body with a Content-Length, or "
+                                                       "in chunks (Transfer-Encoding: chunked)"),
+                            411);
+    }
+    return std::nullopt;
   }
   if (request.method == "GET" || request.method == "HEAD") {
     if (!has_body) return std::nullopt;
@@ -337,10 +358,11 @@ absl::Status HttpServer::TooLarge() const {
 }
 
 absl::Status HttpServer::CheckToken(const httplib::Request& request) const {
-  if (options_.bearer_token.empty() ||
-      ShowsSecret(request.get_header_value("Authorization"),
-                  absl::StrCat("Bearer ", options_.bearer_token))) {
-    return absl::OkStatus();
+  if (options_.bearer_token.empty()) return absl::OkStatus();
+  const std::string header = request.get_header_value("Authorization");
+  absl::string_view shown = header;
+  if (absl::ConsumePrefix(&shown, "Bearer ") || absl::ConsumePrefix(&shown, "bearer ")) {
+    if (ShowsSecret(shown, options_.bearer_token)) return absl::OkStatus();
   }
   return absl::UnauthenticatedError(
       "this service needs a client token: send the header 'Authorization: Bearer TOKEN'");

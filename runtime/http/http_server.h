@@ -12,7 +12,11 @@
 //     max_body_bytes (413), counted as they are read, whatever their
 //     framing (a length, chunks, compression); a POST to no route, a GET
 //     with a body and other methods are refused before any body is read;
-//   - routes that ask for it need "Authorization: Bearer <token>";
+//   - routes that ask for it need "Authorization: Bearer <token>" (a POST's
+//     body is read and dropped before the refusal, for clients that write
+//     it all before they read); a POST needs a length or chunks (411);
+//   - past max_connections only POSTs are refused: GETs (health, metrics,
+//     pages) are quick;
 //   - on_request hears of every answered request.
 //
 //   HttpServer::Options options;
@@ -57,8 +61,10 @@ struct Response;
 namespace dray {
 
 // FieldError is INVALID_ARGUMENT about request field `field` (the error
-// object's "param"); FieldOf reads the field back (empty for other errors).
+// object's "param"); WithField marks any status as about `field`; FieldOf
+// reads the field back (empty for other errors).
 absl::Status FieldError(absl::string_view field, absl::string_view message);
+absl::Status WithField(absl::Status status, absl::string_view field);
 std::string FieldOf(const absl::Status& status);
 
 // FormPart: one part of a multipart/form-data body.
@@ -128,8 +134,9 @@ class HttpServer {
               httplib::Response& response,
               const std::function<absl::Status(const std::string& request_id)>& work);
   // ReadBody reads a POST's body through `read`, within max_body_bytes.
+  // (`keep` false: read and dropped).
   absl::StatusOr<HttpBody> ReadBody(const httplib::Request& request,
-                                    const httplib::ContentReader& read) const;
+                                    const httplib::ContentReader& read, bool keep) const;
   // BeforeRouting refuses what no route may read (nullopt: route it).
   std::optional<absl::Status> BeforeRouting(const httplib::Request& request) const;
   absl::Status CheckToken(const httplib::Request& request) const;

@@ -104,7 +104,8 @@ function onEvent(event) {
 
 function showError(error) {
   const e = error.error || error;
-  $("error").textContent = e.request_id ? `${e.message}\n(request ${e.request_id})` : String(e.message || e);
+  const known = !e.request_id || String(e.message).includes(e.request_id);
+  $("error").textContent = known ? String(e.message || e) : `${e.message}\n(request ${e.request_id})`;
   $("status").textContent = "refused";
 }
 

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -51,11 +52,37 @@ absl::Status SetSize(absl::string_view value, v1::EditImageRequest& row) {
   int32_t width, height;
   if (sides.size() != 2 || !absl::SimpleAtoi(sides[0], &width) ||
       !absl::SimpleAtoi(sides[1], &height) || width <= 0 || height <= 0) {
-    return FieldError("size", absl::StrCat("'", value, "' is neither WIDTHxHEIGHT nor auto"));
+    return FieldError(
+        "size", absl::StrCat("'", value, "' is neither WIDTHxHEIGHT (each at least 1) nor auto"));
   }
   row.set_width(width);
   row.set_height(height);
   return absl::OkStatus();
+}
+
+// kFields: what ApplyField reads (the images apart).
+constexpr absl::string_view kFields[] = {"prompt",
+                                         "n",
+                                         "size",
+                                         "response_format",
+                                         "output_format",
+                                         "model",
+                                         "stream",
+                                         "partial_images",
+                                         "user",
+                                         "steps",
+                                         "num_inference_steps",
+                                         "seed",
+                                         "true_cfg_scale",
+                                         "negative_prompt",
+                                         "timeout",
+                                         "mask"};
+
+absl::Status UnknownField(absl::string_view name) {
+  return FieldError(name,
+                    "unknown field (dray reads image, prompt, n, size, response_format, "
+                    "output_format, model, stream, partial_images, user, steps, seed, "
+                    "true_cfg_scale, negative_prompt, timeout)");
 }
 
 // Parsed: the fields read so far.
@@ -90,6 +117,12 @@ absl::Status ApplyField(const std::string& name, const std::string& value, Parse
     DRAY_ASSIGN_OR_RETURN(parsed.request.stream, BoolField(name, value));
   } else if (name == "user") {
     // OpenAI's end-user id for abuse monitoring: nothing to do with it here.
+  } else if (name == "partial_images") {
+    if (value != "0") {
+      return FieldError(name, absl::StrCat("'", value,
+                                           "': dray streams each step's progress, not partial "
+                                           "images; send 0 or leave it out"));
+    }
   } else if (name == "steps" || name == "num_inference_steps") {
     DRAY_ASSIGN_OR_RETURN(const int64_t steps, IntField(name, value, 1, 1000));
     row.set_num_inference_steps(static_cast<int32_t>(steps));
@@ -106,10 +139,7 @@ absl::Status ApplyField(const std::string& name, const std::string& value, Parse
   } else if (name == "mask") {
     return FieldError(name, "masks are not supported: the model edits what the prompt says");
   } else {
-    return FieldError(name,
-                      "unknown field (dray reads image, prompt, n, size, response_format, "
-                      "output_format, model, stream, user, steps, seed, true_cfg_scale, "
-                      "negative_prompt, timeout)");
+    return UnknownField(name);
   }
   return absl::OkStatus();
 }
@@ -145,6 +175,9 @@ absl::StatusOr<HttpEditRequest> ReadFields(std::vector<FormPart> parts) {
   Parsed parsed;
   std::set<std::string> seen;
   for (FormPart& part : parts) {
+    if (part.name.empty()) {
+      return absl::InvalidArgumentError("a form part has no name: name each (image, prompt, ...)");
+    }
     if (IsImageField(part.name)) {
       parsed.images.push_back(std::move(part.content));
       continue;
@@ -201,6 +234,8 @@ absl::StatusOr<HttpEditRequest> ParseEditJson(absl::string_view body) {
       parts.push_back({name, value.get<std::string>()});
     } else if (value.is_number() || value.is_boolean()) {
       parts.push_back({name, value.dump()});
+    } else if (!absl::c_linear_search(kFields, name)) {
+      return UnknownField(name);
     } else {
       return FieldError(name, "must be a string, a number or a boolean");
     }

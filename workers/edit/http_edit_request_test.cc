@@ -99,6 +99,10 @@ TEST(HttpEditRequestTest, EachRefusalNamesItsField) {
   EXPECT_THAT(ParseEditForm(Form({{"prompt", "again"}})), FieldRefused("prompt"));
   EXPECT_THAT(ParseEditForm(Form({{"stream", "true"}, {"n", "2"}})), FieldRefused("n"));
   EXPECT_THAT(ParseEditForm(Form({{"stream", "maybe"}})), FieldRefused("stream"));
+  EXPECT_THAT(ParseEditForm(Form({{"partial_images", "2"}})), FieldRefused("partial_images"));
+  DRAY_EXPECT_OK(ParseEditForm(Form({{"partial_images", "0"}})).status());
+  EXPECT_THAT(ParseEditForm(Form({{"", "x"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has no name")));
 }
 
 TEST(HttpEditRequestTest, JsonCarriesTheSameFieldsWithImagesInBase64) {
@@ -131,6 +135,10 @@ TEST(HttpEditRequestTest, JsonRefusalsNameTheFieldToo) {
               FieldRefused("image"));
   EXPECT_THAT(ParseEditJson(R"({"prompt": {"text": "x"}, "image": "AAAA"})"),
               FieldRefused("prompt"));
+  const absl::StatusOr<HttpEditRequest> unknown =
+      ParseEditJson(R"({"prompt": "x", "image": "AAAA", "images": ["AAAA"]})");
+  EXPECT_THAT(unknown, FieldRefused("images"));
+  EXPECT_THAT(unknown.status().message(), HasSubstr("unknown field"));
 }
 
 }  // namespace

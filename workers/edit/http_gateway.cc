@@ -36,6 +36,12 @@ JsonValue ImageJson(const v1::EditImageResponse& image) {
   return {{"b64_json", absl::Base64Escape(image.image())}, {"seed", image.seed()}};
 }
 
+// ServiceStatus: the service's answer, as its client would read it (the
+// service's message already ends with the request id).
+absl::Status ServiceStatus(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
 std::string SizeOf(const v1::EditImageResponse& image) {
   return absl::StrCat(image.width(), "x", image.height());
 }
@@ -94,8 +100,10 @@ absl::Status HttpGateway::Impl::Edits(const httplib::Request& request, HttpBody 
   }
   DRAY_RETURN_IF_ERROR(edit.status());
   if (!edit->model.empty() && edit->model != options_.model_id) {
-    return absl::NotFoundError(absl::StrCat("model '", edit->model, "' is not served here; '",
-                                            options_.model_id, "' is (GET /v1/models)"));
+    return WithField(
+        absl::NotFoundError(absl::StrCat("model '", edit->model, "' is not served here; '",
+                                         options_.model_id, "' is (GET /v1/models)")),
+        "model");
   }
   if (const int64_t bytes = static_cast<int64_t>(edit->batch.ByteSizeLong());
       bytes > options_.max_call_bytes) {
@@ -111,8 +119,7 @@ absl::Status HttpGateway::Impl::Edits(const httplib::Request& request, HttpBody 
   grpc::ClientContext context;
   Prepare(context, request_id, edit->timeout);
   v1::EditImageBatchResponse edited;
-  DRAY_RETURN_IF_ERROR(
-      ToAbslStatus(edits_->EditBatch(&context, edit->batch, &edited), "ImageEditService"));
+  DRAY_RETURN_IF_ERROR(ServiceStatus(edits_->EditBatch(&context, edit->batch, &edited)));
   JsonValue data = JsonValue::array();
   for (const v1::EditImageResponse& image : edited.responses()) data.push_back(ImageJson(image));
   ReplyJson(response, 200,
@@ -149,7 +156,7 @@ void HttpGateway::Impl::Stream(HttpEditRequest edit, httplib::Response& response
             send(ServerSentEvent("image_edit.completed", std::move(completed)));
           }
         }
-        const absl::Status status = ToAbslStatus(events->Finish(), "ImageEditService");
+        const absl::Status status = ServiceStatus(events->Finish());
         if (!status.ok()) send(ServerSentEvent("error", ErrorJson(status, request_id)));
         sink.done();
         return true;

@@ -5,6 +5,11 @@
 #include <ATen/ATen.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <string>
 #include <thread>
 
@@ -99,6 +104,7 @@ TEST_F(HttpGatewayTest, RefusalsCarryTheirStatusFieldAndRequestId) {
 
   result = Edit({{"prompt", "x", "", ""}, {"model", "gpt-image-1", "", ""}});
   EXPECT_EQ(result->status, 404);
+  EXPECT_EQ(Error(result)["param"], "model");
   EXPECT_THAT(Error(result)["message"].get<std::string>(), HasSubstr("'dray-embedded' is"));
 
   // The service's own refusal keeps the gateway's request id.
@@ -125,6 +131,9 @@ TEST_F(HttpGatewayTest, TheTokenGuardsTheApiButNotHealthOrThePage) {
   client_->set_bearer_token_auth("wrong");
   EXPECT_EQ(client_->Get("/v1/models")->status, 401);
   EXPECT_EQ(Edit({{"prompt", "x", "", ""}})->status, 401);
+  client_->set_default_headers({{"Authorization", "bearer secret"}});  // the scheme in any case
+  EXPECT_EQ(client_->Get("/v1/models")->status, 200);
+  client_->set_default_headers({});
   client_->set_bearer_token_auth("secret");
   result = client_->Get("/v1/models");
   ASSERT_EQ(result->status, 200);
@@ -238,6 +247,30 @@ TEST_F(HttpGatewayTest, WhatNoRouteTakesIsRefusedBeforeItsBodyIsRead) {
   EXPECT_EQ(Error(result)["param"], "n");
 }
 
+// RawRequest: what the gateway answers `request`, written as is on a socket.
+std::string RawRequest(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string answer;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+    char buffer[4096];
+    const ssize_t got = read(fd, buffer, sizeof(buffer));  // the status line comes first
+    if (got > 0) answer.assign(buffer, got);
+  }
+  close(fd);
+  return answer;
+}
+
+TEST_F(HttpGatewayTest, APostWithoutALengthIsRefusedAtOnce) {
+  Serve();  // without the check it would read until the client hangs up
+  EXPECT_THAT(RawRequest(gateway_->port(), "POST /v1/images/edits HTTP/1.1\r\nHost: x\r\n\r\n"),
+              ::testing::StartsWith("HTTP/1.1 411"));
+}
+
 TEST_F(HttpGatewayTest, ConnectionsAreBounded) {
   HttpOptions options;
   options.max_connections = 1;
@@ -250,9 +283,13 @@ TEST_F(HttpGatewayTest, ConnectionsAreBounded) {
     EXPECT_EQ(first.Post("/v1/images/edits", fields)->status, 200);
   });
   backend_.WaitForCalls(1);  // the one connection served is busy
-  httplib::Result result = client_->Get("/v1/models");
+  httplib::Result result = Edit({{"prompt", "x", "", ""}});
+  ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 503);
   EXPECT_THAT(Error(result)["message"].get<std::string>(), HasSubstr("at most 1 connections"));
+  result = client_->Get("/health");  // a probe still gets through
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
   backend_.Release();
   held.join();
 }
