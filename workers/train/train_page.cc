@@ -8,6 +8,7 @@ const char kTrainPage[] = R"html(<!doctype html>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>dray train</title>
+<link rel="icon" href="data:,">
 <style>
   body { font: 15px/1.45 system-ui, sans-serif; max-width: 70em; margin: 2em auto; padding: 0 1em;
          color: #1d2329; }
@@ -67,8 +68,7 @@ function chart(title, keys, steps) {
   plot.append(svg("line", { x1: pad, y1: h - pad, x2: w - pad, y2: h - pad, stroke: "#afb8c1" }));
   const label = (text, attributes) => Object.assign(svg("text", attributes), { textContent: text });
   plot.append(label(y1.toPrecision(4), { x: 2, y: pad - 4 }), label(y0.toPrecision(4), { x: 2, y: h - pad + 12 }),
-              label(`step ${x0}`, { x: pad, y: h - 6 }),
-              label(`step ${x1}`, { x: w - pad, y: h - 6, "text-anchor": "end" }));
+              label(`steps ${x0} to ${x1}`, { x: w / 2, y: h - 6, "text-anchor": "middle" }));
   series.forEach((points, i) => {
     const d = points.map(([sx, sy], j) => `${j ? "L" : "M"}${x(sx).toFixed(1)},${y(sy).toFixed(1)}`).join("");
     plot.append(svg("path", { d, fill: "none", stroke: COLORS[i], "stroke-width": 1.6, class: "curve" }));
