@@ -9,7 +9,6 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -330,10 +329,7 @@ std::optional<absl::Status> HttpServer::BeforeRouting(const httplib::Request& re
   const bool has_body =
       request.has_header("Transfer-Encoding") || (!length.empty() && length != "0");
   if (request.method == "POST") {
-    if (!absl::c_linear_search(post_paths_, request.path)) {
-      return absl::NotFoundError(
-          absl::StrCat("no POST ", request.path, " here (", absl::StrJoin(routes_, ", "), ")"));
-    }
+    if (!absl::c_linear_search(post_paths_, request.path)) return Refusal(404, request);
     if (length.empty() && !request.has_header("Transfer-Encoding")) {  // read until it hangs up
       return WithHttpStatus(absl::InvalidArgumentError("send the body with a Content-Length, or "
                                                        "in chunks (Transfer-Encoding: chunked)"),

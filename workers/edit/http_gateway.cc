@@ -4,7 +4,6 @@
 #include <httplib.h>
 
 #include <utility>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
