@@ -1,6 +1,6 @@
 // Parity with flow_grpo on every case in tests/data/reference/flow_grpo and
 // grpo_guard (GRPO-Guard's step and loss), and with DanceGRPO, DiffusionNFT,
-// MixGRPO and Diffusion-DPO on theirs, run
+// MixGRPO, Diffusion-DPO and DMD2 on theirs, run
 // through the same library as `dray parity`: the SDE step and log-probability
 // (sde and cps, rollout and recompute with gradients, float32 and float64),
 // advantages, the GRPO loss with KL and gradients, and two Edit-Plus rollouts
@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/models/reference.h"
+#include "workers/parity/dmd2_parity.h"
 #include "workers/parity/dpo_parity.h"
 #include "workers/parity/mix_grpo_parity.h"
 #include "workers/parity/parity.h"
@@ -48,6 +49,7 @@ std::vector<ParityCase> AllCases() {
   }
   for (ParityCase& c : MixGrpoParityCases(ReferenceDir("mix_grpo"))) cases.push_back(c);
   for (ParityCase& c : DpoParityCases(ReferenceDir("flow_dpo"))) cases.push_back(c);
+  for (ParityCase& c : Dmd2ParityCases(ReferenceDir("dmd2"))) cases.push_back(c);
   return cases;
 }
 
@@ -72,7 +74,8 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
   // window tables (not its numpy-random one), 18 of its steps (not its 2 bfloat16 ones: see
   // mix_grpo_parity.h) and 4 of DanceGRPO's copy, 3 rollouts, 4 losses and 5
   // advantages; Diffusion-DPO's 3 flow-matching and 3 epsilon losses and
-  // flow_grpo's 2 choices of pairs.
+  // flow_grpo's 2 choices of pairs; DMD2's 3 distribution-matching, 1
+  // fake-score and 4 GAN losses and 5 backward simulations.
   EXPECT_EQ(kinds, (std::map<std::string, int>{{"dance_grpo/adv", 7},
                                                {"dance_grpo/flux", 16},
                                                {"dance_grpo/schedule", 2},
@@ -81,6 +84,10 @@ TEST(FlowGrpoParityListTest, FindsEveryCaseOfTheReference) {
                                                {"diffusion_nft/old_update", 7},
                                                {"diffusion_nft/return_decay", 3},
                                                {"diffusion_nft/sampling", 5},
+                                               {"dmd2/backsim", 5},
+                                               {"dmd2/dm", 3},
+                                               {"dmd2/fake", 1},
+                                               {"dmd2/gan", 4},
                                                {"flow_dpo/diffusion_dpo", 3},
                                                {"flow_dpo/flow_dpo", 3},
                                                {"flow_dpo/tracker", 2},

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "workers/rl/advantages.h"
+#include "workers/rl/dmd2.h"
 #include "workers/rl/nft_loss.h"
 #include "workers/rl/ode_sampler.h"
 #include "workers/rl/policy_loss.h"
@@ -219,6 +220,37 @@ TEST(NftLossTest, RefusesWhatItCannotUse) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("t and advantages be [B]")));
   EXPECT_THAT(NftOldPolicyDecay(10, 3).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("decay_type 3")));
+}
+
+TEST(Dmd2Test, VelocityParametrizationRecoversTheCleanLatents) {
+  const ScoreParametrization flow = ScoreParametrization::Velocity(at::linspace(0.001, 1.0, 1000));
+  const at::Tensor x0 = at::randn({3, 4, 5}, at::kDouble);
+  const at::Tensor noise = at::randn({3, 4, 5}, at::kDouble);
+  const at::Tensor t = at::tensor({0L, 500L, 999L});
+  const at::Tensor xt = flow.Noised(x0, noise, t);
+  EXPECT_TRUE(at::allclose(flow.CleanPrediction(xt, flow.Target(x0, noise), t), x0));
+  // The last train timestep is pure noise: the generator's input is the noise itself.
+  EXPECT_TRUE(at::equal(GeneratorInput(flow, x0, noise, 999), noise));
+}
+
+TEST(Dmd2Test, ASampleTheTeacherReproducesGetsAFiniteGradient) {
+  const at::Tensor x0 = at::ones({2, 3}).requires_grad_(true);
+  const at::Tensor real = at::stack({at::ones({3}), at::zeros({3})});  // row 0: |p_real| = 0
+  DRAY_ASSERT_OK_AND_ASSIGN(DistributionMatching dm,
+                            DistributionMatchingLoss(x0, real, at::full({2, 3}, 0.5)));
+  EXPECT_TRUE(at::allclose(dm.grad[0], at::full({3}, -0.5 / kNormalizerFloor, dm.grad.options())));
+  dm.loss.backward();
+  EXPECT_TRUE(at::allclose(x0.grad(), (dm.grad / 6).to(at::kFloat)));
+}
+
+TEST(Dmd2Test, RefusesWhatItCannotUse) {
+  EXPECT_THAT(
+      DistributionMatchingLoss(at::zeros({2, 3}), at::zeros({2, 3}), at::zeros({3, 3})).status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fake_x0 [3, 3]")));
+  EXPECT_THAT(DenoisingSteps(1000, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("steps (0)")));
+  DRAY_ASSERT_OK_AND_ASSIGN(std::vector<int64_t> steps, DenoisingSteps(1000, 4));
+  EXPECT_EQ(steps, (std::vector<int64_t>{999, 749, 499, 249}));
 }
 
 TEST(AdvantagesTest, RefusesRewardsWithoutOneKeyPerRow) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "workers/parity/dmd2_parity.h"
 #include "workers/parity/dpo_parity.h"
 #include "workers/parity/edit_plus_parity.h"
 #include "workers/parity/flow_grpo_parity.h"
@@ -20,7 +21,7 @@ std::vector<ParityCase> CasesIn(const fs::path& folder) {
   std::vector<ParityCase> cases;
   for (auto family : {qwen_image::QwenImageParityCases, qwen_image::EditPlusParityCases,
                       qwen2_vl::Qwen2VlParityCases, rl::FlowGrpoParityCases, rl::MixGrpoParityCases,
-                      rl::DpoParityCases}) {
+                      rl::DpoParityCases, rl::Dmd2ParityCases}) {
     std::vector<ParityCase> found = family(folder.string());
     cases.insert(cases.end(), found.begin(), found.end());
   }
