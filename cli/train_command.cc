@@ -99,7 +99,7 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.train = app.add_subcommand(
       "train",
       "train Qwen-Image-Edit with Flow-GRPO or, by algorithm.name, flow_grpo_fast, grpo_guard, "
-      "mix_grpo, dance_grpo, diffusion_nft, dpo, sft or its VAE (vae), checkpointed with "
+      "mix_grpo, dance_grpo, diffusion_nft, dpo, sft, dmd2 or its VAE (vae), checkpointed with "
       "trainer.save_every and resumed with trainer.resume=auto, rolled out a step ahead with "
       "trainer.async=true (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");
@@ -131,6 +131,7 @@ std::optional<int> TrainCommand::Run() {
   std::printf("%s", config->ToYaml().c_str());
   std::fflush(stdout);
   const std::string batch = config->paired() ? absl::StrCat(config->prompts_per_step, " pairs")
+                            : config->dmd2() ? absl::StrCat(config->prompts_per_step, " prompts")
                                              : absl::StrCat(config->prompts_per_step, " prompts x ",
                                                             config->group_size, " samples");
   const std::string rollout_group =

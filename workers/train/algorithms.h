@@ -9,6 +9,7 @@
 //          diffusion_nft (ODE rollouts, DiffusionNFT's loss) and dpo on
 //          its own samples
 //   pairs (workers/train/paired_algorithm.h): sft, vae and dpo on data
+//   distillation (workers/train/dmd2_algorithm.h): dmd2
 //
 //   DRAY_ASSIGN_OR_RETURN(std::unique_ptr<TrainingAlgorithm> algorithm,
 //                         MakeTrainingAlgorithm(config));

@@ -25,6 +25,7 @@
 #include "workers/models/lora.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/pipeline/edit_model.h"
+#include "workers/rl/dmd2.h"
 #include "workers/rl/dpo_loss.h"
 #include "workers/rl/nft_loss.h"
 #include "workers/rl/ode_sampler.h"
@@ -33,6 +34,7 @@
 #include "workers/rl/sde_step.h"
 #include "workers/train/sft.h"
 #include "workers/train/train_config.h"
+#include "workers/train/transformer_copy.h"
 #include "workers/train/vae_training.h"
 
 namespace dray {
@@ -47,9 +49,18 @@ constexpr uint64_t kDpoNoiseStream = uint64_t{2} << 40;
 // kNftNoiseStream: offset of a row's DiffusionNFT noise seeds (one per inner
 // epoch and trained timestep) from its seed.
 constexpr uint64_t kNftNoiseStream = uint64_t{3} << 40;
+// kDmd2Stream: offset of a row's DMD2 draws from its seed: the start noise
+// of backward simulation, its re-noising draws (1 + i after step i), and
+// the noise levels and noise of the distribution-matching and fake-score
+// losses (the kDmd2* offsets below).
+constexpr uint64_t kDmd2Stream = uint64_t{4} << 40;
+constexpr uint64_t kDmd2MatchingLevel = 1000, kDmd2MatchingNoise = 1001;
+constexpr uint64_t kDmd2FakeLevel = 1002, kDmd2FakeNoise = 1003;
 constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
 // kSamplingPolicyName: diffusion_nft's sampling policy's files in a checkpoint.
 constexpr char kSamplingPolicyName[] = "sampling_policy";
+// kFakeScoreDir: dmd2's fake score's shards and AdamW state in a checkpoint.
+constexpr char kFakeScoreDir[] = "fake_score";
 
 // SecondsIn adds the time until it goes out of scope to `table[name]`.
 class SecondsIn {
@@ -100,8 +111,21 @@ at::Tensor RowsNoise(const std::vector<qwen_image::EditInput>& inputs, uint64_t 
   return at::cat(noise).to(device);
 }
 
+// RowsTimesteps: a train timestep in [lo, hi) for each row, from a
+// generator seeded with the row's seed + `offset` (int64 [B], on the CPU).
+at::Tensor RowsTimesteps(const std::vector<qwen_image::EditInput>& inputs, uint64_t offset,
+                         int64_t lo, int64_t hi) {
+  std::vector<at::Tensor> drawn;
+  for (const qwen_image::EditInput& input : inputs) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(input.seed + offset);
+    drawn.push_back(at::randint(lo, hi, {1}, generator, at::kLong));
+  }
+  return at::cat(drawn);
+}
+
 // kTrainTimesteps: the schedule SFT draws its noise levels from, as
-// diffusers' training scripts draw from the scheduler's 1000 timesteps.
+// diffusers' training scripts draw from the scheduler's 1000 timesteps
+// (and DMD2's train timesteps).
 constexpr int kTrainTimesteps = 1000;
 
 }  // namespace
@@ -112,11 +136,14 @@ struct FlowGrpoWorker::State {
   // algorithm.name vae: the VAE, sharded as one unit (the pipeline cannot
   // use it then: only VaeLossOf runs it, between the unit's hooks).
   std::unique_ptr<FullyShardedModule> vae_shards;
-  // Full fine-tuning with a KL term: a frozen, sharded copy of the initial
-  // transformer (its shards declared first: they outlive the module's hooks).
-  std::unique_ptr<FullyShardedModule> reference_shards;
-  qwen_image::QwenImageTransformer reference{nullptr};
+  // Full fine-tuning with a KL term (DPO's, DMD2's real score): a frozen,
+  // sharded copy of the initial transformer.
+  TransformerCopy reference;
   std::unique_ptr<torch::optim::AdamW> optimizer;
+  // DMD2's fake score: a trainable copy of the initial transformer, with
+  // an AdamW of its own (algorithm.guidance_lr).
+  TransformerCopy fake_score;
+  std::unique_ptr<torch::optim::AdamW> fake_optimizer;
   rl::SdeSamplerOptions sampler;
   rl::PolicyLoss loss;
   qwen_image::EditOptions options;  // the rollout's: steps, resolution, guidance
@@ -274,31 +301,6 @@ struct FlowGrpoWorker::State {
     };
   }
 
-  // LoadReference builds the frozen copy, shape-only, shards it as the
-  // policy is sharded and fills each rank's shards from the checkpoint.
-  absl::Status LoadReference(Worker& worker) {
-    const qwen_image::QwenImageTransformerImpl& policy = *model->model().transformer;
-    const at::ScalarType masters = MasterDtype(policy.parameters()[0].scalar_type());
-    {
-      DeferredAllocation shape_only;
-      reference = qwen_image::QwenImageTransformer(
-          policy.config(), at::TensorOptions().device(model->device).dtype(masters));
-    }
-    for (auto& parameter : reference->parameters()) parameter.set_requires_grad(false);
-    DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(model->config, worker));
-    DRAY_ASSIGN_OR_RETURN(Communicator * group,
-                          model->device.is_cuda() ? worker.device_comm() : worker.comm());
-    std::vector<std::shared_ptr<torch::nn::Module>> blocks(reference->blocks()->begin(),
-                                                           reference->blocks()->end());
-    DRAY_ASSIGN_OR_RETURN(reference_shards,
-                          FullyShardedModule::Shard(reference.ptr(), blocks, group, sharding));
-    DRAY_ASSIGN_OR_RETURN(Checkpoint weights,
-                          OpenComponentWeights(model->config.model_path + "/transformer"));
-    DRAY_RETURN_IF_ERROR(reference_shards->LoadShards(weights));
-    reference->set_unit_hooks(reference_shards.get());
-    return absl::OkStatus();
-  }
-
   // AsReference runs `run` with the reference policy's denoiser (DPO's
   // refreshed copy: the policy's with the sampling policy's weights; the
   // frozen copy's; with LoRA, nullptr: the policy's own with its adapters
@@ -308,7 +310,7 @@ struct FlowGrpoWorker::State {
     torch::NoGradGuard no_grad;
     if (config.dpo() && config.sampling_policy())
       return WithSamplingPolicy([&] { return run(qwen_image::Denoiser(nullptr)); });
-    if (!reference.is_empty()) return run(qwen_image::DenoiserOf(*reference));
+    if (reference.loaded()) return run(qwen_image::DenoiserOf(*reference.transformer));
     torch::nn::Module& transformer = *model->model().transformer;
     SetLoraEnabled(transformer, false);
     auto result = run(qwen_image::Denoiser(nullptr));
@@ -447,12 +449,14 @@ struct FlowGrpoWorker::State {
 
   // AgreeFinite: every rank learns whether any rank's loss is not finite
   // before backward (a rank that skipped backward would hang the others);
-  // DATA_LOSS naming `where` if so, with no parameter changed.
-  absl::Status AgreeFinite(Communicator* group, const at::Tensor& loss, const std::string& where) {
+  // DATA_LOSS naming `where` if so, with no parameter changed (`stepped`:
+  // the optimizer of the loss's parameters, the policy's unless given).
+  absl::Status AgreeFinite(Communicator* group, const at::Tensor& loss, const std::string& where,
+                           torch::optim::Optimizer* stepped = nullptr) {
     at::Tensor bad = at::full({1}, std::isfinite(loss.item<double>()) ? 0.0 : 1.0);
     DRAY_RETURN_IF_ERROR(group->AllReduce(bad, ReduceOp::kMax));
     if (bad.item<double>() == 0) return absl::OkStatus();
-    optimizer->zero_grad();
+    (stepped != nullptr ? stepped : optimizer.get())->zero_grad();
     return absl::DataLossError(
         absl::StrCat("the loss is not finite ", where, "; no parameter was changed"));
   }
@@ -485,6 +489,119 @@ struct FlowGrpoWorker::State {
     }
     return pipeline().Prepare(rows, options, cache);
   }
+
+  // Dmd2Schedule: DMD2's train timesteps t = 0 .. 999 (999: pure noise) on
+  // the model's 1000-step schedule for `tokens` latent tokens: their sigmas
+  // and the transformer's timesteps.
+  struct Dmd2Schedule {
+    rl::ScoreParametrization flow;
+    at::Tensor timesteps;  // [1000], the transformer's 0..1000 scale
+
+    at::Tensor TimestepsOf(const at::Tensor& t) const {
+      return timesteps.index_select(0, t.to(timesteps.device()));
+    }
+  };
+  absl::StatusOr<Dmd2Schedule> Dmd2ScheduleFor(int64_t tokens) {
+    DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
+                          pipeline().Scheduler(tokens, kTrainTimesteps));
+    const at::Tensor sigmas = scheduler.sigmas().narrow(0, 0, kTrainTimesteps).flip({0});
+    return Dmd2Schedule{rl::ScoreParametrization::Velocity(sigmas.to(model->device)),
+                        scheduler.timesteps().flip({0}).to(model->device)};
+  }
+
+  // Dmd2Velocity: a score's velocity at train timesteps `t` [B] (no
+  // denoiser: the generator's own transformer).
+  absl::StatusOr<at::Tensor> Dmd2Velocity(const qwen_image::PreparedEdit& prepared,
+                                          const Dmd2Schedule& schedule, const at::Tensor& xt,
+                                          const at::Tensor& t, double guidance,
+                                          const qwen_image::Denoiser& denoiser = nullptr) {
+    return pipeline().Velocity(prepared, xt, schedule.TimestepsOf(t), guidance, denoiser);
+  }
+
+  // Dmd2Generate: the generator's x0 for a micro-batch, as DMD2's generator
+  // turn makes it: `simulated` steps of backward simulation from the rows'
+  // start noise (without gradients), then one generator pass from its
+  // input (differentiable when grad mode is on). `unguided` has no
+  // negative prompt.
+  absl::StatusOr<at::Tensor> Dmd2Generate(const qwen_image::PreparedEdit& unguided,
+                                          const MicroBatch& micro, const Dmd2Schedule& schedule,
+                                          int64_t simulated) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                          rl::DenoisingSteps(config.denoising_timestep, config.num_denoising_step));
+    absl::Status failed;
+    auto x0_at = [&](const at::Tensor& xt, int64_t timestep) -> at::Tensor {
+      const at::Tensor t = at::full({xt.size(0)}, timestep, at::kLong);
+      absl::StatusOr<at::Tensor> velocity = Dmd2Velocity(unguided, schedule, xt, t, 1.0);
+      if (!velocity.ok()) {
+        failed.Update(velocity.status());
+        return xt;
+      }
+      return schedule.flow.CleanPrediction(xt, *velocity, t).to(xt.scalar_type());
+    };
+    const at::IntArrayRef shape = unguided.noise.sizes().slice(1);
+    uint64_t draws = 0;
+    auto draw = [&](const at::Tensor&) {
+      return RowsNoise(micro.inputs, kDmd2Stream + ++draws, shape, model->device);
+    };
+    const rl::SimulatedInput simulated_input = rl::BackwardSimulated(
+        schedule.flow, steps, simulated, RowsNoise(micro.inputs, kDmd2Stream, shape, model->device),
+        x0_at, draw);
+    DRAY_RETURN_IF_ERROR(failed);
+    const at::Tensor input = rl::GeneratorInput(schedule.flow, simulated_input.clean,
+                                                unguided.noise, simulated_input.timestep);
+    const at::Tensor x0 = x0_at(input, simulated_input.timestep);
+    DRAY_RETURN_IF_ERROR(failed);
+    return x0;
+  }
+
+  // Dmd2MatchingLoss: the distribution-matching loss of the generator's
+  // `x0` (DMD2's compute_distribution_matching_loss): x0 noised at a level
+  // in [min_step, max_step], the fake score's and the real score's
+  // (guided) x0 there.
+  absl::StatusOr<at::Tensor> Dmd2MatchingLoss(const qwen_image::PreparedEdit& prepared,
+                                              const qwen_image::PreparedEdit& unguided,
+                                              const MicroBatch& micro, const Dmd2Schedule& schedule,
+                                              const at::Tensor& x0) {
+    const auto percent = [](double share) { return static_cast<int64_t>(share * kTrainTimesteps); };
+    const at::Tensor t = RowsTimesteps(
+        micro.inputs, kDmd2Stream + kDmd2MatchingLevel, percent(config.min_step_percent),
+        std::min<int64_t>(percent(config.max_step_percent) + 1, kTrainTimesteps));
+    const at::Tensor noise = RowsNoise(micro.inputs, kDmd2Stream + kDmd2MatchingNoise,
+                                       x0.sizes().slice(1), model->device);
+    at::Tensor fake_x0, real_x0;
+    {
+      torch::NoGradGuard no_grad;
+      const at::Tensor xt = schedule.flow.Noised(x0.detach(), noise, t);
+      DRAY_ASSIGN_OR_RETURN(at::Tensor fake,
+                            Dmd2Velocity(unguided, schedule, xt, t, 1.0,
+                                         qwen_image::DenoiserOf(*fake_score.transformer)));
+      fake_x0 = schedule.flow.CleanPrediction(xt, fake, t);
+      DRAY_ASSIGN_OR_RETURN(at::Tensor real, AsReference([&](qwen_image::Denoiser denoiser) {
+                              return Dmd2Velocity(prepared, schedule, xt, t,
+                                                  config.real_guidance_scale, denoiser);
+                            }));
+      real_x0 = schedule.flow.CleanPrediction(xt, real, t);
+    }
+    DRAY_ASSIGN_OR_RETURN(rl::DistributionMatching matching,
+                          rl::DistributionMatchingLoss(x0, real_x0, fake_x0));
+    return matching.loss * config.dm_loss_weight;
+  }
+
+  // Dmd2FakeLoss: the fake score's denoising loss on the generator's
+  // samples (DMD2's compute_loss_fake, flow matching's velocity target).
+  absl::StatusOr<at::Tensor> Dmd2FakeLoss(const qwen_image::PreparedEdit& unguided,
+                                          const MicroBatch& micro, const Dmd2Schedule& schedule,
+                                          const at::Tensor& x0) {
+    const at::Tensor t =
+        RowsTimesteps(micro.inputs, kDmd2Stream + kDmd2FakeLevel, 0, kTrainTimesteps);
+    const at::Tensor noise =
+        RowsNoise(micro.inputs, kDmd2Stream + kDmd2FakeNoise, x0.sizes().slice(1), model->device);
+    const at::Tensor xt = schedule.flow.Noised(x0, noise, t);
+    DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,
+                          Dmd2Velocity(unguided, schedule, xt, t, 1.0,
+                                       qwen_image::DenoiserOf(*fake_score.transformer)));
+    return rl::DenoisingLoss(velocity, schedule.flow.Target(x0, noise));
+  }
 };
 
 FlowGrpoWorker::FlowGrpoWorker() {
@@ -502,6 +619,7 @@ FlowGrpoWorker::FlowGrpoWorker() {
   Def("sft_update", &FlowGrpoWorker::SftUpdate, per_rank_metrics);
   Def("vae_update", &FlowGrpoWorker::VaeUpdate, per_rank_metrics);
   Def("dpo_update", &FlowGrpoWorker::DpoUpdate, per_rank_metrics);
+  Def("dmd2_update", &FlowGrpoWorker::Dmd2Update, per_rank_metrics);
   Def("reconstruct", &FlowGrpoWorker::Reconstruct, batched);
   Def("save", &FlowGrpoWorker::Save, {kOneToAll});
   Def("save_checkpoint", &FlowGrpoWorker::SaveCheckpoint, {kOneToAll});
@@ -538,10 +656,21 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
   // Full fine-tuning's frozen reference: DPO's (unless its refreshed copy is
-  // the reference) and a KL term's.
-  const bool frozen_reference =
-      config.dpo() ? !config.sampling_policy() : !config.paired() && config.beta > 0;
-  if (config.lora_rank == 0 && frozen_reference) DRAY_RETURN_IF_ERROR(state->LoadReference(*this));
+  // the reference), a KL term's and DMD2's real score.
+  const bool frozen_reference = config.dpo()    ? !config.sampling_policy()
+                                : config.dmd2() ? true
+                                                : !config.paired() && config.beta > 0;
+  if (config.lora_rank == 0 && frozen_reference) {
+    DRAY_ASSIGN_OR_RETURN(state->reference,
+                          LoadTransformerCopy(*state->model, *this, /*trainable=*/false));
+  }
+  if (config.dmd2()) {
+    DRAY_ASSIGN_OR_RETURN(state->fake_score,
+                          LoadTransformerCopy(*state->model, *this, /*trainable=*/true));
+    state->fake_optimizer = std::make_unique<torch::optim::AdamW>(
+        state->fake_score.shards->shards(),
+        torch::optim::AdamWOptions(config.guidance_lr).weight_decay(config.weight_decay));
+  }
   state->optimizer = std::make_unique<torch::optim::AdamW>(
       state->trained().shards(),
       torch::optim::AdamWOptions(config.lr).weight_decay(config.weight_decay));
@@ -559,7 +688,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   // rollout's step count and resolution.
   DRAY_ASSIGN_OR_RETURN(state->options, EditOptionsFor(config.model, {}));
   qwen_image::EditOptions& options = state->options;
-  options.num_inference_steps = static_cast<int>(config.num_inference_steps);
+  // dmd2: the generator edits in its own few steps.
+  options.num_inference_steps =
+      static_cast<int>(config.dmd2() ? config.num_denoising_step : config.num_inference_steps);
   if (config.sft()) {
     options.image_size = config.resolution;  // each pair at its own aspect ratio
   } else {
@@ -984,6 +1115,83 @@ absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
   return DataProto::Make({}, {}, std::move(metrics));
 }
 
+absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
+  const SecondsIn timed(seconds_in_methods_, "dmd2_update");
+  if (state_ == nullptr || !state_->config.dmd2())
+    return absl::FailedPreconditionError(
+        "call init_model with algorithm.name dmd2 before dmd2_update");
+  State& state = *state_;
+  DRAY_ASSIGN_OR_RETURN(double lr, batch.GetMeta<double>(kLearningRateKey));
+  DRAY_ASSIGN_OR_RETURN(double fake_lr, batch.GetMeta<double>(kGuidanceLearningRateKey));
+  DRAY_ASSIGN_OR_RETURN(int64_t simulated, batch.GetMeta<int64_t>(kSimulatedStepsKey));
+  DRAY_ASSIGN_OR_RETURN(bool update_generator, batch.GetMeta<bool>(kUpdateGeneratorKey));
+  if (simulated < 0 || simulated >= state.config.num_denoising_step) {
+    return absl::InvalidArgumentError(absl::StrCat(kSimulatedStepsKey, " ", simulated,
+                                                   " is not in 0 .. num_denoising_step - 1 (",
+                                                   state.config.num_denoising_step - 1, ")"));
+  }
+  DRAY_ASSIGN_OR_RETURN(std::vector<MicroBatch> micro_batches, state.MicroBatches(batch));
+  DRAY_ASSIGN_OR_RETURN(Communicator * group, comm());
+  const double share = 1.0 / static_cast<double>(micro_batches.size());
+  MetaInfo metrics;
+  // The generator's turn: its samples (DMD2 hands the same ones, detached,
+  // to the fake score's turn), and with update_generator its step on the
+  // distribution-matching loss.
+  std::vector<at::Tensor> samples;
+  std::vector<qwen_image::PreparedEdit> unguided_edits;
+  double matching_sum = 0;
+  if (update_generator) state.BeginUpdate(lr);
+  for (const MicroBatch& micro : micro_batches) {
+    qwen_image::EditOptions options = state.options;
+    if (!(state.config.real_guidance_scale > 1)) options.negative_prompt.reset();
+    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
+                          state.Prepare(micro, options, /*cache=*/nullptr));
+    qwen_image::PreparedEdit& unguided = unguided_edits.emplace_back(prepared);
+    unguided.negative.reset();
+    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
+                          state.Dmd2ScheduleFor(prepared.noise.size(1)));
+    std::optional<torch::NoGradGuard> frozen;
+    if (!update_generator) frozen.emplace();
+    DRAY_ASSIGN_OR_RETURN(at::Tensor x0, state.Dmd2Generate(unguided, micro, schedule, simulated));
+    samples.push_back(x0.detach());
+    if (!update_generator) continue;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
+                          state.Dmd2MatchingLoss(prepared, unguided, micro, schedule, x0));
+    loss = loss * share;
+    DRAY_RETURN_IF_ERROR(state.AgreeFinite(group, loss, "in the distribution-matching loss"));
+    loss.backward();
+    matching_sum += loss.item<double>();
+  }
+  if (update_generator) {
+    DRAY_ASSIGN_OR_RETURN(double grad_norm, state.FinishUpdate());
+    metrics["loss_dm"] = matching_sum;
+    metrics["grad_norm"] = grad_norm;
+  }
+  // The fake score's turn.
+  torch::optim::AdamW& fake_optimizer = *state.fake_optimizer;
+  for (auto& param_group : fake_optimizer.param_groups())
+    static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(fake_lr);
+  fake_optimizer.zero_grad();
+  double fake_sum = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule, state.Dmd2ScheduleFor(samples[i].size(1)));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss, state.Dmd2FakeLoss(unguided_edits[i], micro_batches[i],
+                                                              schedule, samples[i]));
+    loss = loss * share;
+    DRAY_RETURN_IF_ERROR(
+        state.AgreeFinite(group, loss, "in the fake score's denoising loss", &fake_optimizer));
+    loss.backward();
+    fake_sum += loss.item<double>();
+  }
+  DRAY_ASSIGN_OR_RETURN(double fake_grad_norm,
+                        state.fake_score.shards->ClipGradNorm(state.config.max_grad_norm));
+  fake_optimizer.step();
+  fake_optimizer.zero_grad();
+  metrics["loss_fake_mean"] = fake_sum;
+  metrics["fake_grad_norm"] = fake_grad_norm;
+  return DataProto::Make({}, {}, metrics);
+}
+
 absl::StatusOr<DataProto> FlowGrpoWorker::VaeUpdate(const DataProto& batch) {
   const SecondsIn timed(seconds_in_methods_, "vae_update");
   if (state_ == nullptr || !state_->vae_shards)
@@ -1089,6 +1297,18 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SaveCheckpoint(const DataProto& input)
     DRAY_RETURN_IF_ERROR(
         sharded.SaveShardedLike(dir, kSamplingPolicyName, state_->sampling_policy));
   }
+  if (state_->config.dmd2()) {  // the fake score and its optimizer, in a folder of their own
+    const std::string fake_dir = dir + "/" + kFakeScoreDir;
+    FullyShardedModule& fake = *state_->fake_score.shards;
+    std::error_code error;
+    std::filesystem::create_directories(fake_dir, error);
+    if (error) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create ", fake_dir, ": ", error.message()));
+    }
+    DRAY_RETURN_IF_ERROR(fake.SaveShardedLike(fake_dir, "model", fake.shards()));
+    DRAY_RETURN_IF_ERROR(SaveAdamWState(fake, *state_->fake_optimizer, fake_dir));
+  }
   return DataProto::Make({});
 }
 
@@ -1102,6 +1322,12 @@ absl::StatusOr<DataProto> FlowGrpoWorker::LoadCheckpoint(const DataProto& input)
   if (loaded.ok() && !weights_only) loaded = LoadAdamWState(sharded, *state_->optimizer, dir);
   if (loaded.ok() && !weights_only && state_->config.sampling_policy())
     loaded = sharded.LoadShardedLike(dir, kSamplingPolicyName, state_->sampling_policy);
+  if (loaded.ok() && !weights_only && state_->config.dmd2()) {
+    FullyShardedModule& fake = *state_->fake_score.shards;
+    const std::string fake_dir = dir + "/" + kFakeScoreDir;
+    loaded = fake.LoadShardedLike(fake_dir, "model", fake.shards());
+    if (loaded.ok()) loaded = LoadAdamWState(fake, *state_->fake_optimizer, fake_dir);
+  }
   if (!loaded.ok()) {
     return absl::Status(loaded.code(), absl::StrCat("checkpoint ", dir,
                                                     " (saved with other "

@@ -56,6 +56,17 @@
 //                                       target (workers/train/vae_training.h); returns
 //                                       loss, reconstruction_rmse, kl, latent_std and
 //                                       grad_norm as meta
+//   dmd2_update       DP_COMPUTE_METRIC the edit columns in, meta lr, guidance_lr,
+//                                       simulated_steps and update_generator: DMD2's
+//                                       step (workers/rl/dmd2.h): the generator's
+//                                       samples after backward simulation, with
+//                                       update_generator its optimizer step on the
+//                                       distribution-matching loss against the real
+//                                       score (LoRA: adapters off; else a frozen copy)
+//                                       and the fake score (a trainable copy), then the
+//                                       fake score's step on its denoising loss of
+//                                       those samples; returns loss_dm, grad_norm,
+//                                       loss_fake_mean and fake_grad_norm as meta
 //   reconstruct       DP_COMPUTE_PROTO  the edit columns in; the VAE's reconstructions of
 //                                       the inputs (final_edited_images, raw RGB) out
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights
@@ -117,6 +128,7 @@ class FlowGrpoWorker : public Worker {
   absl::StatusOr<DataProto> SftUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> DpoUpdate(const DataProto& batch);
   absl::StatusOr<DataProto> VaeUpdate(const DataProto& batch);
+  absl::StatusOr<DataProto> Dmd2Update(const DataProto& batch);
   absl::StatusOr<DataProto> Reconstruct(const DataProto& batch);
   absl::StatusOr<DataProto> Save(const DataProto& input);
   absl::StatusOr<DataProto> SaveCheckpoint(const DataProto& input);

@@ -6,7 +6,7 @@
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
-#include "workers/train/rewards.h"
+#include "workers/train/edit_scores.h"
 #include "workers/train/training_protocol.h"
 
 namespace dray {
@@ -21,8 +21,10 @@ absl::StatusOr<Metrics> PairedAlgorithm::Step(int64_t step, const StepContext& c
   Metrics metrics;
   const absl::Time started = absl::Now();
   DRAY_ASSIGN_OR_RETURN(DataProto batch, context.sampler.PairedRows(step));
-  if (kind_ == PairedKind::kDpo && !config_.reward_functions.empty())
-    DRAY_RETURN_IF_ERROR(ScoreEdits(step, context, batch, metrics));
+  if (kind_ == PairedKind::kDpo && !config_.reward_functions.empty()) {
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edits, ModelEdits(context, batch));
+    DRAY_RETURN_IF_ERROR(ScoreEdits(config_, step, context, edits, metrics));
+  }
   const absl::Time updating = absl::Now();
   batch.SetMeta(kLearningRateKey, context.lr);
   DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, context.workers.PairedUpdate(batch, kind_));
@@ -64,32 +66,6 @@ absl::StatusOr<Metrics> PairedAlgorithm::Step(int64_t step, const StepContext& c
   }
   DRAY_RETURN_IF_ERROR(context.write_samples(grid));
   return metrics;
-}
-
-absl::Status PairedAlgorithm::ScoreEdits(int64_t step, const StepContext& context,
-                                         const DataProto& batch, Metrics& metrics) const {
-  DRAY_ASSIGN_OR_RETURN(DataProto edited, context.workers.Edit(batch, /*vae=*/false));
-  DRAY_ASSIGN_OR_RETURN(const std::vector<Image>* outputs, edited.GetRows<Image>(kEditedColumn));
-  const std::vector<const TrainPrompt*> prompts = context.sampler.PromptsOf(step);
-  std::vector<RewardInput> samples;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor output, DecodeImageRow((*outputs)[p]));
-    samples.push_back({std::move(output), prompts[p]->pixels, prompts[p]->instruction,
-                       prompts[p]->fields, prompts[p]->target_pixels});
-  }
-  DRAY_ASSIGN_OR_RETURN(at::Tensor scores,
-                        ScoreSamples(config_.reward_functions, samples, [&](size_t i) {
-                          return absl::StrCat("edit ", i, " (", prompts[i]->image_path, ")");
-                        }));
-  at::Tensor total = at::zeros({scores.size(0)}, at::kDouble);
-  for (size_t f = 0; f < config_.reward_functions.size(); ++f) {
-    const at::Tensor column = scores.select(1, static_cast<int64_t>(f));
-    total += config_.reward_weights[f] * column;
-    metrics["reward/" + config_.reward_functions[f]] = column.mean().item<double>();
-  }
-  metrics["reward_mean"] = total.mean().item<double>();
-  metrics["reward_std"] = total.std(/*unbiased=*/false).item<double>();
-  return absl::OkStatus();
 }
 
 std::vector<ChartSpec> PairedAlgorithm::Charts() const {

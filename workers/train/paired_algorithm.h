@@ -30,11 +30,6 @@ class PairedAlgorithm : public TrainingAlgorithm {
   std::vector<ChartSpec> Charts() const override;
 
  private:
-  // ScoreEdits: the mean score of the model's edits of `batch` by DPO's
-  // reward functions (each one's too, into `metrics`).
-  absl::Status ScoreEdits(int64_t step, const StepContext& context, const DataProto& batch,
-                          Metrics& metrics) const;
-
   TrainConfig config_;
   PairedKind kind_;
 };

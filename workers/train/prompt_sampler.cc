@@ -101,6 +101,18 @@ absl::StatusOr<DataProto> PromptSampler::RolloutRows(int64_t step) const {
   return batch;
 }
 
+absl::StatusOr<DataProto> PromptSampler::Dmd2Rows(int64_t step) const {
+  DRAY_ASSIGN_OR_RETURN(DataProto batch, EditRows(step, 1));
+  const int64_t simulated =
+      config_.backward_simulation
+          ? static_cast<int64_t>(Seed(SeedStream::kSimulatedSteps, step) %
+                                 static_cast<uint64_t>(config_.num_denoising_step))
+          : 0;
+  batch.SetMeta(kSimulatedStepsKey, simulated);
+  batch.SetMeta(kUpdateGeneratorKey, step % config_.dfake_gen_update_ratio == 0);
+  return batch;
+}
+
 void PromptSampler::AskForRefresh(int64_t step, DataProto& batch) const {
   const int64_t every = config_.ref_update_step;
   if (config_.dpo() && every > 0 && step > 0 && step % every == 0)

@@ -48,6 +48,7 @@ enum class SeedStream : uint64_t {
   kSigmaDraw = 6,        // SFT's and VAE's noise level per pair
   kSameSizePrompts = 7,  // the step's other prompts, of the first one's size
   kRowTrainedSteps = 8,  // DanceGRPO's trained steps of each row
+  kSimulatedSteps = 9,   // DMD2's backward-simulated generator steps
 };
 
 // StreamSeed: a seed for draw `index` of `stream` in a job seeded `seed`
@@ -70,6 +71,13 @@ class PromptSampler {
   // "sde_window_end" (dance_grpo, mix_grpo with init_same_noise: a group's rows share
   // their first row's seed, their own in kSdeSeedsColumn).
   absl::StatusOr<DataProto> RolloutRows(int64_t step) const;
+
+  // Dmd2Rows: DMD2's rows, one per prompt, with the generator steps its
+  // backward simulation runs (kSimulatedStepsKey: a seeded draw in [0,
+  // num_denoising_step), one for all rows as DMD2 broadcasts it; 0 without
+  // backward simulation) and whether the generator learns this step
+  // (kUpdateGeneratorKey: every dfake_gen_update_ratio-th step).
+  absl::StatusOr<DataProto> Dmd2Rows(int64_t step) const;
 
   // PairedRows: SFT's and VAE's rows, one per prompt, with its target image
   // and a sigma draw in [0, 1) (kTargetsColumn, kSigmaDrawsColumn); DPO's

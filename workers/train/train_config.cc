@@ -106,7 +106,17 @@ std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
         Key("algorithm.decay_type", c.decay_type, "0, 1 or 2"),
         Key("algorithm.adv_mode", c.adv_mode,
             "all, positive_only, negative_only, one_only or binary"),
-        Key("algorithm.solver", c.solver, "flow or dpm2")}}};
+        Key("algorithm.solver", c.solver, "flow or dpm2")}},
+      {{"dmd2"},
+       {Key("algorithm.num_denoising_step", c.num_denoising_step, "an integer"),
+        Key("algorithm.denoising_timestep", c.denoising_timestep, "an integer"),
+        Key("algorithm.backward_simulation", c.backward_simulation, "true or false"),
+        Key("algorithm.real_guidance_scale", c.real_guidance_scale, "a number"),
+        Key("algorithm.min_step_percent", c.min_step_percent, "a number"),
+        Key("algorithm.max_step_percent", c.max_step_percent, "a number"),
+        Key("algorithm.dm_loss_weight", c.dm_loss_weight, "a number"),
+        Key("algorithm.guidance_lr", c.guidance_lr, "a number"),
+        Key("algorithm.dfake_gen_update_ratio", c.dfake_gen_update_ratio, "an integer")}}};
 }
 
 // UnreadKeys: the keys `c` does not read (under its algorithm, or without
@@ -120,6 +130,17 @@ std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
       unread[key] =
           "does not apply to diffusion_nft, whose rollouts are deterministic (algorithm.solver) "
           "and whose loss is its own";
+  }
+  if (c.dmd2()) {
+    for (const char* key :
+         {"algorithm.adv_estimator", "algorithm.loss", "algorithm.group_size",
+          "algorithm.global_std", "algorithm.clip_range", "algorithm.adv_clip_max",
+          "algorithm.beta", "algorithm.timestep_fraction", "algorithm.num_inner_epochs",
+          "algorithm.noise_level", "algorithm.sde_type", "algorithm.sde_window_size",
+          "algorithm.sde_window_range", "worker.rollout.num_inference_steps", "trainer.async"})
+      unread[key] =
+          "does not apply to dmd2, which distils the model into a generator of "
+          "algorithm.num_denoising_step steps by its own losses (no rollouts, no rewards to learn)";
   }
   if (!c.async_rollout) {
     for (const char* key :
@@ -256,6 +277,13 @@ TrainConfig EmbeddedDefaults(const std::string& algorithm, bool embedded_task) {
   c.sample_every = 10;
   // MixGRPO's window visits the 6 trainable of 8 steps within the 30 steps.
   if (algorithm == "mix_grpo") c.mix_window.iters_per_group = 4;
+  // DMD2's real score is the embedded model as it edits: without guidance;
+  // its fake score trains the whole transformer, more gently than adapters.
+  if (algorithm == "dmd2") {
+    c.real_guidance_scale = 1;
+    c.lr = 1e-3;
+    c.guidance_lr = 1e-4;
+  }
   return c;
 }
 
@@ -334,6 +362,29 @@ absl::Status TrainConfig::Validate() const {
                        adv_mode, "'"));
     if (!rl::ParseOdeSolver(solver).ok())
       return bad("algorithm.solver", absl::StrCat("must be flow or dpm2, not '", solver, "'"));
+  }
+  if (dmd2()) {
+    if (!(denoising_timestep >= 1 && denoising_timestep <= 1000))
+      return bad("algorithm.denoising_timestep", "must lie in 1 .. 1000 (the train timesteps)");
+    if (!(num_denoising_step >= 1 && num_denoising_step <= denoising_timestep))
+      return bad("algorithm.num_denoising_step", "must lie in 1 .. algorithm.denoising_timestep");
+    if (!backward_simulation && num_denoising_step > 1)
+      return bad("algorithm.backward_simulation",
+                 "false trains the generator from pure noise alone: it needs "
+                 "algorithm.num_denoising_step 1");
+    if (!(min_step_percent >= 0 && min_step_percent <= max_step_percent && max_step_percent <= 1))
+      return bad("algorithm.min_step_percent",
+                 "and algorithm.max_step_percent must satisfy 0 <= min <= max <= 1");
+    if (!(real_guidance_scale >= 1))
+      return bad("algorithm.real_guidance_scale", "must be >= 1 (1: no guidance)");
+    if (real_guidance_scale > 1 && model.negative_prompt.empty())
+      return bad("algorithm.real_guidance_scale",
+                 "> 1 guides the real score with worker.image_edit.negative_prompt, which is "
+                 "empty: set one, or set the scale to 1");
+    if (!(guidance_lr > 0)) return bad("algorithm.guidance_lr", "must be > 0");
+    if (!(dm_loss_weight > 0)) return bad("algorithm.dm_loss_weight", "must be > 0");
+    if (dfake_gen_update_ratio < 1)
+      return bad("algorithm.dfake_gen_update_ratio", "must be at least 1");
   }
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",

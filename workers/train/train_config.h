@@ -14,7 +14,10 @@
 //              multi_reward_mix, init_same_noise; DanceGRPO's:
 //              shift, init_same_noise; DPO's: dpo_pairs, ref_update_step;
 //              DiffusionNFT's:
-//              nft_beta, decay_type, adv_mode, solver
+//              nft_beta, decay_type, adv_mode, solver; DMD2's:
+//              num_denoising_step, denoising_timestep, backward_simulation,
+//              real_guidance_scale, min_step_percent, max_step_percent,
+//              dm_loss_weight, guidance_lr, dfake_gen_update_ratio
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -87,6 +90,7 @@ inline constexpr Algorithm kAlgorithms[] = {{"grpo", "Flow-GRPO", true},
                                             {"mix_grpo", "MixGRPO", true},
                                             {"dance_grpo", "DanceGRPO", true},
                                             {"diffusion_nft", "DiffusionNFT", false},
+                                            {"dmd2", "DMD2", false},
                                             {"sft", "SFT", false},
                                             {"dpo", "Diffusion-DPO", false},
                                             {"vae", "VAE training", false}};
@@ -123,8 +127,10 @@ struct TrainConfig {
   // advantages as GRPO's, and its negative-aware loss on each sample's
   // clean latents noised afresh at int(num_inference_steps x
   // timestep_fraction) of the schedule's timesteps, its own per sample; no
-  // CFG) or "vae" (the VAE as an autoencoder on the paired rows' images
-  // and targets).
+  // CFG), "dmd2" (DMD2: a few-step generator distilled from the model,
+  // the real score, with a fake score trained beside it; no rewards) or
+  // "vae" (the VAE as an autoencoder on the paired rows' images and
+  // targets).
   std::string name = "grpo";
   std::string adv_estimator = "grpo";  // workers/rl/advantages.h
   std::string loss = "grpo";           // workers/rl/policy_loss.h
@@ -173,6 +179,23 @@ struct TrainConfig {
   int64_t decay_type = 1;
   std::string adv_mode = "all";
   std::string solver = "dpm2";
+  // dmd2's, by DMD2's own names (workers/rl/dmd2.h): the generator's
+  // few-step schedule (num_denoising_step of denoising_timestep's train
+  // timesteps, 999, 749, 499, 249 for 4 of 1000), trained on inputs of its
+  // own making (backward_simulation) or on each step's pure noise; the real
+  // score's guidance; the noise levels of the distribution-matching loss
+  // (min_step_percent .. max_step_percent of the train timesteps) and its
+  // weight; the fake score's learning rate and its updates per generator
+  // update (dfake_gen_update_ratio: the generator learns every N-th step).
+  int64_t num_denoising_step = 4;
+  int64_t denoising_timestep = 1000;
+  bool backward_simulation = true;
+  double real_guidance_scale = 4.0;
+  double min_step_percent = 0.02;
+  double max_step_percent = 0.98;
+  double dm_loss_weight = 1.0;
+  double guidance_lr = 1e-4;
+  int64_t dfake_gen_update_ratio = 5;
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;
@@ -263,6 +286,7 @@ struct TrainConfig {
   bool vae() const { return name == "vae"; }
   bool dpo() const { return name == "dpo"; }
   bool nft() const { return name == "diffusion_nft"; }
+  bool dmd2() const { return name == "dmd2"; }
   // sampling_policy: whether the workers keep a second copy of the trained
   // weights that samples the rollouts (DiffusionNFT's sampling policy,
   // DPO's refreshed reference).
@@ -286,8 +310,8 @@ struct TrainConfig {
     return options;
   }
   // rows_per_step: samples per step, prompts_per_step x group_size (SFT
-  // and VAE: prompts_per_step pairs).
-  int64_t rows_per_step() const { return prompts_per_step * (paired() ? 1 : group_size); }
+  // and VAE: prompts_per_step pairs; DMD2: prompts_per_step rows).
+  int64_t rows_per_step() const { return prompts_per_step * (paired() || dmd2() ? 1 : group_size); }
 };
 
 }  // namespace dray

@@ -40,8 +40,10 @@ std::string MetricsLine(const std::map<std::string, double>& metrics) {
 }
 
 // kEmbeddedScenes: the scenes of SFT's embedded task (each with every
-// synthetic edit).
+// synthetic edit); DMD2's are the embedded model's own training scenes
+// (seeds from kFirstTrainingScene), so that held-out scenes measure it.
 constexpr int64_t kEmbeddedScenes = 8;
+constexpr int64_t kFirstTrainingScene = 1000;
 
 // How long a failed step waits to hear whether a worker died (the others'
 // broken collectives may report first).
@@ -83,10 +85,11 @@ absl::StatusOr<std::unique_ptr<FlowGrpoTrainer>> FlowGrpoTrainer::Start(TrainCon
     const std::string task = trainer->scratch_->path() + "/task";
     fs::create_directories(task);
     const bool preferences = config.dpo() && config.paired();
-    DRAY_ASSIGN_OR_RETURN(data, preferences ? WriteEmbeddedPreferences(task)
-                                : config.paired()
-                                    ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
-                                    : WriteEmbeddedTask(task));
+    DRAY_ASSIGN_OR_RETURN(
+        data, preferences       ? WriteEmbeddedPreferences(task)
+              : config.paired() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, 0)
+              : config.dmd2() ? WriteSyntheticEditPairs(task, kEmbeddedScenes, kFirstTrainingScene)
+                              : WriteEmbeddedTask(task));
   }
   const RowKind rows = !config.paired() ? RowKind::kPrompt
                        : config.dpo()   ? RowKind::kPreference
@@ -307,8 +310,13 @@ void FlowGrpoTrainer::ReportProgress(const std::map<std::string, double>& metric
           ? absl::StrFormat("  reward %.4f (std %.4f)", metrics.at("reward_mean"),
                             metrics.at("reward_std"))
           : "";
-  const std::string loss =
-      metrics.count("loss") ? absl::StrFormat("%.3g", metrics.at("loss")) : "- (not trained)";
+  std::string loss = "- (not trained)";
+  if (metrics.count("loss")) {
+    loss = absl::StrFormat("%.3g", metrics.at("loss"));
+  } else if (metrics.count("loss_fake_mean")) {  // DMD2's two models
+    loss = absl::StrFormat("fake score %.3g", metrics.at("loss_fake_mean"));
+    if (metrics.count("loss_dm")) absl::StrAppendFormat(&loss, ", dm %.3g", metrics.at("loss_dm"));
+  }
   const std::string line = absl::StrFormat(
       "step %d/%d%s  loss %s  %.1f img/s  elapsed %s  ETA %s", done, config_.total_steps, reward,
       loss, metrics.at("images_per_s"), Duration(elapsed), Duration(eta));

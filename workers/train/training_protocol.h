@@ -56,6 +56,13 @@ inline constexpr char kInnerEpochKey[] = "inner_epoch";
 // algorithm.ref_update_step) the policy first (bool).
 inline constexpr char kRefreshSamplingPolicyKey[] = "refresh_sampling_policy";
 inline constexpr char kSamplingPolicyDecayKey[] = "sampling_policy_decay";
+// dmd2_update: the generator steps backward simulation runs before the
+// trained one (int64), and whether the generator learns (bool; the fake
+// score always does).
+inline constexpr char kSimulatedStepsKey[] = "simulated_steps";
+inline constexpr char kUpdateGeneratorKey[] = "update_generator";
+// dmd2_update: the fake score's learning rate this step (double).
+inline constexpr char kGuidanceLearningRateKey[] = "guidance_lr";
 // save, save_checkpoint, load_checkpoint: the folder (string).
 inline constexpr char kDirKey[] = "dir";
 // save_checkpoint, load_checkpoint: true for the trained weights alone, no

@@ -71,6 +71,10 @@ class GroupTrainingWorkers : public TrainingWorkers {
                 batch);
   }
 
+  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch) override {
+    return Call(*model_, "dmd2_update", batch);
+  }
+
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override {
     DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> edited,
                           Call(*model_, vae ? "reconstruct" : "edit", rows));

@@ -78,6 +78,11 @@ absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::PairedUpdate(const D
   return RankMetrics({"loss", "grad_norm"});
 }
 
+absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::Dmd2Update(const DataProto& batch) {
+  state_->calls.push_back("dmd2_update");
+  return RankMetrics({"loss_fake_mean", "fake_grad_norm", "loss_dm", "grad_norm"});
+}
+
 absl::StatusOr<DataProto> FakeTrainingWorkers::Edit(const DataProto& rows, bool vae) {
   state_->calls.push_back(vae ? "reconstruct" : "edit");
   return Unedited(rows);

@@ -63,6 +63,7 @@ class FakeTrainingWorkers : public TrainingWorkers {
   }
   absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
                                                       PairedKind kind) override;
+  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch) override;
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override;
   absl::StatusOr<at::Tensor> ComputeReward(const DataProto& samples) override;
   absl::Status Save(const std::string& dir) override;
