@@ -38,6 +38,14 @@ TEST(SchedulerTest, ConfigReadsDiffusersKeys) {
               StatusIs(absl::StatusCode::kUnimplemented));
 }
 
+TEST(SchedulerTest, OneStepFromPureNoiseIsNotStretchedToNaN) {
+  // diffusers stretches [1] by (1 - 1) / (1 - 1) = NaN: dray keeps [1, 0].
+  FlowMatchEulerScheduler scheduler(FlowMatchEulerConfig::QwenImage());
+  DRAY_ASSERT_OK(scheduler.SetSigmas(Linspace(1.0, 1.0, 1), 0.5));
+  EXPECT_TRUE(at::equal(scheduler.sigmas(), at::tensor({1.0f, 0.0f})));
+  EXPECT_FLOAT_EQ(scheduler.timesteps()[0].item<float>(), 1000);
+}
+
 TEST(SchedulerTest, StepChecksItsState) {
   FlowMatchEulerScheduler scheduler(FlowMatchEulerConfig::QwenImage());
   EXPECT_THAT(scheduler.Step(at::zeros({2}), at::zeros({2})),

@@ -55,9 +55,10 @@ const std::string& Uninterrupted(int workers, const std::vector<std::string>& ov
   return dirs[key];
 }
 
-// ExpectSameRun: the run in `dir` ended with the weights and rewards of
-// `uninterrupted`, to `tolerance` (0: bit for bit).
-void ExpectSameRun(const std::string& dir, const std::string& uninterrupted, double tolerance) {
+// ExpectSameRun: the run in `dir` ended with the weights and each step's
+// `metric` of `uninterrupted`, to `tolerance` (0: bit for bit).
+void ExpectSameRun(const std::string& dir, const std::string& uninterrupted, double tolerance,
+                   const char* metric = "reward_mean") {
   const auto expected = LoraWeights(uninterrupted), actual = LoraWeights(dir);
   ASSERT_FALSE(expected.empty());
   ASSERT_EQ(actual.size(), expected.size());
@@ -67,8 +68,8 @@ void ExpectSameRun(const std::string& dir, const std::string& uninterrupted, dou
   ASSERT_EQ(metrics.size(), static_cast<size_t>(kSteps));  // each step once
   for (int step = 0; step < kSteps; ++step) {
     EXPECT_EQ(metrics[step]["step"], step);
-    EXPECT_NEAR(metrics[step]["reward_mean"].get<double>(),
-                expected_metrics[step]["reward_mean"].get<double>(), tolerance);
+    EXPECT_NEAR(metrics[step][metric].get<double>(), expected_metrics[step][metric].get<double>(),
+                tolerance);
   }
 }
 
@@ -105,6 +106,70 @@ TEST(CheckpointTest, DiffusionNftResumesWithItsSamplingPolicy) {
       fs::exists(dir + "/checkpoints/step_000002/sampling_policy-00000-of-00001.safetensors"));
   DRAY_ASSERT_OK(Train(Job(dir, second)));
   ExpectSameRun(dir, Uninterrupted(1, nft), 0);
+}
+
+// DMD2's job: two generator steps on the tiny model (at steps 0 and 2 of
+// 4), its fake score learning every step.
+TrainConfig Dmd2Job(const std::string& save_dir, std::vector<std::string> overrides = {}) {
+  overrides.insert(overrides.begin(),
+                   {"worker.image_edit.model_path=" + RandomTinyModel(),
+                    "worker.image_edit.negative_prompt=\" \"", "algorithm.name=dmd2",
+                    "algorithm.num_denoising_step=2", "algorithm.dfake_gen_update_ratio=2",
+                    "data.prompts_per_step=2", "worker.actor.micro_batch_size=1",
+                    "worker.actor.lr=3e-2", "algorithm.guidance_lr=1e-2",
+                    "worker.reward.functions=[target_psnr]", "trainer.sample_every=1000",
+                    absl::StrCat("trainer.total_steps=", kSteps), "trainer.save_dir=" + save_dir});
+  absl::StatusOr<TrainConfig> config = TrainConfig::Load("", overrides);
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+const std::string& UninterruptedDmd2(int workers) {
+  static std::map<int, std::string> dirs;
+  if (!dirs.count(workers)) {
+    const std::string path = SaveDir(absl::StrCat("uninterrupted_dmd2_", workers));
+    EXPECT_TRUE(Train(Dmd2Job(path), workers).ok());
+    dirs[workers] = path;
+  }
+  return dirs[workers];
+}
+
+// DMD2's checkpoint holds its three models' trained state: the generator,
+// and the fake score with its own optimizer (the real score is the
+// model's); a resumed run's generator steps after the fake score's
+// restored ones as if it had never stopped.
+TEST(CheckpointTest, Dmd2ResumesWithItsFakeScore) {
+  const std::string dir = SaveDir("dmd2_stopped");
+  DRAY_ASSERT_OK(Train(Dmd2Job(dir, {"trainer.total_steps=2", "trainer.save_every=2"})));
+  const std::string fake = dir + "/checkpoints/step_000002/fake_score/";
+  EXPECT_TRUE(fs::exists(fake + "model-00000-of-00001.safetensors"));
+  EXPECT_TRUE(fs::exists(fake + "adamw.json"));
+  DRAY_ASSERT_OK(Train(Dmd2Job(dir, {"trainer.resume=auto"})));
+  ExpectSameRun(dir, UninterruptedDmd2(1), 0, "loss_fake_mean");
+}
+
+// A worker killed in DMD2's step: the group restarts from the last
+// checkpoint, all three models as they were.
+TEST(CheckpointTest, ADmd2WorkerKilledMidStepIsRestartedFromTheLastCheckpoint) {
+  const std::string dir = SaveDir("dmd2_killed");
+  FlowGrpoTrainer* running = nullptr;
+  std::atomic<int> steps{0};
+  std::atomic<pid_t> killed{0};
+  FlowGrpoTrainer::Options options;
+  options.on_rollout_progress = [&](int rank, const std::string& what, int64_t done, int64_t) {
+    // Rank 1's first micro-batch of the third step (after the checkpoint of step 2).
+    if (rank != 1 || what != "distilling" || done != 1 || ++steps != 3) return;
+    killed = running->group().pids()[1];
+    kill(killed, SIGKILL);
+  };
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      auto trainer,
+      StartTrainer(Dmd2Job(dir, {"trainer.save_every=1", "trainer.max_restarts=1"}), 2, options));
+  running = trainer.get();
+  DRAY_ASSERT_OK(trainer->Run());
+  EXPECT_NE(killed.load(), 0);
+  EXPECT_EQ(trainer->restarts(), 1);
+  ExpectSameRun(dir, UninterruptedDmd2(2), 0, "loss_fake_mean");
 }
 
 // Resuming an earlier checkpoint abandons the later ones: they are moved

@@ -17,7 +17,8 @@ absl::StatusOr<Metrics> Dmd2Algorithm::Step(int64_t step, const StepContext& con
   batch.SetMeta(kLearningRateKey, context.lr);
   batch.SetMeta(kGuidanceLearningRateKey, config_.guidance_lr * warm_up);
   DRAY_ASSIGN_OR_RETURN(bool generator_learns, batch.GetMeta<bool>(kUpdateGeneratorKey));
-  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated, context.workers.Dmd2Update(batch));
+  DRAY_ASSIGN_OR_RETURN(std::vector<DataProto> updated,
+                        context.workers.Dmd2Update(batch, context.on_rollout_progress));
   std::vector<const char*> keys = {"loss_fake_mean", "fake_grad_norm"};
   if (generator_learns) keys.insert(keys.end(), {"loss_dm", "grad_norm"});
   for (const DataProto& rank : updated) {

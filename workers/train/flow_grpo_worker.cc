@@ -490,21 +490,23 @@ struct FlowGrpoWorker::State {
     return pipeline().Prepare(rows, options, cache);
   }
 
-  // Dmd2Schedule: DMD2's train timesteps t = 0 .. 999 (999: pure noise) on
-  // the model's 1000-step schedule for `tokens` latent tokens: their sigmas
-  // and the transformer's timesteps.
+  // Dmd2Schedule: the model's `steps`-step schedule for `tokens` latent
+  // tokens as DMD2's timesteps t = 0 .. steps-1 (steps-1: pure noise): their
+  // sigmas and the transformer's timesteps. The scores' noise levels are
+  // its 1000 train timesteps; the generator's steps are its
+  // num_denoising_step ones, what `dray edit --steps N` runs.
   struct Dmd2Schedule {
     rl::ScoreParametrization flow;
-    at::Tensor timesteps;  // [1000], the transformer's 0..1000 scale
+    at::Tensor timesteps;  // [steps], the transformer's 0..1000 scale
 
     at::Tensor TimestepsOf(const at::Tensor& t) const {
       return timesteps.index_select(0, t.to(timesteps.device()));
     }
   };
-  absl::StatusOr<Dmd2Schedule> Dmd2ScheduleFor(int64_t tokens) {
+  absl::StatusOr<Dmd2Schedule> Dmd2ScheduleFor(int64_t tokens, int64_t steps) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
-                          pipeline().Scheduler(tokens, kTrainTimesteps));
-    const at::Tensor sigmas = scheduler.sigmas().narrow(0, 0, kTrainTimesteps).flip({0});
+                          pipeline().Scheduler(tokens, static_cast<int>(steps)));
+    const at::Tensor sigmas = scheduler.sigmas().narrow(0, 0, steps).flip({0});
     return Dmd2Schedule{rl::ScoreParametrization::Velocity(sigmas.to(model->device)),
                         scheduler.timesteps().flip({0}).to(model->device)};
   }
@@ -519,15 +521,16 @@ struct FlowGrpoWorker::State {
   }
 
   // Dmd2Generate: the generator's x0 for a micro-batch, as DMD2's generator
-  // turn makes it: `simulated` steps of backward simulation from the rows'
-  // start noise (without gradients), then one generator pass from its
-  // input (differentiable when grad mode is on). `unguided` has no
-  // negative prompt.
+  // turn makes it: `simulated` of its steps in backward simulation from
+  // the rows' start noise (without gradients), then one generator pass
+  // from its input (differentiable when grad mode is on). `unguided` has
+  // no negative prompt.
   absl::StatusOr<at::Tensor> Dmd2Generate(const qwen_image::PreparedEdit& unguided,
-                                          const MicroBatch& micro, const Dmd2Schedule& schedule,
-                                          int64_t simulated) {
-    DRAY_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
-                          rl::DenoisingSteps(config.denoising_timestep, config.num_denoising_step));
+                                          const MicroBatch& micro, int64_t simulated) {
+    DRAY_ASSIGN_OR_RETURN(Dmd2Schedule schedule,
+                          Dmd2ScheduleFor(unguided.noise.size(1), config.num_denoising_step));
+    std::vector<int64_t> steps;  // noisiest first
+    for (int64_t t = config.num_denoising_step - 1; t >= 0; --t) steps.push_back(t);
     absl::Status failed;
     auto x0_at = [&](const at::Tensor& xt, int64_t timestep) -> at::Tensor {
       const at::Tensor t = at::full({xt.size(0)}, timestep, at::kLong);
@@ -688,9 +691,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   // rollout's step count and resolution.
   DRAY_ASSIGN_OR_RETURN(state->options, EditOptionsFor(config.model, {}));
   qwen_image::EditOptions& options = state->options;
-  // dmd2: the generator edits in its own few steps.
+  // dmd2: the generator edits in its own few steps, unguided (the
+  // negative prompt guides its real score alone).
   options.num_inference_steps =
       static_cast<int>(config.dmd2() ? config.num_denoising_step : config.num_inference_steps);
+  if (config.dmd2()) options.negative_prompt.reset();
   if (config.sft()) {
     options.image_size = config.resolution;  // each pair at its own aspect ratio
   } else {
@@ -1142,18 +1147,21 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
   double matching_sum = 0;
   if (update_generator) state.BeginUpdate(lr);
   for (const MicroBatch& micro : micro_batches) {
-    qwen_image::EditOptions options = state.options;
-    if (!(state.config.real_guidance_scale > 1)) options.negative_prompt.reset();
+    qwen_image::EditOptions options = state.options;  // unguided
+    if (state.config.real_guidance_scale > 1)
+      options.negative_prompt = state.config.model.negative_prompt;
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
                           state.Prepare(micro, options, /*cache=*/nullptr));
     qwen_image::PreparedEdit& unguided = unguided_edits.emplace_back(prepared);
     unguided.negative.reset();
     DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
-                          state.Dmd2ScheduleFor(prepared.noise.size(1)));
+                          state.Dmd2ScheduleFor(prepared.noise.size(1), kTrainTimesteps));
     std::optional<torch::NoGradGuard> frozen;
     if (!update_generator) frozen.emplace();
-    DRAY_ASSIGN_OR_RETURN(at::Tensor x0, state.Dmd2Generate(unguided, micro, schedule, simulated));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor x0, state.Dmd2Generate(unguided, micro, simulated));
     samples.push_back(x0.detach());
+    ReportProgress("distilling", static_cast<int64_t>(samples.size()),
+                   static_cast<int64_t>(micro_batches.size()));
     if (!update_generator) continue;
     DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
                           state.Dmd2MatchingLoss(prepared, unguided, micro, schedule, x0));
@@ -1174,7 +1182,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
   fake_optimizer.zero_grad();
   double fake_sum = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule, state.Dmd2ScheduleFor(samples[i].size(1)));
+    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
+                          state.Dmd2ScheduleFor(samples[i].size(1), kTrainTimesteps));
     DRAY_ASSIGN_OR_RETURN(at::Tensor loss, state.Dmd2FakeLoss(unguided_edits[i], micro_batches[i],
                                                               schedule, samples[i]));
     loss = loss * share;

@@ -22,11 +22,16 @@ double Distance(const at::Tensor& a, const at::Tensor& b) { return (a - b).norm(
 
 absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
     qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes,
-    const qwen_image::StepCacheOptions& step_cache) {
+    const qwen_image::StepCacheOptions& step_cache, int steps, double guidance) {
   ImageEditConfig config;
   config.UseEmbeddedDefaults();
   DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(config, {}));
   options.step_cache = step_cache;
+  if (steps > 0) options.num_inference_steps = steps;
+  if (guidance > 1) {
+    options.negative_prompt = " ";
+    options.true_cfg_scale = guidance;
+  }
   torch::NoGradGuard no_grad;
   // score edits `inputs` (one per scene) and compares them with `targets`.
   auto score = [&](const std::string& instruction, const std::vector<qwen_image::EditInput>& inputs,

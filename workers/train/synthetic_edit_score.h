@@ -41,10 +41,12 @@ struct SyntheticEditScore {
 // ScoreSyntheticEdits edits `scenes` by every synthetic instruction (and,
 // for an Edit-Plus model, the two-picture sky edit, last) with the options
 // `dray edit` gives the embedded model (each scene's noise seeded by its
-// own seed), denoising with `step_cache` (default: exact), and scores them.
+// own seed), denoising with `step_cache` (default: exact) in `steps`
+// steps (0: the embedded model's), guided by the negative prompt " " at
+// `guidance` when above 1, and scores them.
 absl::StatusOr<std::vector<SyntheticEditScore>> ScoreSyntheticEdits(
     qwen_image::QwenImageEditPipeline& pipeline, const HeldOutScenes& scenes = {},
-    const qwen_image::StepCacheOptions& step_cache = {});
+    const qwen_image::StepCacheOptions& step_cache = {}, int steps = 0, double guidance = 1);
 
 }  // namespace dray
 

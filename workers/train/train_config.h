@@ -15,7 +15,7 @@
 //              shift, init_same_noise; DPO's: dpo_pairs, ref_update_step;
 //              DiffusionNFT's:
 //              nft_beta, decay_type, adv_mode, solver; DMD2's:
-//              num_denoising_step, denoising_timestep, backward_simulation,
+//              num_denoising_step, backward_simulation,
 //              real_guidance_scale, min_step_percent, max_step_percent,
 //              dm_loss_weight, guidance_lr, dfake_gen_update_ratio
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
@@ -180,15 +180,15 @@ struct TrainConfig {
   std::string adv_mode = "all";
   std::string solver = "dpm2";
   // dmd2's, by DMD2's own names (workers/rl/dmd2.h): the generator's
-  // few-step schedule (num_denoising_step of denoising_timestep's train
-  // timesteps, 999, 749, 499, 249 for 4 of 1000), trained on inputs of its
-  // own making (backward_simulation) or on each step's pure noise; the real
-  // score's guidance; the noise levels of the distribution-matching loss
-  // (min_step_percent .. max_step_percent of the train timesteps) and its
-  // weight; the fake score's learning rate and its updates per generator
-  // update (dfake_gen_update_ratio: the generator learns every N-th step).
+  // steps (num_denoising_step of the model's own schedule, as `dray edit
+  // --steps N` runs them), trained on inputs of its own making
+  // (backward_simulation) or on each step's pure noise; the real score's
+  // guidance; the noise levels of the distribution-matching loss
+  // (min_step_percent .. max_step_percent of the 1000 train timesteps) and
+  // its weight; the fake score's learning rate and its updates per
+  // generator update (dfake_gen_update_ratio: the generator learns every
+  // N-th step).
   int64_t num_denoising_step = 4;
-  int64_t denoising_timestep = 1000;
   bool backward_simulation = true;
   double real_guidance_scale = 4.0;
   double min_step_percent = 0.02;

@@ -35,7 +35,8 @@ struct StepContext {
   bool samples_due = false;  // whether this step draws samples/step_N.png
   // WriteSamples writes this step's samples/step_N.png.
   std::function<absl::Status(const std::vector<SampleRow>&)> write_samples;
-  // on_rollout_progress receives the workers' progress within a rollout.
+  // on_rollout_progress receives the workers' progress within a rollout
+  // (DMD2: within its step).
   GroupProgressFn on_rollout_progress;
 };
 

@@ -71,8 +71,11 @@ class GroupTrainingWorkers : public TrainingWorkers {
                 batch);
   }
 
-  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch) override {
-    return Call(*model_, "dmd2_update", batch);
+  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch,
+                                                    const GroupProgressFn& on_progress) override {
+    CallOptions call;
+    call.on_progress = on_progress;
+    return Call(*model_, "dmd2_update", batch, call);
   }
 
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override {

@@ -62,8 +62,10 @@ class TrainingWorkers {
   virtual absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
                                                               PairedKind kind) = 0;
   // Dmd2Update takes DMD2's step on PromptSampler::Dmd2Rows (the
-  // generator's, when they ask, and the fake score's); each rank's metrics.
-  virtual absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch) = 0;
+  // generator's, when they ask, and the fake score's; progress
+  // "distilling", micro-batches done, to `on_progress`); each rank's metrics.
+  virtual absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch,
+                                                            const GroupProgressFn& on_progress) = 0;
   // Edit edits the rows as the model now does (with `vae`, reconstructs
   // the input images): kEditedColumn in row order.
   virtual absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) = 0;

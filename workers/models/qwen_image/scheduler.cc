@@ -21,7 +21,10 @@ namespace {
 // ShiftSigmas applies diffusers' shift and terminal stretch to `sigmas` in
 // precision T, casting Python scalars to T as NumPy 1.x does for arrays of T.
 // (The stretch's scale factor is a NumPy scalar divided by a Python float:
-// float64 whatever T is, then cast to T when it meets the array.)
+// float64 whatever T is, then cast to T when it meets the array.) A
+// schedule of one step, sigma 1, is not stretched: diffusers divides 0 by 0
+// there and every sigma becomes NaN (a one-step edit, e.g. a distilled
+// generator's, would be black).
 template <typename T>
 std::vector<T> ShiftSigmas(std::vector<T> sigmas, const FlowMatchEulerConfig& config, double mu) {
   for (T& s : sigmas) {
@@ -33,7 +36,8 @@ std::vector<T> ShiftSigmas(std::vector<T> sigmas, const FlowMatchEulerConfig& co
       s = shift * s / (T(1) + (static_cast<T>(config.shift - 1)) * s);
     }
   }
-  if (config.shift_terminal.has_value() && *config.shift_terminal != 0) {
+  const bool from_pure_noise_only = sigmas.back() == T(1);
+  if (config.shift_terminal.has_value() && *config.shift_terminal != 0 && !from_pure_noise_only) {
     const T last = T(1) - sigmas.back();
     const T scale = static_cast<T>(static_cast<double>(last) / (1.0 - *config.shift_terminal));
     for (T& s : sigmas) s = T(1) - ((T(1) - s) / scale);

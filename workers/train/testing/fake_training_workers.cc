@@ -78,7 +78,8 @@ absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::PairedUpdate(const D
   return RankMetrics({"loss", "grad_norm"});
 }
 
-absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::Dmd2Update(const DataProto& batch) {
+absl::StatusOr<std::vector<DataProto>> FakeTrainingWorkers::Dmd2Update(
+    const DataProto& batch, const GroupProgressFn& on_progress) {
   state_->calls.push_back("dmd2_update");
   return RankMetrics({"loss_fake_mean", "fake_grad_norm", "loss_dm", "grad_norm"});
 }

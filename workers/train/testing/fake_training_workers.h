@@ -63,7 +63,8 @@ class FakeTrainingWorkers : public TrainingWorkers {
   }
   absl::StatusOr<std::vector<DataProto>> PairedUpdate(const DataProto& batch,
                                                       PairedKind kind) override;
-  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch) override;
+  absl::StatusOr<std::vector<DataProto>> Dmd2Update(const DataProto& batch,
+                                                    const GroupProgressFn& on_progress) override;
   absl::StatusOr<DataProto> Edit(const DataProto& rows, bool vae) override;
   absl::StatusOr<at::Tensor> ComputeReward(const DataProto& samples) override;
   absl::Status Save(const std::string& dir) override;
