@@ -94,6 +94,14 @@ TEST(BenchCliTest, PrintsEveryShardingFigure) {
   // Memory falls with the world size (values are bytes, not timings).
   EXPECT_LT(figures.at("shard_param_bytes_w4"), figures.at("shard_param_bytes_w2"));
   EXPECT_LT(figures.at("shard_param_bytes_w2"), figures.at("shard_param_bytes_w1"));
+  // DMD2's three models hold what their parameter counts predict, within
+  // the shards' padding.
+  for (int world : {1, 2, 4}) {
+    for (const char* name : {"dmd2_generator_bytes_w", "dmd2_real_score_bytes_w",
+                             "dmd2_fake_score_bytes_w", "dmd2_predicted_bytes_w"})
+      EXPECT_GT(figures.at(absl::StrCat(name, world)), 0) << name << world;
+    EXPECT_NEAR(figures.at(absl::StrCat("dmd2_measured_over_predicted_w", world)), 1.0, 0.01);
+  }
 }
 
 TEST(BenchCliTest, PrintsEveryEditFigure) {

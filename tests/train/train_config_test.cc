@@ -111,7 +111,8 @@ TEST(TrainConfigTest, TheResolvedConfigurationLoadsBackForEveryAlgorithm) {
   // config.yaml holds every key but other algorithms' own: loaded back as a
   // file, it is the same job.
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/resolved.yaml";
-  for (const std::string name : {"grpo", "mix_grpo", "dance_grpo", "dpo", "diffusion_nft", "sft"}) {
+  for (const std::string name :
+       {"grpo", "mix_grpo", "dance_grpo", "dpo", "diffusion_nft", "sft", "dmd2"}) {
     SCOPED_TRACE(name);
     DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config,
                               TrainConfig::Load("", {"algorithm.name=" + name}));
@@ -201,6 +202,37 @@ TEST(TrainConfigTest, DiffusionNftRunsAsItsConfigDoes) {
     SCOPED_TRACE(bad);
     const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
     EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=diffusion_nft", bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)));
+  }
+}
+
+TEST(TrainConfigTest, Dmd2DistilsTheGuidedEmbeddedModel) {
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig dmd2, TrainConfig::Load("", {"algorithm.name=dmd2"}));
+  EXPECT_EQ(dmd2.num_denoising_step, 4);
+  EXPECT_EQ(dmd2.real_guidance_scale, 4) << "the teacher guided";
+  EXPECT_EQ(dmd2.model.negative_prompt, " ");
+  EXPECT_EQ(dmd2.rows_per_step(), dmd2.prompts_per_step) << "one row per prompt";
+  EXPECT_FALSE(dmd2.grpo());
+  EXPECT_FALSE(dmd2.paired());
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.group_size=4"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("algorithm.group_size does not apply to dmd2")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.guidance_lr=1e-3"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.guidance_lr is dmd2's")));
+  EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.real_guidance_scale=4",
+                                     "worker.image_edit.negative_prompt=\"\""}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative_prompt")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.backward_simulation=false"}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.num_denoising_step 1")));
+  for (const char* bad : {"algorithm.num_denoising_step=0", "algorithm.min_step_percent=0.99",
+                          "algorithm.guidance_lr=0", "algorithm.dfake_gen_update_ratio=0",
+                          "algorithm.fake_score.fsdp_sharding_strategy=WHOLE",
+                          "algorithm.real_score.torch_dtype=int8"}) {
+    SCOPED_TRACE(bad);
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_THAT(TrainConfig::Load("", {"algorithm.name=dmd2", bad}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key)));
   }
 }

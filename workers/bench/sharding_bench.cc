@@ -54,6 +54,38 @@ int64_t OptimizerBytes(torch::optim::AdamW& optimizer) {
   return bytes;
 }
 
+// Dmd2Bytes: one rank's bytes of DMD2's three models after a step of each
+// trained one: the generator and the fake score (float32 masters,
+// gradients and AdamW's two moments), the real score frozen in bfloat16.
+struct Dmd2Bytes {
+  int64_t generator = 0, real_score = 0, fake_score = 0;
+};
+
+// TrainedBytes: a trained copy's resident bytes on this rank after a step.
+absl::StatusOr<int64_t> TrainedBytes(int64_t layers, Communicator* comm) {
+  QwenImageTransformer model = Model(layers);
+  std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
+                                                        model->blocks()->end());
+  DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, {}));
+  model->set_unit_hooks(sharded.get());
+  torch::optim::AdamW optimizer(sharded->shards(), torch::optim::AdamWOptions(1e-4));
+  DRAY_RETURN_IF_ERROR(Step(model, optimizer));
+  const FullyShardedModule::Bytes bytes = sharded->LocalBytes();
+  return bytes.parameters + bytes.gradients + OptimizerBytes(optimizer);
+}
+
+// FrozenBytes: a frozen copy's resident bytes on this rank, stored in bfloat16.
+absl::StatusOr<int64_t> FrozenBytes(int64_t layers, Communicator* comm) {
+  QwenImageTransformer model = Model(layers);
+  for (auto& parameter : model->parameters()) parameter.set_requires_grad(false);
+  std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
+                                                        model->blocks()->end());
+  ShardingOptions options;
+  options.mixed_precision.param_dtype = at::kBFloat16;
+  DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, options));
+  return sharded->LocalBytes().parameters;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const BenchReporter& report) {
@@ -112,6 +144,36 @@ absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const Benc
     emit(absl::StrCat("shard_optimizer_bytes_w", world), static_cast<double>(optimizer_bytes),
          "bytes");
     emit(absl::StrCat("shard_step_ratio_w", world), step / baseline_step, "x");
+  }
+  // DMD2's three models, each FULL_SHARD: the prediction from the parameter
+  // counts (B in the blocks, which shard; R outside them, replicated) is
+  // 16 (B / W + R) bytes for each trained one (float32 masters, gradients,
+  // two AdamW moments) and 2 (B / W + R) for the real score.
+  int64_t in_blocks = 0;
+  for (const auto& block : *baseline->blocks()) in_blocks += ParameterCount(*block);
+  const int64_t replicated = ParameterCount(*baseline) - in_blocks;
+  for (int world : {1, 2, 4}) {
+    Dmd2Bytes rank0;
+    DRAY_RETURN_IF_ERROR(RunLocalGroup(world, [&](int rank, Communicator* comm) -> absl::Status {
+      UseOneCpuThreadPerCaller();
+      Dmd2Bytes bytes;
+      DRAY_ASSIGN_OR_RETURN(bytes.generator, TrainedBytes(layers, comm));
+      DRAY_ASSIGN_OR_RETURN(bytes.real_score, FrozenBytes(layers, comm));
+      DRAY_ASSIGN_OR_RETURN(bytes.fake_score, TrainedBytes(layers, comm));
+      if (rank == 0) rank0 = bytes;
+      return absl::OkStatus();
+    }));
+    const double total = static_cast<double>(rank0.generator + rank0.real_score + rank0.fake_score);
+    const double predicted =
+        (16 + 2 + 16) * (static_cast<double>(in_blocks) / world + static_cast<double>(replicated));
+    emit(absl::StrCat("dmd2_generator_bytes_w", world), static_cast<double>(rank0.generator),
+         "bytes");
+    emit(absl::StrCat("dmd2_real_score_bytes_w", world), static_cast<double>(rank0.real_score),
+         "bytes");
+    emit(absl::StrCat("dmd2_fake_score_bytes_w", world), static_cast<double>(rank0.fake_score),
+         "bytes");
+    emit(absl::StrCat("dmd2_predicted_bytes_w", world), predicted, "bytes");
+    emit(absl::StrCat("dmd2_measured_over_predicted_w", world), total / predicted, "x");
   }
   return metrics;
 }

@@ -31,13 +31,6 @@ absl::StatusOr<at::Device> ParseDevice(const std::string& name) {
   return at::Device(at::kCUDA, 0);
 }
 
-at::ScalarType ParseDtype(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "float64") return at::kDouble;
-  return at::kFloat;  // validated by ImageEditConfig
-}
-
 // Frozen: no parameter of `module` trains.
 bool Frozen(const torch::nn::Module& module) {
   for (const at::Tensor& parameter : module.parameters()) {
@@ -92,12 +85,20 @@ absl::Status EditModel::MoveParameters(at::Device target) {
   return absl::OkStatus();
 }
 
+at::ScalarType ComputeDtype(const ImageEditConfig& config) {
+  const std::string& name = config.torch_dtype;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "float64") return at::kDouble;
+  return at::kFloat;  // validated by ImageEditConfig
+}
+
 absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, const Worker& worker) {
   ShardingOptions sharding;
   DRAY_ASSIGN_OR_RETURN(sharding.strategy, ParseShardingStrategy(config.fsdp_sharding_strategy));
   sharding.shard_group_size = worker.local_world_size();  // hybrid: shard within a node
   sharding.cpu_offload = config.fsdp_cpu_offload;
-  const at::ScalarType dtype = ParseDtype(config.torch_dtype);
+  const at::ScalarType dtype = ComputeDtype(config);
   if (dtype != MasterDtype(dtype)) sharding.mixed_precision.param_dtype = dtype;
   return sharding;
 }
@@ -154,7 +155,7 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     state->config.model_path = state->embedded->path();
   }
   DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
-  const at::ScalarType dtype = ParseDtype(config.torch_dtype);
+  const at::ScalarType dtype = ComputeDtype(config);
   auto log = [&](const char* phase, int64_t parameter_bytes) {
     Log("worker", absl::StrFormat("init_model: %-26s resident %8.1f MiB, parameters %8.1f MiB",
                                   phase, MiB(ResidentBytes()), MiB(parameter_bytes)));

@@ -62,6 +62,9 @@ struct EditModel {
   absl::Status MoveParameters(at::Device device);
 };
 
+// ComputeDtype: the dtype config.torch_dtype names (validated).
+at::ScalarType ComputeDtype(const ImageEditConfig& config);
+
 // EditSharding: how `config` shards a model's blocks on `worker`'s group
 // (strategy, offload, compute dtype; hybrid strategies shard within a node).
 absl::StatusOr<ShardingOptions> EditSharding(const ImageEditConfig& config, const Worker& worker);

@@ -664,12 +664,15 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
                                 : config.dmd2() ? true
                                                 : !config.paired() && config.beta > 0;
   if (config.lora_rank == 0 && frozen_reference) {
-    DRAY_ASSIGN_OR_RETURN(state->reference,
-                          LoadTransformerCopy(*state->model, *this, /*trainable=*/false));
+    const ImageEditConfig placed =
+        config.dmd2() ? config.ScoreModelConfig(config.real_score) : state->model->config;
+    DRAY_ASSIGN_OR_RETURN(state->reference, LoadTransformerCopy(*state->model, *this,
+                                                                /*trainable=*/false, placed));
   }
   if (config.dmd2()) {
     DRAY_ASSIGN_OR_RETURN(state->fake_score,
-                          LoadTransformerCopy(*state->model, *this, /*trainable=*/true));
+                          LoadTransformerCopy(*state->model, *this, /*trainable=*/true,
+                                              config.ScoreModelConfig(config.fake_score)));
     state->fake_optimizer = std::make_unique<torch::optim::AdamW>(
         state->fake_score.shards->shards(),
         torch::optim::AdamWOptions(config.guidance_lr).weight_decay(config.weight_decay));

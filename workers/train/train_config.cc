@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "base/status_macros.h"
 #include "workers/config/yaml_config.h"
 #include "workers/rl/advantages.h"
@@ -115,7 +116,13 @@ std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
         Key("algorithm.max_step_percent", c.max_step_percent, "a number"),
         Key("algorithm.dm_loss_weight", c.dm_loss_weight, "a number"),
         Key("algorithm.guidance_lr", c.guidance_lr, "a number"),
-        Key("algorithm.dfake_gen_update_ratio", c.dfake_gen_update_ratio, "an integer")}}};
+        Key("algorithm.dfake_gen_update_ratio", c.dfake_gen_update_ratio, "an integer"),
+        Key("algorithm.real_score.fsdp_sharding_strategy", c.real_score.fsdp_sharding_strategy,
+            "a strategy name"),
+        Key("algorithm.real_score.torch_dtype", c.real_score.torch_dtype, "a dtype"),
+        Key("algorithm.fake_score.fsdp_sharding_strategy", c.fake_score.fsdp_sharding_strategy,
+            "a strategy name"),
+        Key("algorithm.fake_score.torch_dtype", c.fake_score.torch_dtype, "a dtype")}}};
 }
 
 // UnreadKeys: the keys `c` does not read (under its algorithm, or without
@@ -387,6 +394,13 @@ absl::Status TrainConfig::Validate() const {
     if (!(dm_loss_weight > 0)) return bad("algorithm.dm_loss_weight", "must be > 0");
     if (dfake_gen_update_ratio < 1)
       return bad("algorithm.dfake_gen_update_ratio", "must be at least 1");
+    for (const auto& [name, sharding] :
+         {std::pair{"real_score", &real_score}, std::pair{"fake_score", &fake_score}}) {
+      if (absl::Status placed = ScoreModelConfig(*sharding).Validate(); !placed.ok()) {
+        return absl::InvalidArgumentError(absl::StrReplaceAll(
+            placed.message(), {{"worker.image_edit.", absl::StrCat("algorithm.", name, ".")}}));
+      }
+    }
   }
   if (name == "flow_grpo_fast" && sde_window_size < 1)
     return bad("algorithm.sde_window_size",

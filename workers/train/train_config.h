@@ -17,7 +17,9 @@
 //              nft_beta, decay_type, adv_mode, solver; DMD2's:
 //              num_denoising_step, backward_simulation,
 //              real_guidance_scale, min_step_percent, max_step_percent,
-//              dm_loss_weight, guidance_lr, dfake_gen_update_ratio
+//              dm_loss_weight, guidance_lr, dfake_gen_update_ratio,
+//              real_score.{fsdp_sharding_strategy, torch_dtype},
+//              fake_score.{fsdp_sharding_strategy, torch_dtype}
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -196,6 +198,23 @@ struct TrainConfig {
   double dm_loss_weight = 1.0;
   double guidance_lr = 1e-4;
   int64_t dfake_gen_update_ratio = 5;
+  // dmd2's score models' placement: each one's FSDP strategy and dtype
+  // (worker.image_edit's fsdp_sharding_strategy and torch_dtype; empty:
+  // the model's). The real score's applies where it is a copy: with LoRA
+  // it is the generator's own frozen base.
+  struct ScoreModelSharding {
+    std::string fsdp_sharding_strategy;
+    std::string torch_dtype;
+  };
+  ScoreModelSharding real_score, fake_score;
+  // ScoreModelConfig: worker.image_edit as `sharding` places a score model.
+  ImageEditConfig ScoreModelConfig(const ScoreModelSharding& sharding) const {
+    ImageEditConfig config = model;
+    if (!sharding.fsdp_sharding_strategy.empty())
+      config.fsdp_sharding_strategy = sharding.fsdp_sharding_strategy;
+    if (!sharding.torch_dtype.empty()) config.torch_dtype = sharding.torch_dtype;
+    return config;
+  }
 
   // worker.image_edit.*: the model, its sharding and guidance.
   ImageEditConfig model;

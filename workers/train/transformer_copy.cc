@@ -9,9 +9,10 @@
 namespace dray {
 
 absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& worker,
-                                                    bool trainable) {
+                                                    bool trainable,
+                                                    const ImageEditConfig& sharding_config) {
   const qwen_image::QwenImageTransformerImpl& original = *model.model().transformer;
-  const at::ScalarType masters = MasterDtype(original.parameters()[0].scalar_type());
+  const at::ScalarType masters = MasterDtype(ComputeDtype(sharding_config));
   TransformerCopy copy;
   {
     DeferredAllocation shape_only;
@@ -19,7 +20,7 @@ absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& wo
         original.config(), at::TensorOptions().device(model.device).dtype(masters));
   }
   for (auto& parameter : copy.transformer->parameters()) parameter.set_requires_grad(trainable);
-  DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(model.config, worker));
+  DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(sharding_config, worker));
   DRAY_ASSIGN_OR_RETURN(Communicator * group,
                         model.device.is_cuda() ? worker.device_comm() : worker.comm());
   std::vector<std::shared_ptr<torch::nn::Module>> blocks(copy.transformer->blocks()->begin(),

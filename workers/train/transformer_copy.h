@@ -4,7 +4,8 @@
 // reference policy, DMD2's real score) or trainable (DMD2's fake score,
 // with an optimizer of its own).
 //
-//   DRAY_ASSIGN_OR_RETURN(TransformerCopy fake, LoadTransformerCopy(model, worker, true));
+//   DRAY_ASSIGN_OR_RETURN(TransformerCopy fake,
+//                         LoadTransformerCopy(model, worker, /*trainable=*/true, sharding));
 //   velocity = pipeline.Velocity(prepared, latents, t, 1.0,
 //   qwen_image::DenoiserOf(*fake.transformer));
 //
@@ -30,11 +31,15 @@ struct TransformerCopy {
   bool loaded() const { return !transformer.is_empty(); }
 };
 
-// LoadTransformerCopy builds the copy shape-only, shards it as `model`'s
-// transformer is sharded (a collective: every rank calls it) and fills each
-// rank's shards from the model directory's transformer weights.
+// LoadTransformerCopy builds the copy shape-only, shards it as `sharding`'s
+// fsdp_sharding_strategy, fsdp_cpu_offload and torch_dtype say (the
+// model's own config, or DMD2's score models' variants of it: a
+// collective, every rank calls it) and fills each rank's shards from the
+// model directory's transformer weights. A trainable copy keeps float32
+// masters and computes in torch_dtype; a frozen one is stored in it.
 absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& worker,
-                                                    bool trainable);
+                                                    bool trainable,
+                                                    const ImageEditConfig& sharding);
 
 }  // namespace dray
 
