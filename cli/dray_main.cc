@@ -188,7 +188,7 @@ int Main(int argc, char** argv) {
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  bench->add_flag("--quick", quick, "fewer repetitions");
+  bench->add_flag("--quick", quick, "fewer repetitions and smaller models (CI's check)");
   bench->add_flag("--json", json, "one JSON object per line: {\"name\", \"value\", \"unit\"}");
   bench->add_option("--plot", plot,
                     "train: write the algorithms' reward against wall-clock seconds here (PNG)");

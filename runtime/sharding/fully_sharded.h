@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -158,8 +159,10 @@ class FullyShardedModule : public UnitHooks {
   // LoadShards fills this rank's shards (and the replicated parameters)
   // from a checkpoint that names parameters as the module does: each rank
   // reads only the slices it keeps. A missing tensor or a wrong shape is an
-  // error naming it.
-  absl::Status LoadShards(const Checkpoint& checkpoint);
+  // error naming it. Replicated parameters named in `kept` are not read:
+  // they keep the values they were sharded with (a part the checkpoint
+  // predates, e.g. a head added to a pretrained model).
+  absl::Status LoadShards(const Checkpoint& checkpoint, const std::set<std::string>& kept = {});
 
   // State dicts. FULL: every parameter gathered under its name, written by
   // rank 0 as one safetensors file (all ranks call it). SHARDED: each rank

@@ -53,7 +53,8 @@ std::pair<int64_t, int64_t> FullyShardedModule::ShardRange(const Unit& unit) con
   return {begin, begin + size};
 }
 
-absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
+absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint,
+                                            const std::set<std::string>& kept) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
     const auto [begin, end] = ShardRange(*unit);
@@ -76,6 +77,7 @@ absl::Status FullyShardedModule::LoadShards(const Checkpoint& checkpoint) {
     }
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
+    if (kept.count(replicated_names_[i]) > 0) continue;
     DRAY_ASSIGN_OR_RETURN(
         at::Tensor stored,
         checkpoint.Load(replicated_names_[i], replicated_[i].sizes(), master_dtype_));

@@ -124,14 +124,15 @@ TrainConfig Dmd2Job(const std::string& save_dir, std::vector<std::string> overri
   return *config;
 }
 
-const std::string& UninterruptedDmd2(int workers) {
-  static std::map<int, std::string> dirs;
-  if (!dirs.count(workers)) {
-    const std::string path = SaveDir(absl::StrCat("uninterrupted_dmd2_", workers));
-    EXPECT_TRUE(Train(Dmd2Job(path), workers).ok());
-    dirs[workers] = path;
+const std::string& UninterruptedDmd2(int workers, const std::vector<std::string>& overrides = {}) {
+  static std::map<std::pair<int, std::vector<std::string>>, std::string> dirs;
+  const auto key = std::make_pair(workers, overrides);
+  if (!dirs.count(key)) {
+    const std::string path = SaveDir(absl::StrCat("uninterrupted_dmd2_", dirs.size()));
+    EXPECT_TRUE(Train(Dmd2Job(path, overrides), workers).ok());
+    dirs[key] = path;
   }
-  return dirs[workers];
+  return dirs[key];
 }
 
 // DMD2's checkpoint holds its three models' trained state: the generator,
@@ -146,6 +147,21 @@ TEST(CheckpointTest, Dmd2ResumesWithItsFakeScore) {
   EXPECT_TRUE(fs::exists(fake + "adamw.json"));
   DRAY_ASSERT_OK(Train(Dmd2Job(dir, {"trainer.resume=auto"})));
   ExpectSameRun(dir, UninterruptedDmd2(1), 0, "loss_fake_mean");
+}
+
+// With DMD2's GAN the classifier head is a part of the fake score's
+// shards: it resumes with them.
+TEST(CheckpointTest, Dmd2ResumesWithItsClassifier) {
+  const std::vector<std::string> gan = {"algorithm.cls_on_clean_image=true",
+                                        "algorithm.gen_cls_loss_weight=1",
+                                        "algorithm.guidance_cls_loss_weight=1"};
+  const std::string dir = SaveDir("dmd2_gan_stopped");
+  std::vector<std::string> first = gan, second = gan;
+  first.insert(first.end(), {"trainer.total_steps=2", "trainer.save_every=2"});
+  second.push_back("trainer.resume=auto");
+  DRAY_ASSERT_OK(Train(Dmd2Job(dir, first)));
+  DRAY_ASSERT_OK(Train(Dmd2Job(dir, second)));
+  ExpectSameRun(dir, UninterruptedDmd2(1, gan), 0, "guidance_cls_loss");
 }
 
 // A worker killed in DMD2's step: the group restarts from the last

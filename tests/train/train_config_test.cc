@@ -224,6 +224,17 @@ TEST(TrainConfigTest, Dmd2DistilsTheGuidedEmbeddedModel) {
                                      "worker.image_edit.negative_prompt=\"\""}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative_prompt")));
   EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.real_score.torch_dtype=float32"}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("applies only where the real score is a copy")));
+  EXPECT_THAT(
+      TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.fake_score.torch_dtype=float16",
+                             "algorithm.fake_score.fsdp_sharding_strategy=NO_SHARD",
+                             "worker.image_edit.device=cuda"}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("algorithm.fake_score.fsdp_sharding_strategy NO_SHARD cannot go "
+                         "with algorithm.fake_score.torch_dtype float16")));
+  EXPECT_THAT(
       TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.backward_simulation=false"}),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("algorithm.num_denoising_step 1")));
   for (const char* bad : {"algorithm.num_denoising_step=0", "algorithm.min_step_percent=0.99",

@@ -358,6 +358,28 @@ TEST(TrainerTest, Dmd2DistilsTheGuidedTeacherIntoFourUnguidedSteps) {
   EXPECT_GT(distilled, 0.15) << "the generator did not take on the guided teacher's edits";
 }
 
+// DMD2's GAN: the classifier head on the fake score learns to tell the
+// embedded task's exact edits (the real images) from the generator's
+// samples. Measured over steps 40-59: realism 0.05-0.07 higher on the real
+// ones, the classifier's loss under 2 ln 2 (chance).
+TEST(TrainerTest, Dmd2ClassifierTellsRealEditsFromTheGenerators) {
+  const std::string dir = SaveDir("dmd2_gan");
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      TrainConfig config,
+      TrainConfig::Load("", {"algorithm.name=dmd2", "algorithm.cls_on_clean_image=true",
+                             "algorithm.guidance_cls_loss_weight=10", "algorithm.guidance_lr=1e-3",
+                             "algorithm.dfake_gen_update_ratio=1000", "trainer.total_steps=60",
+                             "trainer.sample_every=1000", "trainer.save_dir=" + dir}));
+  DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
+  DRAY_ASSERT_OK(trainer->Run());
+  const std::vector<nlohmann::json> steps = StepMetrics(dir);
+  ASSERT_EQ(steps.size(), 60u);
+  EXPECT_GT(
+      MeanOf(steps, "pred_realism_on_real", 40, 60) - MeanOf(steps, "pred_realism_on_fake", 40, 60),
+      0.02);
+  EXPECT_LT(MeanOf(steps, "guidance_cls_loss", 40, 60), 2 * std::log(2.0));
+}
+
 // flow_grpo's ref_update_step: the reference (which samples the pairs) is
 // the policy again every N steps, so that step's DPO margins are all 0.
 TEST(TrainerTest, DpoRefreshesItsReferenceEveryRefUpdateStep) {

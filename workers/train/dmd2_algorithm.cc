@@ -21,6 +21,10 @@ absl::StatusOr<Metrics> Dmd2Algorithm::Step(int64_t step, const StepContext& con
                         context.workers.Dmd2Update(batch, context.on_rollout_progress));
   std::vector<const char*> keys = {"loss_fake_mean", "fake_grad_norm"};
   if (generator_learns) keys.insert(keys.end(), {"loss_dm", "grad_norm"});
+  if (config_.cls_on_clean_image) {
+    keys.insert(keys.end(), {"guidance_cls_loss", "pred_realism_on_real", "pred_realism_on_fake"});
+    if (generator_learns && config_.gen_cls_loss) keys.push_back("gen_cls_loss");
+  }
   for (const DataProto& rank : updated) {
     for (const char* key : keys) {
       DRAY_ASSIGN_OR_RETURN(double value, rank.GetMeta<double>(key));
@@ -28,6 +32,7 @@ absl::StatusOr<Metrics> Dmd2Algorithm::Step(int64_t step, const StepContext& con
     }
   }
   metrics["lr"] = context.lr;
+  metrics["guidance_lr"] = config_.guidance_lr * warm_up;
   metrics["update_s"] = absl::ToDoubleSeconds(absl::Now() - started);
   metrics["images_per_s"] =
       static_cast<double>(batch.size()) / absl::ToDoubleSeconds(absl::Now() - started);
@@ -56,8 +61,9 @@ absl::Status Dmd2Algorithm::WriteSamples(int64_t step, const StepContext& contex
 }
 
 std::vector<ChartSpec> Dmd2Algorithm::Charts() const {
-  return {{"reward of the generator's edits", {{"reward_mean", "mean", {200, 50, 40}}}},
-          {"DMD2",
+  // (The charts' font has lower-case letters, digits and few signs.)
+  return {{"reward of the generator edits", {{"reward_mean", "mean", {200, 50, 40}}}},
+          {"losses",
            {{"loss_fake_mean", "fake score", {40, 90, 200}},
             {"loss_dm", "distribution matching", {60, 160, 60}}}}};
 }

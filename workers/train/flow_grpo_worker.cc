@@ -8,12 +8,14 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status_macros.h"
@@ -32,6 +34,7 @@
 #include "workers/rl/policy_loss.h"
 #include "workers/rl/sde_sampler.h"
 #include "workers/rl/sde_step.h"
+#include "workers/train/dmd2_classifier.h"
 #include "workers/train/sft.h"
 #include "workers/train/train_config.h"
 #include "workers/train/transformer_copy.h"
@@ -56,6 +59,9 @@ constexpr uint64_t kNftNoiseStream = uint64_t{3} << 40;
 constexpr uint64_t kDmd2Stream = uint64_t{4} << 40;
 constexpr uint64_t kDmd2MatchingLevel = 1000, kDmd2MatchingNoise = 1001;
 constexpr uint64_t kDmd2FakeLevel = 1002, kDmd2FakeNoise = 1003;
+// The GAN's diffusion noise: a level and a noise draw each for the
+// generator's turn, the fake samples' and the real images'.
+constexpr uint64_t kDmd2GanGenerator = 1004, kDmd2GanFake = 1006, kDmd2GanReal = 1008;
 constexpr char kLoraFile[] = "pytorch_lora_weights.safetensors";
 // kSamplingPolicyName: diffusion_nft's sampling policy's files in a checkpoint.
 constexpr char kSamplingPolicyName[] = "sampling_policy";
@@ -144,6 +150,23 @@ struct FlowGrpoWorker::State {
   // an AdamW of its own (algorithm.guidance_lr).
   TransformerCopy fake_score;
   std::unique_ptr<torch::optim::AdamW> fake_optimizer;
+  // DMD2's GAN classifier head (cls_on_clean_image): a part of the fake
+  // score's module, trained and checkpointed with it.
+  Dmd2Classifier classifier{nullptr};
+
+  // AddClassifier adds the GAN's head to the fake score before it is
+  // sharded (initialized from trainer.seed, the same on every rank).
+  absl::StatusOr<std::set<std::string>> AddClassifier(qwen_image::QwenImageTransformerImpl& fake) {
+    classifier = Dmd2Classifier(
+        fake.config().inner_dim(),
+        at::TensorOptions().device(model->device).dtype(fake.parameters()[0].scalar_type()));
+    InitializeLikePyTorch(*classifier, at::make_generator<at::CPUGeneratorImpl>(config.seed));
+    fake.register_module(kDmd2ClassifierName, classifier);
+    std::set<std::string> names;
+    for (const auto& parameter : classifier->named_parameters())
+      names.insert(absl::StrCat(kDmd2ClassifierName, ".", parameter.key()));
+    return names;
+  }
   rl::SdeSamplerOptions sampler;
   rl::PolicyLoss loss;
   qwen_image::EditOptions options;  // the rollout's: steps, resolution, guidance
@@ -590,6 +613,84 @@ struct FlowGrpoWorker::State {
     return matching.loss * config.dm_loss_weight;
   }
 
+  // Dmd2Logits: the GAN classifier's realism logits [B, 1] for `image`
+  // latents (DMD2's compute_cls_logits): the fake score's features after
+  // its last block at the clean end of the schedule (train timestep 0) or,
+  // with diffusion_gan, noised at a drawn level below
+  // diffusion_gan_max_timestep (draws from the rows' seeds + `stream`).
+  absl::StatusOr<at::Tensor> Dmd2Logits(const qwen_image::PreparedEdit& unguided,
+                                        const MicroBatch& micro, const Dmd2Schedule& schedule,
+                                        const at::Tensor& image, uint64_t stream) {
+    at::Tensor t = at::zeros({image.size(0)}, at::kLong);
+    at::Tensor input = image;
+    if (config.diffusion_gan) {
+      t = RowsTimesteps(micro.inputs, kDmd2Stream + stream, 0, config.diffusion_gan_max_timestep);
+      const at::Tensor noise =
+          RowsNoise(micro.inputs, kDmd2Stream + stream + 1, image.sizes().slice(1), model->device);
+      input = schedule.flow.Noised(image, noise, t);
+    }
+    at::Tensor features;
+    qwen_image::QwenImageTransformerImpl& fake = *fake_score.transformer;
+    fake.set_feature_tap(&features);
+    const absl::Cleanup untap = [&] { fake.set_feature_tap(nullptr); };
+    DRAY_RETURN_IF_ERROR(
+        Dmd2Velocity(unguided, schedule, input, t, 1.0, qwen_image::DenoiserOf(fake)).status());
+    return classifier->forward(features, input.size(1));
+  }
+
+  // Dmd2GeneratorLoss: the generator's loss on its `x0`: distribution
+  // matching, and with the GAN the classifier's verdict on x0 (DMD2's
+  // gen_cls_loss, through the fake score); each part into `metrics`.
+  absl::StatusOr<at::Tensor> Dmd2GeneratorLoss(const qwen_image::PreparedEdit& prepared,
+                                               const qwen_image::PreparedEdit& unguided,
+                                               const MicroBatch& micro,
+                                               const Dmd2Schedule& schedule, const at::Tensor& x0,
+                                               double share, MetaInfo& metrics) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
+                          Dmd2MatchingLoss(prepared, unguided, micro, schedule, x0));
+    Accumulate(metrics, "loss_dm", loss.item<double>() * share);
+    if (config.cls_on_clean_image && config.gen_cls_loss) {
+      DRAY_ASSIGN_OR_RETURN(at::Tensor logits,
+                            Dmd2Logits(unguided, micro, schedule, x0, kDmd2GanGenerator));
+      const at::Tensor gan = rl::GeneratorGanLoss(logits);
+      Accumulate(metrics, "gen_cls_loss", gan.item<double>() * share);
+      loss = loss + config.gen_cls_loss_weight * gan;
+    }
+    return loss * share;
+  }
+
+  // Dmd2GuidanceLoss: the fake score's loss on the generator's samples:
+  // its denoising loss and, with the GAN, the classifier's on them and on
+  // the rows' targets (DMD2's guidance_cls_loss); each part into `metrics`.
+  absl::StatusOr<at::Tensor> Dmd2GuidanceLoss(const qwen_image::PreparedEdit& unguided,
+                                              const MicroBatch& micro, const Dmd2Schedule& schedule,
+                                              const at::Tensor& x0, double share,
+                                              MetaInfo& metrics) {
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss, Dmd2FakeLoss(unguided, micro, schedule, x0));
+    Accumulate(metrics, "loss_fake_mean", loss.item<double>() * share);
+    if (!config.cls_on_clean_image) return loss * share;
+    if (micro.targets.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("cls_on_clean_image needs a ", kTargetsColumn, " column: the real images"));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor real, SftTargetLatents(pipeline(), micro.targets, unguided));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor real_logits,
+                          Dmd2Logits(unguided, micro, schedule, real, kDmd2GanReal));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor fake_logits,
+                          Dmd2Logits(unguided, micro, schedule, x0, kDmd2GanFake));
+    const at::Tensor gan = rl::ClassifierGanLoss(real_logits, fake_logits);
+    Accumulate(metrics, "guidance_cls_loss", gan.item<double>() * share);
+    Accumulate(metrics, "pred_realism_on_real",
+               at::sigmoid(real_logits).mean().item<double>() * share);
+    Accumulate(metrics, "pred_realism_on_fake",
+               at::sigmoid(fake_logits).mean().item<double>() * share);
+    return (loss + config.guidance_cls_loss_weight * gan) * share;
+  }
+
+  static void Accumulate(MetaInfo& metrics, const char* key, double value) {
+    auto [entry, added] = metrics.emplace(key, 0.0);
+    entry->second = std::get<double>(entry->second) + value;
+  }
+
   // Dmd2FakeLoss: the fake score's denoising loss on the generator's
   // samples (DMD2's compute_loss_fake, flow matching's velocity target).
   absl::StatusOr<at::Tensor> Dmd2FakeLoss(const qwen_image::PreparedEdit& unguided,
@@ -670,9 +771,16 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
                                                                 /*trainable=*/false, placed));
   }
   if (config.dmd2()) {
-    DRAY_ASSIGN_OR_RETURN(state->fake_score,
-                          LoadTransformerCopy(*state->model, *this, /*trainable=*/true,
-                                              config.ScoreModelConfig(config.fake_score)));
+    AddParts classifier;
+    if (config.cls_on_clean_image) {
+      classifier = [&state](qwen_image::QwenImageTransformerImpl& fake) {
+        return state->AddClassifier(fake);
+      };
+    }
+    DRAY_ASSIGN_OR_RETURN(
+        state->fake_score,
+        LoadTransformerCopy(*state->model, *this, /*trainable=*/true,
+                            config.ScoreModelConfig(config.fake_score), classifier));
     state->fake_optimizer = std::make_unique<torch::optim::AdamW>(
         state->fake_score.shards->shards(),
         torch::optim::AdamWOptions(config.guidance_lr).weight_decay(config.weight_decay));
@@ -1143,16 +1251,17 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
   const double share = 1.0 / static_cast<double>(micro_batches.size());
   MetaInfo metrics;
   // The generator's turn: its samples (DMD2 hands the same ones, detached,
-  // to the fake score's turn), and with update_generator its step on the
-  // distribution-matching loss.
+  // to the fake score's turn), and with update_generator its step on its
+  // loss (distribution matching, and the GAN's).
   std::vector<at::Tensor> samples;
   std::vector<qwen_image::PreparedEdit> unguided_edits;
-  double matching_sum = 0;
   if (update_generator) state.BeginUpdate(lr);
   for (const MicroBatch& micro : micro_batches) {
     qwen_image::EditOptions options = state.options;  // unguided
-    if (state.config.real_guidance_scale > 1)
+    if (state.config.real_guidance_scale > 1) {       // the real score's guidance alone decides
       options.negative_prompt = state.config.model.negative_prompt;
+      options.true_cfg_scale = state.config.real_guidance_scale;
+    }
     DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
                           state.Prepare(micro, options, /*cache=*/nullptr));
     qwen_image::PreparedEdit& unguided = unguided_edits.emplace_back(prepared);
@@ -1166,40 +1275,34 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
     ReportProgress("distilling", static_cast<int64_t>(samples.size()),
                    static_cast<int64_t>(micro_batches.size()));
     if (!update_generator) continue;
-    DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
-                          state.Dmd2MatchingLoss(prepared, unguided, micro, schedule, x0));
-    loss = loss * share;
-    DRAY_RETURN_IF_ERROR(state.AgreeFinite(group, loss, "in the distribution-matching loss"));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss, state.Dmd2GeneratorLoss(prepared, unguided, micro,
+                                                                   schedule, x0, share, metrics));
+    DRAY_RETURN_IF_ERROR(state.AgreeFinite(group, loss, "in the generator's loss"));
     loss.backward();
-    matching_sum += loss.item<double>();
   }
   if (update_generator) {
     DRAY_ASSIGN_OR_RETURN(double grad_norm, state.FinishUpdate());
-    metrics["loss_dm"] = matching_sum;
     metrics["grad_norm"] = grad_norm;
   }
   // The fake score's turn.
   torch::optim::AdamW& fake_optimizer = *state.fake_optimizer;
   for (auto& param_group : fake_optimizer.param_groups())
     static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(fake_lr);
-  fake_optimizer.zero_grad();
-  double fake_sum = 0;
+  fake_optimizer.zero_grad();  // also what the generator's GAN loss left there
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
                           state.Dmd2ScheduleFor(samples[i].size(1), kTrainTimesteps));
-    DRAY_ASSIGN_OR_RETURN(at::Tensor loss, state.Dmd2FakeLoss(unguided_edits[i], micro_batches[i],
-                                                              schedule, samples[i]));
-    loss = loss * share;
+    DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
+                          state.Dmd2GuidanceLoss(unguided_edits[i], micro_batches[i], schedule,
+                                                 samples[i], share, metrics));
     DRAY_RETURN_IF_ERROR(
-        state.AgreeFinite(group, loss, "in the fake score's denoising loss", &fake_optimizer));
+        state.AgreeFinite(group, loss, "in the fake score's loss", &fake_optimizer));
     loss.backward();
-    fake_sum += loss.item<double>();
   }
   DRAY_ASSIGN_OR_RETURN(double fake_grad_norm,
                         state.fake_score.shards->ClipGradNorm(state.config.max_grad_norm));
   fake_optimizer.step();
   fake_optimizer.zero_grad();
-  metrics["loss_fake_mean"] = fake_sum;
   metrics["fake_grad_norm"] = fake_grad_norm;
   return DataProto::Make({}, {}, metrics);
 }

@@ -65,8 +65,13 @@
 //                                       score (LoRA: adapters off; else a frozen copy)
 //                                       and the fake score (a trainable copy), then the
 //                                       fake score's step on its denoising loss of
-//                                       those samples; returns loss_dm, grad_norm,
-//                                       loss_fake_mean and fake_grad_norm as meta
+//                                       those samples; with cls_on_clean_image the GAN's
+//                                       losses too (a classifier head on the fake score
+//                                       tells the rows' target_images from the samples);
+//                                       returns loss_dm, grad_norm, loss_fake_mean,
+//                                       fake_grad_norm (and gen_cls_loss,
+//                                       guidance_cls_loss, pred_realism_on_real,
+//                                       pred_realism_on_fake) as meta
 //   reconstruct       DP_COMPUTE_PROTO  the edit columns in; the VAE's reconstructions of
 //                                       the inputs (final_edited_images, raw RGB) out
 //   save              ONE_TO_ALL        meta "dir": rank 0 writes the trained weights

@@ -9,6 +9,7 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/train/training_protocol.h"
@@ -110,6 +111,18 @@ absl::StatusOr<DataProto> PromptSampler::Dmd2Rows(int64_t step) const {
           : 0;
   batch.SetMeta(kSimulatedStepsKey, simulated);
   batch.SetMeta(kUpdateGeneratorKey, step % config_.dfake_gen_update_ratio == 0);
+  if (!config_.cls_on_clean_image) return batch;
+  std::vector<Image> targets;  // the GAN's real images
+  for (const TrainPrompt* prompt : PromptsOf(step)) {
+    if (prompt->target.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prompt->image_path,
+                       ": algorithm.cls_on_clean_image needs a \"target\" in every row "
+                       "(DMD2's GAN tells them, the real images, from the generator's)"));
+    }
+    targets.push_back(EncodedImageRow(prompt->target));
+  }
+  DRAY_RETURN_IF_ERROR(batch.AddNonTensor(kTargetsColumn, std::move(targets)));
   return batch;
 }
 

@@ -76,7 +76,9 @@ class PromptSampler {
   // backward simulation runs (kSimulatedStepsKey: a seeded draw in [0,
   // num_denoising_step), one for all rows as DMD2 broadcasts it; 0 without
   // backward simulation) and whether the generator learns this step
-  // (kUpdateGeneratorKey: every dfake_gen_update_ratio-th step).
+  // (kUpdateGeneratorKey: every dfake_gen_update_ratio-th step); with
+  // cls_on_clean_image each row's target (kTargetsColumn, the GAN's real
+  // image: INVALID_ARGUMENT naming a row that has none).
   absl::StatusOr<DataProto> Dmd2Rows(int64_t step) const;
 
   // PairedRows: SFT's and VAE's rows, one per prompt, with its target image

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "base/status_macros.h"
+#include "runtime/sharding/strategy.h"
 #include "workers/config/yaml_config.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/nft_loss.h"
@@ -122,7 +123,13 @@ std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
         Key("algorithm.real_score.torch_dtype", c.real_score.torch_dtype, "a dtype"),
         Key("algorithm.fake_score.fsdp_sharding_strategy", c.fake_score.fsdp_sharding_strategy,
             "a strategy name"),
-        Key("algorithm.fake_score.torch_dtype", c.fake_score.torch_dtype, "a dtype")}}};
+        Key("algorithm.fake_score.torch_dtype", c.fake_score.torch_dtype, "a dtype"),
+        Key("algorithm.cls_on_clean_image", c.cls_on_clean_image, "true or false"),
+        Key("algorithm.gen_cls_loss", c.gen_cls_loss, "true or false"),
+        Key("algorithm.gen_cls_loss_weight", c.gen_cls_loss_weight, "a number"),
+        Key("algorithm.guidance_cls_loss_weight", c.guidance_cls_loss_weight, "a number"),
+        Key("algorithm.diffusion_gan", c.diffusion_gan, "true or false"),
+        Key("algorithm.diffusion_gan_max_timestep", c.diffusion_gan_max_timestep, "an integer")}}};
 }
 
 // UnreadKeys: the keys `c` does not read (under its algorithm, or without
@@ -148,12 +155,36 @@ std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
           "does not apply to dmd2, which distils the model into a generator of "
           "algorithm.num_denoising_step steps by its own losses (no rollouts, no rewards to learn)";
   }
+  if (c.dmd2() && c.lora_rank > 0) {
+    for (const char* key :
+         {"algorithm.real_score.fsdp_sharding_strategy", "algorithm.real_score.torch_dtype"})
+      unread[key] =
+          "applies only where the real score is a copy (full fine-tuning, worker.actor.lora_rank "
+          "0): with LoRA it is the generator's own base, placed as worker.image_edit says";
+  }
   if (!c.async_rollout) {
     for (const char* key :
          {"trainer.max_staleness", "worker.rollout.num_workers", "algorithm.rollout_is_threshold"})
       unread[key] = "applies only with trainer.async: true";
   }
   return unread;
+}
+
+// TrainingShardingError: INVALID_ARGUMENT where `placed` (a model as
+// training shards it, always under FSDP) asks for mixed precision or CPU
+// offload without sharding, which FSDP cannot do; its keys under `section`.
+absl::Status TrainingShardingError(const ImageEditConfig& placed, const std::string& section) {
+  const absl::StatusOr<ShardingStrategy> strategy =
+      ParseShardingStrategy(placed.fsdp_sharding_strategy);
+  if (!strategy.ok() || *strategy != ShardingStrategy::kNoShard) return absl::OkStatus();
+  const bool mixed = placed.torch_dtype == "bfloat16" || placed.torch_dtype == "float16";
+  if (!mixed && !placed.fsdp_cpu_offload) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      section, ".fsdp_sharding_strategy NO_SHARD cannot go with ",
+      mixed ? absl::StrCat(section, ".torch_dtype ", placed.torch_dtype, " (mixed precision)")
+            : "worker.image_edit.fsdp_cpu_offload",
+      ": FSDP keeps float32 masters and offloads only shards; use FULL_SHARD or another "
+      "strategy, or float32"));
 }
 
 bool IsOwner(const OwnedKeys& owned, const std::string& name) {
@@ -322,6 +353,7 @@ absl::Status TrainConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(key, " ", why));
   };
   DRAY_RETURN_IF_ERROR(model.Validate());
+  DRAY_RETURN_IF_ERROR(TrainingShardingError(model, "worker.image_edit"));
   if (prompts_per_step < 1) return bad("data.prompts_per_step", "must be at least 1");
   if (!rl::FindAdvantageEstimator(adv_estimator).ok())
     return bad("algorithm.adv_estimator",
@@ -394,12 +426,20 @@ absl::Status TrainConfig::Validate() const {
     if (!(dm_loss_weight > 0)) return bad("algorithm.dm_loss_weight", "must be > 0");
     if (dfake_gen_update_ratio < 1)
       return bad("algorithm.dfake_gen_update_ratio", "must be at least 1");
+    if (!(gen_cls_loss_weight >= 0)) return bad("algorithm.gen_cls_loss_weight", "must be >= 0");
+    if (!(guidance_cls_loss_weight >= 0))
+      return bad("algorithm.guidance_cls_loss_weight", "must be >= 0");
+    if (diffusion_gan && !(diffusion_gan_max_timestep >= 1 && diffusion_gan_max_timestep <= 1000))
+      return bad("algorithm.diffusion_gan_max_timestep",
+                 "must lie in 1 .. 1000 with algorithm.diffusion_gan (noise levels below it)");
     for (const auto& [name, sharding] :
          {std::pair{"real_score", &real_score}, std::pair{"fake_score", &fake_score}}) {
       if (absl::Status placed = ScoreModelConfig(*sharding).Validate(); !placed.ok()) {
         return absl::InvalidArgumentError(absl::StrReplaceAll(
             placed.message(), {{"worker.image_edit.", absl::StrCat("algorithm.", name, ".")}}));
       }
+      DRAY_RETURN_IF_ERROR(
+          TrainingShardingError(ScoreModelConfig(*sharding), absl::StrCat("algorithm.", name)));
     }
   }
   if (name == "flow_grpo_fast" && sde_window_size < 1)

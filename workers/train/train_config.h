@@ -19,7 +19,9 @@
 //              real_guidance_scale, min_step_percent, max_step_percent,
 //              dm_loss_weight, guidance_lr, dfake_gen_update_ratio,
 //              real_score.{fsdp_sharding_strategy, torch_dtype},
-//              fake_score.{fsdp_sharding_strategy, torch_dtype}
+//              fake_score.{fsdp_sharding_strategy, torch_dtype},
+//              cls_on_clean_image, gen_cls_loss, gen_cls_loss_weight,
+//              guidance_cls_loss_weight, diffusion_gan, diffusion_gan_max_timestep
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
 //                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
@@ -207,6 +209,19 @@ struct TrainConfig {
     std::string torch_dtype;
   };
   ScoreModelSharding real_score, fake_score;
+  // dmd2's GAN (DMD2's names): a classifier head on the fake score's
+  // features (workers/train/dmd2_classifier.h) tells the data's targets
+  // ("target" in every row: the real images) from the generator's samples,
+  // trained with the fake score at guidance_cls_loss_weight; the generator
+  // learns to pass for real at gen_cls_loss_weight (with gen_cls_loss);
+  // with diffusion_gan, both are noised at a train timestep below
+  // diffusion_gan_max_timestep first. The weights are DMD2's SDXL recipe's.
+  bool cls_on_clean_image = false;
+  bool gen_cls_loss = true;
+  double gen_cls_loss_weight = 5e-3;
+  double guidance_cls_loss_weight = 1e-2;
+  bool diffusion_gan = false;
+  int64_t diffusion_gan_max_timestep = 0;
   // ScoreModelConfig: worker.image_edit as `sharding` places a score model.
   ImageEditConfig ScoreModelConfig(const ScoreModelSharding& sharding) const {
     ImageEditConfig config = model;

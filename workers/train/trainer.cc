@@ -170,12 +170,15 @@ absl::Status FlowGrpoTrainer::WriteMetrics(int64_t step,
   }
   if ((step + 1) % config_.log_every != 0 && step + 1 != config_.total_steps)
     return absl::OkStatus();
+  // A series joins the steps that have its metric (samples' rewards every
+  // sample_every steps, DMD2's generator loss every few).
   auto series = [&](const char* key, const char* name, Rgb color) {
     Series s{name, color, {}, {}};
     for (const auto& m : history_) {
       auto found = m.find(key);
+      if (found == m.end()) continue;
       s.x.push_back(m.at("step"));
-      s.y.push_back(found == m.end() ? NAN : found->second);
+      s.y.push_back(found->second);
     }
     return s;
   };

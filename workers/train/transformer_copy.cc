@@ -10,7 +10,8 @@ namespace dray {
 
 absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& worker,
                                                     bool trainable,
-                                                    const ImageEditConfig& sharding_config) {
+                                                    const ImageEditConfig& sharding_config,
+                                                    const AddParts& add_parts) {
   const qwen_image::QwenImageTransformerImpl& original = *model.model().transformer;
   const at::ScalarType masters = MasterDtype(ComputeDtype(sharding_config));
   TransformerCopy copy;
@@ -20,6 +21,10 @@ absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& wo
         original.config(), at::TensorOptions().device(model.device).dtype(masters));
   }
   for (auto& parameter : copy.transformer->parameters()) parameter.set_requires_grad(trainable);
+  std::set<std::string> added;
+  if (add_parts) {
+    DRAY_ASSIGN_OR_RETURN(added, add_parts(*copy.transformer));
+  }
   DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(sharding_config, worker));
   DRAY_ASSIGN_OR_RETURN(Communicator * group,
                         model.device.is_cuda() ? worker.device_comm() : worker.comm());
@@ -29,7 +34,7 @@ absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& wo
                         FullyShardedModule::Shard(copy.transformer.ptr(), blocks, group, sharding));
   DRAY_ASSIGN_OR_RETURN(Checkpoint weights,
                         OpenComponentWeights(model.config.model_path + "/transformer"));
-  DRAY_RETURN_IF_ERROR(copy.shards->LoadShards(weights));
+  DRAY_RETURN_IF_ERROR(copy.shards->LoadShards(weights, added));
   copy.transformer->set_unit_hooks(copy.shards.get());
   return copy;
 }

@@ -13,7 +13,10 @@
 #ifndef DRAY_WORKERS_TRAIN_TRANSFORMER_COPY_H_
 #define DRAY_WORKERS_TRAIN_TRANSFORMER_COPY_H_
 
+#include <functional>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "runtime/sharding/fully_sharded.h"
@@ -37,9 +40,15 @@ struct TransformerCopy {
 // collective, every rank calls it) and fills each rank's shards from the
 // model directory's transformer weights. A trainable copy keeps float32
 // masters and computes in torch_dtype; a frozen one is stored in it.
+//
+// `add_parts`, when given, adds what the model directory does not hold
+// (DMD2's classifier head) to the built copy before it is sharded and
+// returns those parameters' names: they keep the values it gave them.
+using AddParts = std::function<absl::StatusOr<std::set<std::string>>(
+    qwen_image::QwenImageTransformerImpl& transformer)>;
 absl::StatusOr<TransformerCopy> LoadTransformerCopy(EditModel& model, Worker& worker,
-                                                    bool trainable,
-                                                    const ImageEditConfig& sharding);
+                                                    bool trainable, const ImageEditConfig& sharding,
+                                                    const AddParts& add_parts = nullptr);
 
 }  // namespace dray
 

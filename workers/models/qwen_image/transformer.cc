@@ -500,6 +500,7 @@ absl::StatusOr<at::Tensor> QwenImageTransformerImpl::forward(
     DRAY_RETURN_IF_ERROR(RunCachedBlocks(streams, real));
   }
   image = streams.image;
+  if (feature_tap_ != nullptr) *feature_tap_ = image;
   if (config_.zero_cond_t) temb = temb.chunk(2, 0)[0];
   const std::vector<at::Tensor> scale_shift =
       norm_out_linear_->forward(at::silu(temb).to(image.scalar_type())).chunk(2, 1);

@@ -188,6 +188,10 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   // with FSDP (its ranks gather each block together). `cache` must outlive
   // its use.
   void set_step_cache(StepCache* cache) { step_cache_ = cache; }
+  // set_feature_tap makes each forward also store the image tokens' hidden
+  // states after the last block ([B, S_img, inner_dim], before the output
+  // norm) in `*features` (a discriminator's input, DMD2's GAN); null: off.
+  void set_feature_tap(at::Tensor* features) { feature_tap_ = features; }
 
  private:
   absl::Status CheckInputs(const at::Tensor& hidden_states, const at::Tensor& encoder_hidden_states,
@@ -218,6 +222,7 @@ class QwenImageTransformerImpl : public torch::nn::Module {
   bool checkpoint_blocks_ = false;
   Communicator* sequence_group_ = nullptr;
   StepCache* step_cache_ = nullptr;
+  at::Tensor* feature_tap_ = nullptr;
 };
 TORCH_MODULE(QwenImageTransformer);
 
