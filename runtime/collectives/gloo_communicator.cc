@@ -156,26 +156,57 @@ class GlooCommunicator final : public Communicator {
 
 }  // namespace
 
+// kGlooAttempts: how many times the members make a group together before
+// giving up. Gloo's TCP handshake can fail under load ("Connection closed by
+// peer", seen with many groups forming at once on one host); one rank's
+// failure fails the group, so all of them try again, each attempt under a
+// store prefix of its own.
+constexpr int kGlooAttempts = 3;
+
 absl::StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
     std::shared_ptr<Rendezvous> rendezvous, const std::string& name, std::vector<int> ranks) {
   const GroupAddress& address = rendezvous->address();
   DRAY_ASSIGN_OR_RETURN(ranks, GroupRanks(address, std::move(ranks)));
   const int group_rank =
       static_cast<int>(std::find(ranks.begin(), ranks.end(), address.rank) - ranks.begin());
-  try {
-    auto store = c10::make_intrusive<c10d::PrefixStore>(
-        absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ",")), rendezvous->store().store);
-    auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
-    options->devices.push_back(
-        c10d::ProcessGroupGloo::createDeviceForHostname(address.local_addr()));
-    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        store, group_rank, static_cast<int>(ranks.size()), options);
-    return std::unique_ptr<Communicator>(
-        new GlooCommunicator(std::move(rendezvous), name, ranks, group));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", address.rank, " could not join Gloo group '", name, "': ", ExceptionMessage(e)));
+  const c10::intrusive_ptr<c10d::Store>& shared = rendezvous->store().store;
+  std::string failure;
+  for (int attempt = 0; attempt < kGlooAttempts; ++attempt) {
+    const std::string prefix =
+        absl::StrCat("gloo/", name, "/", absl::StrJoin(ranks, ","), "/", attempt);
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+    try {
+      auto options = c10d::ProcessGroupGloo::Options::create(ToChrono(address.timeout));
+      options->devices.push_back(
+          c10d::ProcessGroupGloo::createDeviceForHostname(address.local_addr()));
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>(prefix, shared), group_rank,
+          static_cast<int>(ranks.size()), options);
+    } catch (const std::exception& e) {
+      failure = ExceptionMessage(e);
+    }
+    // Every member says how it went and hears from the others.
+    bool everyone = true;
+    try {
+      const std::string joined = group ? "ok" : "failed";
+      shared->set(absl::StrCat(prefix, "/joined/", group_rank),
+                  std::vector<uint8_t>(joined.begin(), joined.end()));
+      for (size_t member = 0; member < ranks.size(); ++member) {
+        const std::vector<uint8_t> said = shared->get(absl::StrCat(prefix, "/joined/", member));
+        everyone = everyone && std::string(said.begin(), said.end()) == "ok";
+      }
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank ", address.rank, " could not join Gloo group '", name, "': ", ExceptionMessage(e)));
+    }
+    if (everyone) {
+      return std::unique_ptr<Communicator>(
+          new GlooCommunicator(std::move(rendezvous), name, ranks, group));
+    }
+    if (failure.empty()) failure = "another member could not connect";
   }
+  return absl::UnavailableError(absl::StrCat("rank ", address.rank, " could not join Gloo group '",
+                                             name, "' in ", kGlooAttempts, " attempts: ", failure));
 }
 
 }  // namespace dray

@@ -6,7 +6,9 @@
 # adapters and metrics equal a one-machine run's byte for byte (and an agent
 # without TLS cannot attach). A node killed mid-run is replaced and the run,
 # restarted from its last checkpoint (trainer.max_restarts), ends with a
-# straight run's adapters. An image edited through the multi-node service
+# straight run's adapters. DMD2's three models placed across the nodes
+# (the fake score HYBRID_SHARD: sharded within a node, replicated across
+# them) train the weights of one machine's run. An image edited through the multi-node service
 # (on TLS, asking clients for a bearer token; from dray edit and the Python
 # client) equals one edited locally.
 set -euo pipefail
@@ -125,6 +127,23 @@ grep -q "dray train: restart 1 of 1" "$out/restarted.log" || fail "the group was
 grep -q "dray train: resumed from .*/checkpoints/step_0000" "$out/restarted.log" || fail "no resume"
 cmp "$out/straight/final/pytorch_lora_weights.safetensors" \
   "$out/restarted/final/pytorch_lora_weights.safetensors" || fail "the restarted run's adapters differ"
+
+# DMD2, the generator trained whole: its real score a SHARD_GRAD_OP copy,
+# its fake score HYBRID_SHARD, on two nodes and on one machine.
+job=(algorithm.name=dmd2 worker.actor.lora_rank=0 algorithm.dfake_gen_update_ratio=1
+  algorithm.real_score.fsdp_sharding_strategy=SHARD_GRAD_OP
+  algorithm.fake_score.fsdp_sharding_strategy=HYBRID_SHARD trainer.total_steps=2
+  data.prompts_per_step=2 trainer.sample_every=1000)
+"$dray" train trainer.save_dir="$out/dmd2_local" "${job[@]}" --workers 2 >"$out/dmd2_local.log" 2>&1 ||
+  fail "DMD2 on one machine failed"
+"$dray" train trainer.save_dir="$out/dmd2_nodes" "${job[@]}" "${cluster[@]}" >"$out/dmd2_nodes.log" 2>&1 &
+controller=$!
+start_agents "$out/dmd2_nodes.log"
+wait $controller || fail "DMD2 on two nodes failed"
+for agent in "${agents[@]}"; do wait "$agent" || fail "an agent did not stop cleanly"; done
+cmp "$out/dmd2_local/final/transformer/diffusion_pytorch_model.safetensors" \
+  "$out/dmd2_nodes/final/transformer/diffusion_pytorch_model.safetensors" ||
+  fail "DMD2's generator differs across nodes"
 
 edit=(--instruction "make it purple" --seed 3)
 "$dray" edit --image "$root/docs/scene.png" "${edit[@]}" --out "$out/local.png" >"$out/edit.log" 2>&1 ||

@@ -114,13 +114,18 @@ grep -q "stopping" "$out/serve.log" || fail "no stop message"
 [[ $(echo $worker_pids | wc -w) -eq 2 ]] || fail "expected 2 worker processes, saw: $worker_pids"
 for pid in $worker_pids; do ! kill -0 $pid 2>/dev/null || fail "worker $pid outlived dray serve"; done
 
-# Workers that fail past --max-restarts end dray serve with status 1.
-"$dray" serve --workers 1 --port 0 --max-restarts 0 worker.image_edit.image_size=64 >"$out/serve.log" 2>&1 &
+# Workers that fail past --max-restarts end dray serve with status 1. (A
+# log of its own: following the first server's log as the second truncated
+# it could read the first's "ImageEditService on" before the second had
+# any worker to kill.)
+"$dray" serve --workers 1 --port 0 --max-restarts 0 worker.image_edit.image_size=64 \
+  >"$out/serve2.log" 2>&1 &
 server=$!
-wait_for_line "$out/serve.log" "ImageEditService on" || fail "the second dray serve did not start"
-kill -KILL $(pgrep -P $server)
+wait_for_line "$out/serve2.log" "ImageEditService on" || fail "the second dray serve did not start"
+workers=$(pgrep -P $server) || fail "the second dray serve has no worker process"
+kill -KILL $workers
 status=0
 wait $server || status=$?
 [[ $status -eq 1 ]] || fail "dray serve exited with $status when its workers could not be restarted"
-grep -q "restarts are used up" "$out/serve.log" || fail "no reason given"
+grep -q "restarts are used up" "$out/serve2.log" || fail "no reason given"
 echo PASS
