@@ -43,6 +43,17 @@ at::Tensor ToyLogits(const json& head, const at::Tensor& features) {
   return ((p.at(0) * features).mean({1, 2, 3}, /*keepdim=*/true) + p.at(1)).view({-1, 1});
 }
 
+// Checked: `computed` against the case's outputs and, where it has them,
+// its gradients.
+std::vector<ParityResult> Checked(const ParityCase& c, const RlCase& data,
+                                  const Outputs& computed) {
+  std::vector<ParityResult> results;
+  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
+  if (data.spec.contains("gradients"))
+    CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
+  return results;
+}
+
 ScoreParametrization Epsilon(const RlCase& data) {
   return ScoreParametrization::Epsilon(data.Input("alphas_cumprod"));
 }
@@ -83,10 +94,7 @@ absl::StatusOr<std::vector<ParityResult>> RunDistributionMatching(const ParityCa
                             {"pred_real_noise", real_noise},
                             {"pred_fake_noise", fake_noise},
                             {"grad_latents", latents.grad()}};
-  std::vector<ParityResult> results;
-  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
-  return results;
+  return Checked(c, data, computed);
 }
 
 // RunFakeScore: compute_loss_fake, the fake score trained toward the noise.
@@ -107,10 +115,7 @@ absl::StatusOr<std::vector<ParityResult>> RunFakeScore(const ParityCase& c) {
                             {"x0_pred", eps.CleanPrediction(noisy, prediction.detach(), t)},
                             {"fake_noise_pred", prediction},
                             {"grad_fake_noise_pred", prediction.grad()}};
-  std::vector<ParityResult> results;
-  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
-  return results;
+  return Checked(c, data, computed);
 }
 
 // Logits: compute_cls_logits on `image`: the fake score's features (after
@@ -140,10 +145,7 @@ absl::StatusOr<std::vector<ParityResult>> RunGeneratorGan(const ParityCase& c) {
                             {"logits_fake", logits},
                             {"grad_logits_fake", logits.grad()},
                             {"grad_image", image.grad()}};
-  std::vector<ParityResult> results;
-  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
-  return results;
+  return Checked(c, data, computed);
 }
 
 // RunClassifierGan: compute_guidance_clean_cls_loss, real latents with the
@@ -164,10 +166,7 @@ absl::StatusOr<std::vector<ParityResult>> RunClassifierGan(const ParityCase& c) 
                             {"pred_realism_on_fake", at::sigmoid(fake).squeeze(1)},
                             {"grad_logits_real", real.grad()},
                             {"grad_logits_fake", fake.grad()}};
-  std::vector<ParityResult> results;
-  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  CheckAll(c, data, data.spec.at("gradients"), computed, "", results);
-  return results;
+  return Checked(c, data, computed);
 }
 
 // RunBackwardSimulation: the generator's turn as prepare_denoising_data
@@ -198,9 +197,7 @@ absl::StatusOr<std::vector<ParityResult>> RunBackwardSimulation(const ParityCase
       {"denoising_timestep", at::full({input.size(0)}, simulated.timestep, at::kLong)},
       {"generated_image", generated},
       {"generator_outputs", at::stack(predictions)}};
-  std::vector<ParityResult> results;
-  CheckAll(c, data, data.spec.at("outputs"), computed, "", results);
-  return results;
+  return Checked(c, data, computed);
 }
 
 absl::StatusOr<std::vector<ParityResult>> RunGan(const ParityCase& c) {
