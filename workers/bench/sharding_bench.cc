@@ -54,6 +54,26 @@ int64_t OptimizerBytes(torch::optim::AdamW& optimizer) {
   return bytes;
 }
 
+// TrainedShards: Model(layers) FULL_SHARD on `comm`'s ranks with AdamW
+// over its shards (declared in destruction order: the optimizer, then
+// the shards, then the model their hooks run in).
+struct TrainedShards {
+  QwenImageTransformer model{nullptr};
+  std::unique_ptr<FullyShardedModule> sharded;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+};
+absl::StatusOr<TrainedShards> ShardForTraining(int64_t layers, Communicator* comm) {
+  TrainedShards out;
+  out.model = Model(layers);
+  std::vector<std::shared_ptr<torch::nn::Module>> units(out.model->blocks()->begin(),
+                                                        out.model->blocks()->end());
+  DRAY_ASSIGN_OR_RETURN(out.sharded, FullyShardedModule::Shard(out.model.ptr(), units, comm, {}));
+  out.model->set_unit_hooks(out.sharded.get());
+  out.optimizer = std::make_unique<torch::optim::AdamW>(out.sharded->shards(),
+                                                        torch::optim::AdamWOptions(1e-4));
+  return out;
+}
+
 // Dmd2Bytes: one rank's bytes of DMD2's three models after a step of each
 // trained one: the generator and the fake score (float32 masters,
 // gradients and AdamW's two moments), the real score frozen in bfloat16.
@@ -63,15 +83,10 @@ struct Dmd2Bytes {
 
 // TrainedBytes: a trained copy's resident bytes on this rank after a step.
 absl::StatusOr<int64_t> TrainedBytes(int64_t layers, Communicator* comm) {
-  QwenImageTransformer model = Model(layers);
-  std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
-                                                        model->blocks()->end());
-  DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, {}));
-  model->set_unit_hooks(sharded.get());
-  torch::optim::AdamW optimizer(sharded->shards(), torch::optim::AdamWOptions(1e-4));
-  DRAY_RETURN_IF_ERROR(Step(model, optimizer));
-  const FullyShardedModule::Bytes bytes = sharded->LocalBytes();
-  return bytes.parameters + bytes.gradients + OptimizerBytes(optimizer);
+  DRAY_ASSIGN_OR_RETURN(TrainedShards trained, ShardForTraining(layers, comm));
+  DRAY_RETURN_IF_ERROR(Step(trained.model, *trained.optimizer));
+  const FullyShardedModule::Bytes bytes = trained.sharded->LocalBytes();
+  return bytes.parameters + bytes.gradients + OptimizerBytes(*trained.optimizer);
 }
 
 // FrozenBytes: a frozen copy's resident bytes on this rank, stored in bfloat16.
@@ -115,12 +130,10 @@ absl::StatusOr<std::vector<BenchMetric>> RunShardingBench(bool quick, const Benc
     double step = 0;
     DRAY_RETURN_IF_ERROR(RunLocalGroup(world, [&](int rank, Communicator* comm) -> absl::Status {
       UseOneCpuThreadPerCaller();
-      QwenImageTransformer model = Model(layers);
-      std::vector<std::shared_ptr<torch::nn::Module>> units(model->blocks()->begin(),
-                                                            model->blocks()->end());
-      DRAY_ASSIGN_OR_RETURN(auto sharded, FullyShardedModule::Shard(model.ptr(), units, comm, {}));
-      model->set_unit_hooks(sharded.get());
-      torch::optim::AdamW optimizer(sharded->shards(), torch::optim::AdamWOptions(1e-4));
+      DRAY_ASSIGN_OR_RETURN(TrainedShards trained, ShardForTraining(layers, comm));
+      QwenImageTransformer& model = trained.model;
+      FullyShardedModule* sharded = trained.sharded.get();
+      torch::optim::AdamW& optimizer = *trained.optimizer;
       DRAY_RETURN_IF_ERROR(Step(model, optimizer));  // warm-up; optimizer state now exists
       std::vector<double> times;
       for (int i = 0; i < steps; ++i) {

@@ -761,9 +761,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
   // Full fine-tuning's frozen reference: DPO's (unless its refreshed copy is
   // the reference), a KL term's and DMD2's real score.
-  const bool frozen_reference = config.dpo()    ? !config.sampling_policy()
-                                : config.dmd2() ? true
-                                                : !config.paired() && config.beta > 0;
+  const bool frozen_reference =
+      config.dmd2() ||
+      (config.dpo() ? !config.sampling_policy() : !config.paired() && config.beta > 0);
   if (config.lora_rank == 0 && frozen_reference) {
     const ImageEditConfig placed =
         config.dmd2() ? config.ScoreModelConfig(config.real_score) : state->model->config;
@@ -1255,6 +1255,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
   // loss (distribution matching, and the GAN's).
   std::vector<at::Tensor> samples;
   std::vector<qwen_image::PreparedEdit> unguided_edits;
+  std::vector<State::Dmd2Schedule> schedules;  // the scores' noise levels, per micro-batch
   if (update_generator) state.BeginUpdate(lr);
   for (const MicroBatch& micro : micro_batches) {
     qwen_image::EditOptions options = state.options;  // unguided
@@ -1266,8 +1267,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
                           state.Prepare(micro, options, /*cache=*/nullptr));
     qwen_image::PreparedEdit& unguided = unguided_edits.emplace_back(prepared);
     unguided.negative.reset();
-    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
+    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule scheduled,
                           state.Dmd2ScheduleFor(prepared.noise.size(1), kTrainTimesteps));
+    const State::Dmd2Schedule& schedule = schedules.emplace_back(std::move(scheduled));
     std::optional<torch::NoGradGuard> frozen;
     if (!update_generator) frozen.emplace();
     DRAY_ASSIGN_OR_RETURN(at::Tensor x0, state.Dmd2Generate(unguided, micro, simulated));
@@ -1290,10 +1292,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
     static_cast<torch::optim::AdamWOptions&>(param_group.options()).lr(fake_lr);
   fake_optimizer.zero_grad();  // also what the generator's GAN loss left there
   for (size_t i = 0; i < micro_batches.size(); ++i) {
-    DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule schedule,
-                          state.Dmd2ScheduleFor(samples[i].size(1), kTrainTimesteps));
     DRAY_ASSIGN_OR_RETURN(at::Tensor loss,
-                          state.Dmd2GuidanceLoss(unguided_edits[i], micro_batches[i], schedule,
+                          state.Dmd2GuidanceLoss(unguided_edits[i], micro_batches[i], schedules[i],
                                                  samples[i], share, metrics));
     DRAY_RETURN_IF_ERROR(
         state.AgreeFinite(group, loss, "in the fake score's loss", &fake_optimizer));
