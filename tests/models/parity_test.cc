@@ -63,6 +63,8 @@ INSTANTIATE_TEST_SUITE_P(Transformers, ParityTest, ::testing::ValuesIn(CasesIn("
                          CaseName);
 INSTANTIATE_TEST_SUITE_P(EditPlus, ParityTest, ::testing::ValuesIn(CasesIn("qwen_image_edit_plus")),
                          CaseName);
+INSTANTIATE_TEST_SUITE_P(FluxKontext, ParityTest, ::testing::ValuesIn(CasesIn("flux_kontext")),
+                         CaseName);
 
 std::multiset<std::string> Components(const std::vector<ParityCase>& cases) {
   std::multiset<std::string> components;

@@ -320,8 +320,8 @@ absl::StatusOr<Outputs> RunEndToEnd(const ParityCase& c, EditPipelineKind kind) 
 
 std::vector<ParityCase> EditPlusParityCases(const std::string& dir) {
   const fs::path folder(dir);
-  std::error_code error;
-  if (!fs::exists(folder.parent_path() / "model" / "model_index.json", error)) return {};
+  const std::string pipeline = ModelPipelineClass(dir);
+  if (pipeline != kEditPipelineClass && pipeline != kEditPlusPipelineClass) return {};
   const std::string name = folder.filename().string();
   std::string component;
   ParityRun run;

@@ -8,6 +8,7 @@
 #include "workers/parity/dpo_parity.h"
 #include "workers/parity/edit_plus_parity.h"
 #include "workers/parity/flow_grpo_parity.h"
+#include "workers/parity/flux_kontext_parity.h"
 #include "workers/parity/mix_grpo_parity.h"
 #include "workers/parity/qwen2_vl_parity.h"
 #include "workers/parity/qwen_image_parity.h"
@@ -21,7 +22,7 @@ std::vector<ParityCase> CasesIn(const fs::path& folder) {
   std::vector<ParityCase> cases;
   for (auto family : {qwen_image::QwenImageParityCases, qwen_image::EditPlusParityCases,
                       qwen2_vl::Qwen2VlParityCases, rl::FlowGrpoParityCases, rl::MixGrpoParityCases,
-                      rl::DpoParityCases, rl::Dmd2ParityCases}) {
+                      rl::DpoParityCases, rl::Dmd2ParityCases, flux::FluxKontextParityCases}) {
     std::vector<ParityCase> found = family(folder.string());
     cases.insert(cases.end(), found.begin(), found.end());
   }

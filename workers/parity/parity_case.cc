@@ -73,4 +73,16 @@ absl::StatusOr<nlohmann::json> ReadJsonFile(const std::string& path) {
   return parsed;
 }
 
+std::string ModelPipelineClass(const std::string& folder) {
+  const std::filesystem::path index =
+      std::filesystem::path(folder).parent_path() / "model" / "model_index.json";
+  std::error_code error;
+  if (!std::filesystem::exists(index, error)) return "";
+  const absl::StatusOr<nlohmann::json> parsed = ReadJsonFile(index.string());
+  if (!parsed.ok() || !parsed->is_object() || !parsed->contains("_class_name") ||
+      !(*parsed)["_class_name"].is_string())
+    return "";
+  return (*parsed)["_class_name"].get<std::string>();
+}
+
 }  // namespace dray

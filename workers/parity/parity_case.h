@@ -54,6 +54,11 @@ ParityResult CompareTensors(const ParityCase& c, std::string output, const at::T
 std::vector<ParityCase> CaseFilesIn(const std::string& component, const std::string& folder,
                                     const ParityRun& run);
 
+// ModelPipelineClass: the pipeline class (model_index.json's _class_name)
+// of the model directory beside the case folder `folder` (`../model`), or
+// "" where there is none: how a family knows its folders.
+std::string ModelPipelineClass(const std::string& folder);
+
 // RunParityCase runs one case; a case that cannot run (missing files, a
 // malformed case) yields one failed result carrying the error.
 std::vector<ParityResult> RunParityCase(const ParityCase& c);

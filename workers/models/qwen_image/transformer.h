@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/collectives/communicator.h"
 #include "runtime/sharding/unit_hooks.h"
+#include "workers/models/joint_attention.h"
 #include "workers/models/json_config.h"
 #include "workers/models/layers.h"
 #include "workers/models/qwen_image/step_cache.h"
@@ -82,48 +83,6 @@ class Rope {
   at::Tensor positive_;  // [4096, head_dim/2]: positions 0..4095
   at::Tensor negative_;  // [4096, head_dim/2]: positions -4096..-1
 };
-
-// FeedForwardImpl: diffusers' FeedForward with tanh-GELU: net.0.proj, net.2.
-class FeedForwardImpl : public torch::nn::Module {
- public:
-  FeedForwardImpl(int64_t dim, at::TensorOptions options);
-  at::Tensor forward(const at::Tensor& x);
-
- private:
-  Linear in_{nullptr}, out_{nullptr};
-};
-TORCH_MODULE(FeedForward);
-
-// JointAttentionImpl: the dual-stream attention ("attn" in each block).
-class JointAttentionImpl : public torch::nn::Module {
- public:
-  JointAttentionImpl(int64_t dim, int64_t heads, int64_t head_dim, at::TensorOptions options);
-  // Returns {image output, text output}. `mask`: bool [B, S_txt + S_img]
-  // (under sequence parallelism: over every rank's image tokens) or undefined.
-  std::pair<at::Tensor, at::Tensor> forward(const at::Tensor& image, const at::Tensor& text,
-                                            const at::Tensor& image_freqs,
-                                            const at::Tensor& text_freqs, const at::Tensor& mask);
-  // set_sequence_group: `image` holds this rank's part of the image tokens
-  // (QwenImageTransformerImpl::set_sequence_group); null: all of them.
-  void set_sequence_group(Communicator* group) { sequence_group_ = group; }
-
- private:
-  // UlyssesAttention: the joint attention of this rank's image tokens and
-  // all text, each rank attending over the whole sequence with its share of
-  // the heads ([B, S, H, D] inputs after RoPE; [B, S, H * D] outputs).
-  std::pair<at::Tensor, at::Tensor> UlyssesAttention(
-      const at::Tensor& img_q, const at::Tensor& img_k, const at::Tensor& img_v,
-      const at::Tensor& txt_q, const at::Tensor& txt_k, const at::Tensor& txt_v,
-      const at::Tensor& mask);
-
-  int64_t heads_;
-  Communicator* sequence_group_ = nullptr;
-  Linear to_q_{nullptr}, to_k_{nullptr}, to_v_{nullptr};
-  Linear add_q_proj_{nullptr}, add_k_proj_{nullptr}, add_v_proj_{nullptr};
-  Linear to_out_{nullptr}, to_add_out_{nullptr};
-  RMSNorm norm_q_{nullptr}, norm_k_{nullptr}, norm_added_q_{nullptr}, norm_added_k_{nullptr};
-};
-TORCH_MODULE(JointAttention);
 
 // TransformerBlockImpl: one dual-stream block; the unit of sharding.
 class TransformerBlockImpl : public torch::nn::Module {
