@@ -89,6 +89,17 @@ absl::Status JsonConfig::Get(const char* key, std::vector<int64_t>* value) {
   return absl::OkStatus();
 }
 
+absl::Status JsonConfig::Get(const char* key, std::vector<std::string>* value) {
+  const nlohmann::json& field = Field(key);
+  if (field.is_null()) return absl::OkStatus();
+  if (!field.is_array()) return WrongType(key, "a list of strings");
+  for (const auto& item : field) {
+    if (!item.is_string()) return WrongType(key, "a list of strings");
+  }
+  *value = field.get<std::vector<std::string>>();
+  return absl::OkStatus();
+}
+
 absl::Status JsonConfig::Get(const char* key, std::vector<double>* value) {
   const nlohmann::json& field = Field(key);
   if (field.is_null()) return absl::OkStatus();

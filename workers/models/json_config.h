@@ -46,6 +46,7 @@ class JsonConfig {
   absl::Status Get(const char* key, std::string* value);
   absl::Status Get(const char* key, std::vector<int64_t>* value);
   absl::Status Get(const char* key, std::vector<double>* value);
+  absl::Status Get(const char* key, std::vector<std::string>* value);
   absl::Status Get(const char* key, std::vector<bool>* value);
   // Get into an optional: JSON null or absence leaves it empty.
   absl::Status Get(const char* key, std::optional<double>* value);

@@ -155,6 +155,28 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return normed * weight;
 }
 
+Conv2dImpl::Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+                       at::TensorOptions options)
+    : stride_(stride), padding_(padding) {
+  weight = register_parameter("weight", NewParameter({out, in, kernel, kernel}, options));
+  bias = register_parameter("bias", NewParameter({out}, options));
+}
+
+at::Tensor Conv2dImpl::forward(const at::Tensor& x) {
+  return at::conv2d(x, weight, bias, stride_, padding_);
+}
+
+GroupNormImpl::GroupNormImpl(int64_t groups, int64_t channels, double eps,
+                             at::TensorOptions options)
+    : groups_(groups), eps_(eps) {
+  weight = register_parameter("weight", NewParameter({channels}, options));
+  bias = register_parameter("bias", NewParameter({channels}, options));
+}
+
+at::Tensor GroupNormImpl::forward(const at::Tensor& x) {
+  return at::group_norm(x, groups_, weight, bias, eps_);
+}
+
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOptions options) {
   weight = register_parameter("weight", NewParameter({num_embeddings, dim}, options));
 }
@@ -200,7 +222,8 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
   torch::NoGradGuard no_grad;
   // PyTorch's default for Linear and Conv layers: kaiming_uniform(a=sqrt(5))
   // for weights and the same bound for biases, i.e. U(+-1/sqrt(fan_in));
-  // norm scales ("weight" or "gamma" of a norm, no fan-in) start at one.
+  // norm scales ("weight" or "gamma" of a norm, no fan-in) start at one,
+  // norm biases at zero.
   auto initialize = [&generator](torch::nn::Module& layer) {
     const auto parameters = layer.named_parameters(/*recurse=*/false);
     const at::Tensor* weight = parameters.find("weight");
@@ -214,7 +237,7 @@ void InitializeLikePyTorch(torch::nn::Module& module, at::Generator generator) {
       if (has_fan_in) {
         tensor.uniform_(-bound, bound, generator);
       } else {
-        tensor.fill_(1);
+        tensor.fill_(parameter.key() == "bias" ? 0 : 1);
       }
     }
   };

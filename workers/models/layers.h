@@ -97,6 +97,36 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
+// Conv2dImpl: torch.nn.Conv2d with a square kernel (parameters "weight",
+// "bias").
+class Conv2dImpl : public torch::nn::Module {
+ public:
+  Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
+             at::TensorOptions options = {});
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+
+ private:
+  int64_t stride_, padding_;
+};
+TORCH_MODULE(Conv2d);
+
+// GroupNormImpl: torch.nn.GroupNorm with a per-channel affine (parameters
+// "weight", "bias") over [B, C, ...].
+class GroupNormImpl : public torch::nn::Module {
+ public:
+  GroupNormImpl(int64_t groups, int64_t channels, double eps, at::TensorOptions options = {});
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+
+ private:
+  int64_t groups_;
+  double eps_;
+};
+TORCH_MODULE(GroupNorm);
+
 // kAttentionBlockScores: how many attention scores the blockwise kernel
 // holds at once (64 MiB in float32), whatever the sequence length.
 inline constexpr int64_t kAttentionBlockScores = int64_t{1} << 24;

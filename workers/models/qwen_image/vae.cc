@@ -112,23 +112,6 @@ TORCH_MODULE(CausalConv3d);
 
 namespace {
 
-class Conv2dImpl : public torch::nn::Module {
- public:
-  Conv2dImpl(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding,
-             at::TensorOptions options)
-      : stride_(stride), padding_(padding) {
-    weight = register_parameter("weight", NewParameter({out, in, kernel, kernel}, options));
-    bias = register_parameter("bias", NewParameter({out}, options));
-  }
-  at::Tensor forward(const at::Tensor& x) { return at::conv2d(x, weight, bias, stride_, padding_); }
-
-  at::Tensor weight, bias;
-
- private:
-  int64_t stride_, padding_;
-};
-TORCH_MODULE(Conv2d);
-
 // ChannelRMSNormImpl: diffusers' QwenImage_RMS_norm, L2-normalizing over
 // channels, times sqrt(dim) and "gamma" ([dim, 1, 1(, 1)]).
 class ChannelRMSNormImpl : public torch::nn::Module {
