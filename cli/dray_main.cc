@@ -8,7 +8,8 @@
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
 //   dray node --controller=HOST:PORT --token-file=F                    (one per node)
-//   dray init-model --preset tiny|embedded|small [--pipeline edit|edit-plus] --out DIR [--seed N]
+//   dray init-model --preset tiny|embedded|small|flux-tiny [--pipeline edit|edit-plus] --out DIR
+//       [--seed N]
 //   dray parity --reference DIR
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
 //   dray --version                                    (LibTorch, CUDA, the GPUs it sees)
@@ -40,6 +41,7 @@
 #include "workers/bench/sharding_bench.h"
 #include "workers/bench/train_bench.h"
 #include "workers/edit/image_edit_worker.h"
+#include "workers/models/flux/model.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/parity/parity.h"
 #include "workers/train/flow_grpo_worker.h"
@@ -112,8 +114,31 @@ int Bench(const std::string& suite, int workers, bool quick, bool json, const st
   return 0;
 }
 
+// InitFluxModel writes a FLUX.1 Kontext model directory of `preset_name`.
+int InitFluxModel(const std::string& preset_name, const std::string& out, uint64_t seed) {
+  absl::StatusOr<flux::FluxPreset> preset = flux::FluxPresetNamed(preset_name);
+  const absl::Status written =
+      preset.ok() ? flux::WriteRandomFluxKontextModel(out, *preset, seed) : preset.status();
+  if (!written.ok()) {
+    Log("init-model", written.ToString());
+    return 1;
+  }
+  std::printf("wrote a random %s FLUX.1 Kontext model (seed %llu) to %s\n", preset_name.c_str(),
+              static_cast<unsigned long long>(seed), out.c_str());
+  return 0;
+}
+
 int InitModel(const std::string& preset_name, const std::string& pipeline, const std::string& out,
               uint64_t seed) {
+  if (preset_name == "flux-tiny") {
+    if (!pipeline.empty()) {
+      Log("init-model",
+          "--pipeline applies to Qwen-Image-Edit presets; flux-tiny writes a "
+          "FluxKontextPipeline directory");
+      return 1;
+    }
+    return InitFluxModel(preset_name, out, seed);
+  }
   absl::StatusOr<qwen_image::ModelPreset> preset = qwen_image::PresetNamed(preset_name);
   if (preset.ok() && !pipeline.empty()) {
     preset->pipeline = pipeline == "edit-plus" ? qwen_image::EditPipelineKind::kEditPlus
@@ -198,14 +223,16 @@ int Main(int argc, char** argv) {
   NodeCommand node_command(app, SelfPath());
 
   CLI::App* init = app.add_subcommand(
-      "init-model", "write a random Qwen-Image-Edit model directory (diffusers layout)");
+      "init-model",
+      "write a random Qwen-Image-Edit or FLUX.1 Kontext model directory (diffusers layout)");
   std::string preset = "tiny", pipeline, out;
   uint64_t seed = 0;
   init->add_option("--preset", preset,
-                   "tiny (runs anywhere), embedded (the embedded model's shapes) or small (real "
-                   "layout, reduced width)")
+                   "tiny (runs anywhere), embedded (the embedded model's shapes), small (real "
+                   "layout, reduced width): Qwen-Image-Edit; flux-tiny: FLUX.1 Kontext (runs "
+                   "anywhere)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"tiny", "embedded", "small"}));
+      ->check(CLI::IsMember({"tiny", "embedded", "small", "flux-tiny"}));
   init->add_option("--pipeline", pipeline,
                    "edit (Qwen-Image-Edit: one input image) or edit-plus (2509/2511: one to "
                    "three; model_index.json names QwenImageEditPlusPipeline); default: the "

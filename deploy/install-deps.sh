@@ -18,8 +18,9 @@ build_packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   # Core libraries.
   libabsl-dev libtorch-dev libgloo-dev
-  # Tests and benchmarks.
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # Tests and benchmarks; SentencePiece is the reference the T5 tokenizer's
+  # parity test holds dray's own to (nothing but that test links it).
+  libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
   # Images and configuration.
   libpng-dev libjpeg-dev libyaml-cpp-dev
   # A fast BLAS for LibTorch on CPU (Debian's reference BLAS is ~7x slower).

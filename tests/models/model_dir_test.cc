@@ -114,8 +114,8 @@ TEST(ModelDirTest, BadDirectoriesGiveClearErrors) {
 
   const std::string dir = TempDir("broken");
   DRAY_ASSERT_OK(WriteRandomQwenImageModel(dir, PresetNamed("tiny").value(), 0));
-  std::ofstream(fs::path(dir) / "model_index.json")
-      << R"({"transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKLQwenImage"],
+  std::ofstream(fs::path(dir) / "model_index.json") << R"({"_class_name": "QwenImageEditPipeline",
+            "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKLQwenImage"],
             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]})";
   EXPECT_THAT(
       LoadQwenImageModel(dir, options),

@@ -4,7 +4,9 @@
 // tests/data/reference/qwen2_vl (transformers: text encoder, vision tower,
 // image processor) and tests/data/reference/qwen_image_edit_plus (diffusers'
 // QwenImageEditPlusPipeline: pre-processing, prompt encoding with one to
-// three images, whole edits, 2511's zero_cond_t), run through the same library as `dray parity`,
+// three images, whole edits, 2511's zero_cond_t) and tests/data/reference/flux_kontext
+// (diffusers' FluxKontextPipeline, transformers' CLIP and T5: every component,
+// tokenizers, whole edits), run through the same library as `dray parity`,
 // within the tolerances of each reference README.
 #include "workers/parity/parity.h"
 
@@ -90,6 +92,15 @@ TEST(ParityListTest, FindsEveryCaseTheReadmesList) {
   EXPECT_EQ(edit_plus.count("edit_plus_e2e"), 4u);
   EXPECT_EQ(edit_plus.count("edit_e2e"), 2u);
   EXPECT_EQ(edit_plus.size(), 15u);
+  const std::multiset<std::string> kontext = Components(CasesIn("flux_kontext"));
+  EXPECT_EQ(kontext.count("flux_transformer"), 3u);
+  EXPECT_EQ(kontext.count("flux_vae"), 2u);
+  EXPECT_EQ(kontext.count("flux_text_encoders"), 2u);
+  EXPECT_EQ(kontext.count("flux_kontext_e2e"), 3u);
+  EXPECT_EQ(kontext.count("flux_scheduler") + kontext.count("flux_preprocess") +
+                kontext.count("flux_tokenizers"),
+            3u);
+  EXPECT_EQ(kontext.size(), 13u);
 }
 
 // Released Qwen2.5-VL checkpoints (and transformers < 4.52) name the

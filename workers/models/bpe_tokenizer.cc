@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include <unicode/uchar.h>
 #include <unicode/unorm2.h>
 #include <unicode/uregex.h>
 #include <unicode/ustring.h>
@@ -14,7 +15,7 @@
 #include <unicode/utf8.h>
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/files.h"
@@ -146,6 +147,65 @@ std::string Nfc(absl::string_view text) {
   return U_FAILURE(status) ? std::string(text) : ToUtf8(normalized);
 }
 
+// IsCjkIdeograph: the code points of BasicTokenizer._is_chinese_char.
+bool IsCjkIdeograph(UChar32 c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// ClipClean is BasicTokenizer's _clean_text and _tokenize_chinese_chars on
+// valid UTF-8: NUL, U+FFFD and control characters (general category C*,
+// but tab, newline and carriage return) dropped, those three and category
+// Zs made spaces, CJK ideographs set apart by spaces.
+std::string ClipClean(absl::string_view text) {
+  std::string out;
+  const int32_t length = static_cast<int32_t>(text.size());
+  for (int32_t i = 0; i < length;) {
+    UChar32 c;
+    U8_NEXT_UNSAFE(text.data(), i, c);
+    const bool space =
+        c == ' ' || c == '\t' || c == '\n' || c == '\r' || u_charType(c) == U_SPACE_SEPARATOR;
+    if (c == 0xFFFD || (!space && (U_GET_GC_MASK(c) & U_GC_C_MASK) != 0)) continue;
+    if (space) {
+      out += ' ';
+    } else if (IsCjkIdeograph(c)) {
+      absl::StrAppend(&out, " ", Utf8(c), " ");
+    } else {
+      out += Utf8(c);
+    }
+  }
+  return out;
+}
+
+// ClipNormalize: Normalization::kClip on valid UTF-8.
+std::string ClipNormalize(absl::string_view text) {
+  const std::string nfc = Nfc(ClipClean(text));
+  std::string words;  // whitespace runs made one space, trimmed
+  bool space = false;
+  const int32_t length = static_cast<int32_t>(nfc.size());
+  for (int32_t i = 0; i < length;) {
+    UChar32 c;
+    U8_NEXT_UNSAFE(nfc.data(), i, c);
+    if (u_isUWhiteSpace(c)) {
+      space = !words.empty();
+      continue;
+    }
+    if (space) words += ' ';
+    space = false;
+    words += Utf8(c);
+  }
+  const std::u16string utf16 = ToUtf16(words);
+  UErrorCode status = U_ZERO_ERROR;
+  const int32_t size =
+      u_strToLower(nullptr, 0, utf16.data(), static_cast<int32_t>(utf16.size()), "", &status);
+  std::u16string lower(size, u'\0');
+  status = U_ZERO_ERROR;
+  u_strToLower(lower.data(), size, utf16.data(), static_cast<int32_t>(utf16.size()), "", &status);
+  return ToUtf8(lower);
+}
+
 // ValidUtf8Prefix returns how many leading bytes of `text` are valid UTF-8.
 size_t ValidUtf8Prefix(absl::string_view text) {
   int32_t i = 0;
@@ -180,9 +240,10 @@ absl::StatusOr<Regex> CompilePattern(const std::string& rust_pattern) {
 }
 
 // ForEachPiece splits valid UTF-8 `text` as a Split pre-tokenizer with
-// behaviour "Isolated" does: matches and the gaps between them are pieces.
+// behaviour "Isolated" does: matches and the gaps between them are pieces;
+// the gaps are left out unless `gaps`.
 template <typename Visit>
-void ForEachPiece(const URegularExpression* regex, absl::string_view text, Visit visit) {
+void ForEachPiece(const URegularExpression* regex, absl::string_view text, bool gaps, Visit visit) {
   UErrorCode status = U_ZERO_ERROR;
   Regex matcher(uregex_clone(regex, &status));
   UText* subject = utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &status);
@@ -191,11 +252,11 @@ void ForEachPiece(const URegularExpression* regex, absl::string_view text, Visit
   while (U_SUCCESS(status) && uregex_findNext(matcher.get(), &status)) {
     const int64_t start = uregex_start64(matcher.get(), 0, &status);
     const int64_t end = uregex_end64(matcher.get(), 0, &status);
-    if (start > done) visit(text.substr(done, start - done));
+    if (gaps && start > done) visit(text.substr(done, start - done));
     if (end > start) visit(text.substr(start, end - start));
     done = end;
   }
-  if (done < static_cast<int64_t>(text.size())) visit(text.substr(done));
+  if (gaps && done < static_cast<int64_t>(text.size())) visit(text.substr(done));
   utext_close(subject);
 }
 
@@ -210,12 +271,13 @@ struct BpeTokenizer::State {
   std::vector<std::string> tokens;      // id -> vocabulary string ("" if unused)
   std::vector<bool> special;            // id -> special added token
   std::array<int64_t, 256> byte_ids{};  // byte -> id of its symbol
+  std::array<int64_t, 256> end_ids{};   // byte -> id of its symbol + word-end suffix
   struct Merge {
     int64_t rank;
     int64_t id;
   };
   std::unordered_map<uint64_t, Merge> merges;  // (left id, right id) -> merge
-  std::vector<AddedToken> added;               // longest first
+  std::vector<AddedToken> added;
   Regex regex;
 
   // AppendBpe appends the ids of one pre-tokenized piece.
@@ -223,6 +285,7 @@ struct BpeTokenizer::State {
     std::vector<int64_t> word;
     word.reserve(piece.size());
     for (char c : piece) word.push_back(byte_ids[static_cast<unsigned char>(c)]);
+    word.back() = end_ids[static_cast<unsigned char>(piece.back())];
     while (word.size() > 1) {
       int64_t best_rank = std::numeric_limits<int64_t>::max();
       const Merge* best = nullptr;
@@ -256,17 +319,39 @@ struct BpeTokenizer::State {
   void AppendText(absl::string_view text, std::vector<int64_t>& ids) const {
     while (!text.empty()) {
       const size_t valid = ValidUtf8Prefix(text);
-      if (valid > 0) {
-        AppendValid(model.nfc ? Nfc(text.substr(0, valid)) : std::string(text.substr(0, valid)),
-                    ids);
-      }
+      if (valid > 0) AppendValid(Normalize(text.substr(0, valid)), ids);
       if (valid < text.size()) AppendBpe(text.substr(valid, 1), ids);  // an invalid byte
       text.remove_prefix(std::min(text.size(), valid + 1));
     }
   }
 
+  std::string Normalize(absl::string_view text) const {
+    switch (model.normalization) {
+      case Normalization::kNfc:
+        return Nfc(text);
+      case Normalization::kClip:
+        return ClipNormalize(text);
+      default:
+        return std::string(text);
+    }
+  }
+
   void AppendValid(const std::string& text, std::vector<int64_t>& ids) const {
-    ForEachPiece(regex.get(), text, [&](absl::string_view piece) { AppendBpe(piece, ids); });
+    ForEachPiece(regex.get(), text, !model.matches_only, [&](absl::string_view piece) {
+      const AddedToken* token = FindAdded(piece);
+      if (token != nullptr) {
+        ids.push_back(token->id);
+      } else {
+        AppendBpe(piece, ids);
+      }
+    });
+  }
+
+  const AddedToken* FindAdded(absl::string_view content) const {
+    for (const AddedToken& token : added) {
+      if (token.content == content) return &token;
+    }
+    return nullptr;
   }
 };
 
@@ -284,7 +369,12 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
           absl::StrCat("vocabulary token '", token, "' has negative id ", id));
     size = std::max(size, id + 1);
   }
-  for (const AddedToken& added : model.added_tokens) size = std::max(size, added.id + 1);
+  for (const AddedToken& added : model.added_tokens) {
+    if (added.id < 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("added token '", added.content, "' has negative id ", added.id));
+    size = std::max(size, added.id + 1);
+  }
   state->tokens.assign(size, "");
   state->special.assign(size, false);
   for (const auto& [token, id] : model.vocab) {
@@ -296,11 +386,15 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
   }
   for (int b = 0; b < 256; ++b) {
     auto found = model.vocab.find(ByteSymbols()[b]);
-    if (found == model.vocab.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("the vocabulary lacks the symbol of byte ", b,
-                                                     ": not a byte-level BPE vocabulary"));
+    auto end = model.vocab.find(ByteSymbols()[b] + model.end_of_word_suffix);
+    if (found == model.vocab.end() || end == model.vocab.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the vocabulary lacks the symbol of byte ", b,
+          found == model.vocab.end() ? "" : absl::StrCat(" + '", model.end_of_word_suffix, "'"),
+          ": not a byte-level BPE vocabulary"));
     }
     state->byte_ids[b] = found->second;
+    state->end_ids[b] = end->second;
   }
   for (size_t rank = 0; rank < model.merges.size(); ++rank) {
     const auto& [left, right] = model.merges[rank];
@@ -328,9 +422,6 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
     state->special[added.id] = added.special;
     state->added.push_back(added);
   }
-  std::stable_sort(
-      state->added.begin(), state->added.end(),
-      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
 
   DRAY_ASSIGN_OR_RETURN(state->regex, CompilePattern(model.pattern));
   state->model = std::move(model);
@@ -339,25 +430,13 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::Build(Model model) {
 
 std::vector<int64_t> BpeTokenizer::Encode(absl::string_view text) const {
   std::vector<int64_t> ids;
-  size_t done = 0;
-  for (size_t i = 0; i < text.size();) {
-    const AddedToken* match = nullptr;
-    for (const AddedToken& added : state_->added) {
-      if (text.compare(i, added.content.size(), added.content) == 0) {
-        match = &added;
-        break;
-      }
+  for (const TextOrToken& part : SplitOnAddedTokens(text, state_->added)) {
+    if (part.token != nullptr) {
+      ids.push_back(part.token->id);
+    } else {
+      state_->AppendText(part.text, ids);
     }
-    if (match == nullptr) {
-      ++i;
-      continue;
-    }
-    state_->AppendText(text.substr(done, i - done), ids);
-    ids.push_back(match->id);
-    i += match->content.size();
-    done = i;
   }
-  state_->AppendText(text.substr(done), ids);
   return ids;
 }
 
@@ -375,15 +454,18 @@ std::string BpeTokenizer::Decode(absl::Span<const int64_t> ids, bool skip_specia
       if (!skip_special) text += state_->tokens[id];
       continue;
     }
-    text += SymbolBytes(state_->tokens[id]);
+    const std::string& token = state_->tokens[id];
+    const std::string& suffix = state_->model.end_of_word_suffix;
+    const bool word_end = !suffix.empty() && absl::EndsWith(token, suffix);
+    text += SymbolBytes(word_end ? token.substr(0, token.size() - suffix.size()) : token);
+    if (word_end) text += ' ';
   }
   return text;
 }
 
 absl::StatusOr<int64_t> BpeTokenizer::TokenId(absl::string_view token) const {
-  for (const AddedToken& added : state_->added) {
-    if (added.content == token) return added.id;
-  }
+  const AddedToken* added = state_->FindAdded(token);
+  if (added != nullptr) return added->id;
   auto found = state_->model.vocab.find(std::string(token));
   if (found == state_->model.vocab.end()) {
     return absl::NotFoundError(absl::StrCat("the tokenizer has no token '", token, "'"));
@@ -432,6 +514,15 @@ absl::Status ReadPreTokenizer(const json& pre, const std::string& name,
   return absl::OkStatus();
 }
 
+// ReadMerge reads one merge written as "left right".
+absl::StatusOr<std::pair<std::string, std::string>> ReadMerge(const std::string& text,
+                                                              const std::string& name) {
+  const size_t space = text.find(' ');
+  if (space == std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat(name, ": bad merge '", text, "'"));
+  return std::make_pair(text.substr(0, space), text.substr(space + 1));
+}
+
 absl::Status ReadBpeModel(const json& bpe, const std::string& name, BpeTokenizer::Model& model) {
   if (!bpe.is_object() || bpe.value("type", "BPE") != "BPE" || !bpe["vocab"].is_object() ||
       !bpe["merges"].is_array()) {
@@ -451,25 +542,10 @@ absl::Status ReadBpeModel(const json& bpe, const std::string& name, BpeTokenizer
       model.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
       continue;
     }
-    const std::string text = merge.get<std::string>();
-    const size_t space = text.find(' ');
-    if (space == std::string::npos)
-      return absl::InvalidArgumentError(absl::StrCat(name, ": bad merge '", text, "'"));
-    model.merges.emplace_back(text.substr(0, space), text.substr(space + 1));
+    DRAY_ASSIGN_OR_RETURN(auto pair, ReadMerge(merge.get<std::string>(), name));
+    model.merges.push_back(std::move(pair));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<AddedToken> ReadAddedToken(const json& token, const std::string& name) {
-  if (!token.is_object() || !token["id"].is_number_integer() || !token["content"].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": bad added token ", token.dump()));
-  }
-  for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
-    if (token.value(flag, false))
-      return Unsupported(name, absl::StrCat("added token option ", flag), token);
-  }
-  return AddedToken{token["id"].get<int64_t>(), token["content"].get<std::string>(),
-                    token.value("special", false)};
 }
 
 absl::StatusOr<json> ParseJson(absl::string_view text, const std::string& name) {
@@ -480,6 +556,14 @@ absl::StatusOr<json> ParseJson(absl::string_view text, const std::string& name) 
   return parsed;
 }
 
+// Named prefixes the error of a Build with the name of what it was read from.
+absl::StatusOr<BpeTokenizer> Named(absl::StatusOr<BpeTokenizer> tokenizer,
+                                   const std::string& name) {
+  if (tokenizer.ok()) return tokenizer;
+  return absl::Status(tokenizer.status().code(),
+                      absl::StrCat(name, ": ", tokenizer.status().message()));
+}
+
 }  // namespace
 
 absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text,
@@ -488,8 +572,9 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text,
   Model model;
   try {
     const json& normalizer = file.contains("normalizer") ? file["normalizer"] : json();
-    model.nfc = normalizer.is_object() && normalizer.value("type", "") == "NFC";
-    if (!normalizer.is_null() && !model.nfc) return Unsupported(name, "normalizer", normalizer);
+    const bool nfc = normalizer.is_object() && normalizer.value("type", "") == "NFC";
+    if (!normalizer.is_null() && !nfc) return Unsupported(name, "normalizer", normalizer);
+    model.normalization = nfc ? Normalization::kNfc : Normalization::kNone;
     DRAY_RETURN_IF_ERROR(ReadPreTokenizer(
         file.contains("pre_tokenizer") ? file["pre_tokenizer"] : json(), name, model));
     DRAY_RETURN_IF_ERROR(
@@ -501,60 +586,50 @@ absl::StatusOr<BpeTokenizer> BpeTokenizer::FromJson(absl::string_view text,
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", e.what()));
   }
-  absl::StatusOr<BpeTokenizer> tokenizer = Build(std::move(model));
-  if (!tokenizer.ok())
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", tokenizer.status().message()));
-  return tokenizer;
+  return Named(Build(std::move(model)), name);
 }
 
 absl::StatusOr<BpeTokenizer> BpeTokenizer::FromDirectory(const std::string& dir) {
-  namespace fs = std::filesystem;
-  const fs::path root(dir);
-  if (fs::exists(root / "tokenizer.json")) {
-    const std::string path = (root / "tokenizer.json").string();
+  const std::string path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  if (std::filesystem::exists(path)) {
     DRAY_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     return FromJson(text, path);
   }
-  if (!fs::exists(root / "vocab.json") || !fs::exists(root / "merges.txt")) {
+  DRAY_ASSIGN_OR_RETURN(Model model, ReadVocabFiles(dir));
+  return Named(Build(std::move(model)), dir);
+}
+
+absl::StatusOr<BpeTokenizer::Model> BpeTokenizer::ReadVocabFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path root(dir);
+  const std::string vocab_path = (root / "vocab.json").string();
+  const std::string merges_path = (root / "merges.txt").string();
+  if (!fs::exists(vocab_path) || !fs::exists(merges_path)) {
     return absl::NotFoundError(absl::StrCat(
         dir, " holds no tokenizer: neither tokenizer.json nor vocab.json + merges.txt"));
   }
-  json file = {
-      {"normalizer", {{"type", "NFC"}}},
-      {"pre_tokenizer",
-       {{"type", "Sequence"},
-        {"pretokenizers", json::array({{{"type", "Split"},
-                                        {"pattern", {{"Regex", kQwen2PreTokenizerPattern}}},
-                                        {"behavior", "Isolated"}},
-                                       {{"type", "ByteLevel"}, {"use_regex", false}}})}}}};
-  DRAY_ASSIGN_OR_RETURN(std::string vocab_text, ReadFile((root / "vocab.json").string()));
-  DRAY_ASSIGN_OR_RETURN(file["model"]["vocab"],
-                        ParseJson(vocab_text, (root / "vocab.json").string()));
-  DRAY_ASSIGN_OR_RETURN(std::string merges_text, ReadFile((root / "merges.txt").string()));
-  file["model"]["merges"] = json::array();
+  Model model;
+  DRAY_ASSIGN_OR_RETURN(std::string vocab_text, ReadFile(vocab_path));
+  DRAY_ASSIGN_OR_RETURN(json vocab, ParseJson(vocab_text, vocab_path));
+  for (const auto& [token, id] : vocab.items()) {
+    if (!id.is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(vocab_path, ": the id of '", token, "' is not an integer"));
+    }
+    model.vocab[token] = id.get<int64_t>();
+  }
+  DRAY_ASSIGN_OR_RETURN(std::string merges_text, ReadFile(merges_path));
   std::istringstream lines(merges_text);
   for (std::string line; std::getline(lines, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
-    file["model"]["merges"].push_back(line);
+    DRAY_ASSIGN_OR_RETURN(auto merge, ReadMerge(line, merges_path));
+    model.merges.push_back(std::move(merge));
   }
-  const fs::path config_path = root / "tokenizer_config.json";
-  if (fs::exists(config_path)) {
-    DRAY_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path.string()));
-    DRAY_ASSIGN_OR_RETURN(json config, ParseJson(config_text, config_path.string()));
-    const json decoder = config.value("added_tokens_decoder", json::object());
-    for (const auto& [id, token] : decoder.items()) {
-      json added = token;
-      int64_t number = 0;
-      if (!absl::SimpleAtoi(id, &number)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(config_path.string(), ": added token id '", id, "' is not a number"));
-      }
-      added["id"] = number;
-      file["added_tokens"].push_back(added);
-    }
-  }
-  return FromJson(file.dump(), dir);
+  DRAY_ASSIGN_OR_RETURN(json config, ReadTokenizerConfig(dir));
+  DRAY_ASSIGN_OR_RETURN(model.added_tokens,
+                        ReadAddedTokensDecoder(config, (root / "tokenizer_config.json").string()));
+  return model;
 }
 
 std::string BpeTokenizer::VocabJson() const {
@@ -583,8 +658,8 @@ std::string BpeTokenizer::ToJson() const {
     added.push_back({{"id", token.id},
                      {"content", token.content},
                      {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
+                     {"lstrip", token.lstrip},
+                     {"rstrip", token.rstrip},
                      {"normalized", false},
                      {"special", token.special}});
   }
@@ -599,7 +674,7 @@ std::string BpeTokenizer::ToJson() const {
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
-      {"normalizer", model.nfc ? json{{"type", "NFC"}} : json()},
+      {"normalizer", model.normalization == Normalization::kNfc ? json{{"type", "NFC"}} : json()},
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers", json::array({{{"type", "Split"},
@@ -632,7 +707,7 @@ BpeTokenizer::Model LearnBpeMerges(absl::string_view corpus, int num_merges) {
   // Words as symbol strings, with their counts, split by the pre-tokenizer.
   std::map<std::vector<std::string>, int64_t> words;
   absl::StatusOr<Regex> regex = CompilePattern(model.pattern);
-  ForEachPiece(regex->get(), corpus.substr(0, ValidUtf8Prefix(corpus)),
+  ForEachPiece(regex->get(), corpus.substr(0, ValidUtf8Prefix(corpus)), /*gaps=*/true,
                [&](absl::string_view piece) {
                  std::vector<std::string> word;
                  for (char c : piece) word.push_back(ByteSymbols()[static_cast<unsigned char>(c)]);

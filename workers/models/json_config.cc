@@ -145,6 +145,61 @@ void JsonConfig::Ignore(std::initializer_list<const char*> keys) {
   for (const char* key : keys) ignored_.insert(key);
 }
 
+void JsonConfig::IgnorePretrainedConfigKeys() {
+  for (const char* key : {"add_cross_attention",
+                          "bad_words_ids",
+                          "begin_suppress_tokens",
+                          "chunk_size_feed_forward",
+                          "cross_attention_hidden_size",
+                          "decoder_start_token_id",
+                          "diversity_penalty",
+                          "do_sample",
+                          "early_stopping",
+                          "encoder_no_repeat_ngram_size",
+                          "exponential_decay_length_penalty",
+                          "finetuning_task",
+                          "forced_bos_token_id",
+                          "forced_eos_token_id",
+                          "id2label",
+                          "is_encoder_decoder",
+                          "label2id",
+                          "length_penalty",
+                          "max_length",
+                          "min_length",
+                          "no_repeat_ngram_size",
+                          "num_beam_groups",
+                          "num_beams",
+                          "num_return_sequences",
+                          "output_attentions",
+                          "output_hidden_states",
+                          "output_scores",
+                          "prefix",
+                          "problem_type",
+                          "pruned_heads",
+                          "remove_invalid_values",
+                          "repetition_penalty",
+                          "return_dict",
+                          "return_dict_in_generate",
+                          "sep_token_id",
+                          "suppress_tokens",
+                          "task_specific_params",
+                          "temperature",
+                          "tf_legacy_loss",
+                          "tie_encoder_decoder",
+                          "tokenizer_class",
+                          "top_k",
+                          "top_p",
+                          "torchscript",
+                          "typical_p",
+                          "use_bfloat16",
+                          "architectures",
+                          "dtype",
+                          "torch_dtype",
+                          "transformers_version"}) {
+    ignored_.insert(key);
+  }
+}
+
 absl::Status JsonConfig::Unsupported(const char* key) {
   const nlohmann::json& field = Field(key);
   if (field.is_null() || field == false) return absl::OkStatus();

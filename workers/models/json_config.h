@@ -26,6 +26,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
 namespace dray {
@@ -61,6 +63,12 @@ class JsonConfig {
   // listing them among the known keys).
   void Ignore(std::initializer_list<const char*> keys);
 
+  // IgnorePretrainedConfigKeys ignores the generic keys every transformers
+  // PretrainedConfig writes out (generation settings, labels, dtype,
+  // versions; transformers 4 and 5) but is_decoder, which a model must
+  // read or ignore itself.
+  void IgnorePretrainedConfigKeys();
+
   // Unsupported accepts `key` only when absent, false or null.
   absl::Status Unsupported(const char* key);
 
@@ -78,6 +86,17 @@ class JsonConfig {
   std::set<std::string> known_;  // asked for by Get, Object or Unsupported
   std::set<std::string> ignored_;
 };
+
+// ReadConfigFile reads `path` with Config::FromJson, every error naming
+// the file.
+template <typename Config>
+absl::StatusOr<Config> ReadConfigFile(const std::string& path) {
+  absl::StatusOr<JsonConfig> json = JsonConfig::ReadFile(path);
+  if (!json.ok()) return json.status();
+  absl::StatusOr<Config> config = Config::FromJson(*std::move(json));
+  if (config.ok() || absl::StartsWith(config.status().message(), path)) return config;
+  return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+}
 
 }  // namespace dray
 

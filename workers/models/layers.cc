@@ -177,6 +177,15 @@ at::Tensor GroupNormImpl::forward(const at::Tensor& x) {
   return at::group_norm(x, groups_, weight, bias, eps_);
 }
 
+LayerNormImpl::LayerNormImpl(int64_t dim, double eps, at::TensorOptions options) : eps(eps) {
+  weight = register_parameter("weight", NewParameter({dim}, options));
+  bias = register_parameter("bias", NewParameter({dim}, options));
+}
+
+at::Tensor LayerNormImpl::forward(const at::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
+
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, at::TensorOptions options) {
   weight = register_parameter("weight", NewParameter({num_embeddings, dim}, options));
 }

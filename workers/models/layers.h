@@ -87,6 +87,18 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+// LayerNormImpl: torch.nn.LayerNorm over the last dimension (parameters
+// "weight", "bias").
+class LayerNormImpl : public torch::nn::Module {
+ public:
+  LayerNormImpl(int64_t dim, double eps, at::TensorOptions options = {});
+  at::Tensor forward(const at::Tensor& x);
+
+  at::Tensor weight, bias;
+  double eps;
+};
+TORCH_MODULE(LayerNorm);
+
 // EmbeddingImpl: a lookup table, like torch.nn.Embedding (parameter "weight").
 class EmbeddingImpl : public torch::nn::Module {
  public:

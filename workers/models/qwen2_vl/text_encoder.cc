@@ -25,23 +25,12 @@ constexpr double kVisionRopeTheta = 10000;
 // Bookkeeping keys of transformers configs that change nothing here: the
 // model's own, then the generic ones every PretrainedConfig writes out
 // (generation, task and output settings; transformers 4 and 5 both).
-#define DRAY_IGNORED_CONFIG_KEYS                                                                  \
-  "architectures", "attention_dropout", "initializer_range", "max_position_embeddings",           \
-      "max_window_layers", "sliding_window", "torch_dtype", "dtype", "transformers_version",      \
-      "use_cache", "layer_types", "pad_token_id", "model_type", "attention_bias", "name_or_path", \
-      DRAY_PRETRAINED_CONFIG_KEYS
-#define DRAY_PRETRAINED_CONFIG_KEYS                                                                \
-  "add_cross_attention", "bad_words_ids", "begin_suppress_tokens", "chunk_size_feed_forward",      \
-      "cross_attention_hidden_size", "decoder_start_token_id", "diversity_penalty", "do_sample",   \
-      "early_stopping", "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty",        \
-      "finetuning_task", "forced_bos_token_id", "forced_eos_token_id", "id2label", "is_decoder",   \
-      "is_encoder_decoder", "label2id", "length_penalty", "max_length", "min_length",              \
-      "no_repeat_ngram_size", "num_beam_groups", "num_beams", "num_return_sequences",              \
-      "output_attentions", "output_hidden_states", "output_scores", "prefix", "problem_type",      \
-      "pruned_heads", "remove_invalid_values", "repetition_penalty", "return_dict",                \
-      "return_dict_in_generate", "sep_token_id", "suppress_tokens", "task_specific_params",        \
-      "temperature", "tf_legacy_loss", "tie_encoder_decoder", "tokenizer_class", "top_k", "top_p", \
-      "torchscript", "typical_p", "use_bfloat16"
+// kIgnoredConfigKeys: Qwen2.5-VL's config keys that change nothing dray
+// computes (with JsonConfig::IgnorePretrainedConfigKeys).
+#define DRAY_IGNORED_CONFIG_KEYS                                                            \
+  "attention_dropout", "initializer_range", "max_position_embeddings", "max_window_layers", \
+      "sliding_window", "use_cache", "layer_types", "pad_token_id", "model_type",           \
+      "attention_bias", "name_or_path", "is_decoder"
 
 absl::Status RequireSilu(JsonConfig& json) {
   std::string act = "silu";
@@ -56,6 +45,7 @@ absl::StatusOr<VisionConfig> ReadVision(JsonConfig json) {
   VisionConfig c;
   // Generic keys that mean nothing to the vision tower (it has no LM head
   // and no tokens).
+  json.IgnorePretrainedConfigKeys();
   json.Ignore({DRAY_IGNORED_CONFIG_KEYS, "embed_dim", "spatial_patch_size", "tie_word_embeddings",
                "bos_token_id", "eos_token_id"});
   DRAY_RETURN_IF_ERROR(RequireSilu(json));
@@ -211,9 +201,11 @@ absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromJson(JsonConfig json) {
     return absl::UnimplementedError(
         absl::StrCat("model_type '", model_type, "' is not supported (qwen2_5_vl only)"));
   }
+  json.IgnorePretrainedConfigKeys();
   json.Ignore({DRAY_IGNORED_CONFIG_KEYS});
   DRAY_RETURN_IF_ERROR(ReadTextFields(json, c));
   DRAY_ASSIGN_OR_RETURN(JsonConfig text, json.Object("text_config"));
+  text.IgnorePretrainedConfigKeys();
   text.Ignore({DRAY_IGNORED_CONFIG_KEYS});
   DRAY_RETURN_IF_ERROR(ReadTextFields(text, c));
   DRAY_RETURN_IF_ERROR(text.Finish());
@@ -225,10 +217,7 @@ absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromJson(JsonConfig json) {
 }
 
 absl::StatusOr<TextEncoderConfig> TextEncoderConfig::FromFile(const std::string& path) {
-  DRAY_ASSIGN_OR_RETURN(JsonConfig json, JsonConfig::ReadFile(path));
-  absl::StatusOr<TextEncoderConfig> config = FromJson(std::move(json));
-  if (config.ok() || absl::StartsWith(config.status().message(), path)) return config;
-  return absl::Status(config.status().code(), absl::StrCat(path, ": ", config.status().message()));
+  return ReadConfigFile<TextEncoderConfig>(path);
 }
 
 std::string TextEncoderConfig::ToJson() const {

@@ -3,7 +3,6 @@
 #include <ATen/ops/empty.h>
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,6 +15,7 @@
 #include "runtime/io/safetensors.h"
 #include "workers/models/component_weights.h"
 #include "workers/models/layers.h"
+#include "workers/models/model_index.h"
 #include "workers/models/qwen_image/prompt_template.h"
 
 namespace dray::qwen_image {
@@ -23,47 +23,27 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Component {
-  const char* folder;
-  const char* library;
-  const char* class_name;
-};
-
-constexpr Component kComponents[] = {
-    {"scheduler", "diffusers", "FlowMatchEulerDiscreteScheduler"},
-    {"transformer", "diffusers", "QwenImageTransformer2DModel"},
-    {"vae", "diffusers", "AutoencoderKLQwenImage"},
-    {"text_encoder", "transformers", "Qwen2_5_VLForConditionalGeneration"},
-    {"tokenizer", "transformers", "Qwen2Tokenizer"},
-    {"processor", "transformers", "Qwen2VLProcessor"},
+// kComponents: what a Qwen-Image-Edit model_index.json names.
+const ModelComponent kComponents[] = {
+    {"scheduler", {{"diffusers", "FlowMatchEulerDiscreteScheduler"}}},
+    {"transformer", {{"diffusers", "QwenImageTransformer2DModel"}}},
+    {"vae", {{"diffusers", "AutoencoderKLQwenImage"}}},
+    {"text_encoder", {{"transformers", "Qwen2_5_VLForConditionalGeneration"}}},
+    {"tokenizer", {{"transformers", "Qwen2Tokenizer"}}},
+    {"processor", {{"transformers", "Qwen2VLProcessor"}}},
 };
 
 }  // namespace
 
 absl::StatusOr<EditPipelineKind> ReadEditPipelineKind(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "model_index.json").string();
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat(dir, " is not a diffusers model directory: no model_index.json"));
-  }
-  const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
-  for (const Component& component : kComponents) {
-    const nlohmann::json expected = {component.library, component.class_name};
-    if (!index.contains(component.folder) || index[component.folder] != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": component '", component.folder, "' must be ", expected.dump(), ", found ",
-          index.contains(component.folder) ? index[component.folder].dump() : "nothing"));
-    }
-  }
-  const nlohmann::json pipeline = index.value("_class_name", nlohmann::json());
+  DRAY_ASSIGN_OR_RETURN(ModelIndex index, ReadModelIndex(dir));
+  DRAY_RETURN_IF_ERROR(index.CheckComponents(kComponents));
+  const std::string pipeline = index.pipeline();
   if (pipeline == kEditPipelineClass) return EditPipelineKind::kEdit;
   if (pipeline == kEditPlusPipelineClass) return EditPipelineKind::kEditPlus;
-  return absl::InvalidArgumentError(absl::StrCat(path, ": _class_name must be ", kEditPipelineClass,
-                                                 " or ", kEditPlusPipelineClass, ", found ",
-                                                 pipeline.dump()));
+  return absl::InvalidArgumentError(absl::StrCat(index.path, ": _class_name must be ",
+                                                 kEditPipelineClass, " or ", kEditPlusPipelineClass,
+                                                 ", found \"", pipeline, "\""));
 }
 
 namespace {
@@ -266,18 +246,15 @@ absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std
                                                                        const ModelPreset& preset) {
   const fs::path root(dir);
   std::error_code error;
-  for (const Component& component : kComponents) {
+  for (const ModelComponent& component : kComponents) {
     fs::create_directories(root / component.folder, error);
     if (error)
       return absl::UnavailableError(absl::StrCat(
           "cannot create ", (root / component.folder).string(), ": ", error.message()));
   }
-  nlohmann::json index = {
-      {"_class_name", preset.pipeline == EditPipelineKind::kEditPlus ? kEditPlusPipelineClass
-                                                                     : kEditPipelineClass},
-      {"_diffusers_version", kDiffusersVersion}};
-  for (const Component& component : kComponents)
-    index[component.folder] = {component.library, component.class_name};
+  const nlohmann::json index = NewModelIndex(
+      preset.pipeline == EditPipelineKind::kEditPlus ? kEditPlusPipelineClass : kEditPipelineClass,
+      kComponents);
   DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", index.dump(2)));
   DRAY_RETURN_IF_ERROR(
       WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
