@@ -50,6 +50,7 @@ struct EditCommands::Flags {
   std::string instruction, out, server, model, lora, negative_prompt;
   std::optional<int64_t> steps, image_size, seed, width, height;
   std::optional<double> true_cfg_scale;
+  std::optional<double> guidance_scale;
   double timeout_s = 600;
   std::string token_file;  // the bearer token presented to --server
   TlsFlags tls;            // to reach a --server on TLS
@@ -127,6 +128,7 @@ absl::StatusOr<ImageEditConfig> ResolveEditConfig(const EditCommands::Flags& f) 
   if (f.steps) overrides.push_back(Override("num_inference_steps", *f.steps));
   if (f.image_size) overrides.push_back(Override("image_size", *f.image_size));
   if (f.true_cfg_scale) overrides.push_back(Override("true_cfg_scale", *f.true_cfg_scale));
+  if (f.guidance_scale) overrides.push_back(Override("guidance_scale", *f.guidance_scale));
   if (f.edit->count("--negative-prompt") > 0)
     overrides.push_back(Override("negative_prompt", f.negative_prompt));
   if (f.seed) overrides.push_back(Override("seed", *f.seed));
@@ -213,8 +215,8 @@ int EditOnServer(const EditCommands::Flags& f) {
     return Fail("edit", absl::InvalidArgumentError(absl::StrCat(
                             option,
                             ": with --server the server's configuration applies; per request "
-                            "only --steps, --true-cfg-scale, --negative-prompt, --seed, --width "
-                            "and --height can be set")));
+                            "only --steps, --true-cfg-scale, --guidance-scale, --negative-prompt, "
+                            "--seed, --width and --height can be set")));
   }
   absl::StatusOr<std::vector<Bytes>> images = ReadImages(f.images);
   if (!images.ok()) return Fail("edit", images.status());
@@ -225,6 +227,7 @@ int EditOnServer(const EditCommands::Flags& f) {
   request.set_instruction(f.instruction);
   if (f.steps) request.set_num_inference_steps(static_cast<int32_t>(*f.steps));
   if (f.true_cfg_scale) request.set_true_cfg_scale(*f.true_cfg_scale);
+  if (f.guidance_scale) request.set_guidance_scale(*f.guidance_scale);
   if (f.edit->count("--negative-prompt") > 0) request.set_negative_prompt(f.negative_prompt);
   if (f.seed) request.set_seed(*f.seed);
   request.set_width(static_cast<int32_t>(f.width.value_or(0)));
@@ -384,7 +387,8 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   const char* overrides_help =
       "configuration overrides, worker.image_edit.KEY=VALUE (after --config)";
 
-  f.edit = app.add_subcommand("edit", "edit an image by an instruction with Qwen-Image-Edit");
+  f.edit = app.add_subcommand(
+      "edit", "edit an image by an instruction with Qwen-Image-Edit or FLUX.1 Kontext");
   f.edit
       ->add_option("--image", f.images,
                    "input image (PNG or JPEG); repeated, pictures 1 to 3 for an Edit-Plus model "
@@ -401,9 +405,9 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option("--workers", f.workers, "local worker processes")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  f.edit->add_option(
-      "--model", f.model,
-      "a diffusers Qwen-Image-Edit directory (model_path); default: the embedded tiny model");
+  f.edit->add_option("--model", f.model,
+                     "a diffusers Qwen-Image-Edit or FLUX.1 Kontext directory (model_path; its "
+                     "model_index.json names the pipeline); default: the embedded tiny model");
   f.edit->add_option("--lora", f.lora,
                      "a LoRA file for the transformer (lora_path), e.g. what dray train writes");
   f.edit->add_option("--steps", f.steps, "denoising steps (num_inference_steps)")
@@ -411,6 +415,8 @@ EditCommands::EditCommands(CLI::App& app, std::string self) : flags_(std::make_u
   f.edit->add_option("--image-size", f.image_size,
                      "work at about this many pixels squared (image_size)");
   f.edit->add_option("--true-cfg-scale", f.true_cfg_scale, "guidance scale (true_cfg_scale)");
+  f.edit->add_option("--guidance-scale", f.guidance_scale,
+                     "FLUX.1 Kontext's embedded guidance (guidance_scale; default 3.5)");
   f.edit->add_option("--negative-prompt", f.negative_prompt,
                      "what to steer away from; \"\" turns guidance off");
   f.edit->add_option("--seed", f.seed, "noise seed: the same seed gives the same image");

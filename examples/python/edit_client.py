@@ -39,6 +39,8 @@ def main():
     parser.add_argument("--negative-prompt",
                         help='what to steer away from; "" turns guidance off (default: the server\'s)')
     parser.add_argument("--true-cfg-scale", type=float, help="guidance scale (default: the server's)")
+    parser.add_argument("--guidance-scale", type=float,
+                        help="embedded guidance of FLUX.1 Kontext models (default: the server's)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait")
     parser.add_argument("--token-file", help="a file with the token the server asks for")
     parser.add_argument("--tls-ca", help="the authority (PEM) that signed the server's certificate")
@@ -58,6 +60,8 @@ def main():
         request.negative_prompt = args.negative_prompt
     if args.true_cfg_scale is not None:
         request.true_cfg_scale = args.true_cfg_scale
+    if args.guidance_scale is not None:
+        request.guidance_scale = args.guidance_scale
 
     metadata = []
     if args.token_file:

@@ -74,6 +74,7 @@ constexpr absl::string_view kFields[] = {"prompt",
                                          "num_inference_steps",
                                          "seed",
                                          "true_cfg_scale",
+                                         "guidance_scale",
                                          "negative_prompt",
                                          "timeout",
                                          "mask"};
@@ -82,7 +83,7 @@ absl::Status UnknownField(absl::string_view name) {
   return FieldError(name,
                     "unknown field (dray reads image, prompt, n, size, response_format, "
                     "output_format, model, stream, partial_images, user, steps, seed, "
-                    "true_cfg_scale, negative_prompt, timeout)");
+                    "true_cfg_scale, guidance_scale, negative_prompt, timeout)");
 }
 
 // Parsed: the fields read so far.
@@ -131,6 +132,9 @@ absl::Status ApplyField(const std::string& name, const std::string& value, Parse
   } else if (name == "true_cfg_scale") {
     DRAY_ASSIGN_OR_RETURN(const double scale, PositiveField(name, value));
     row.set_true_cfg_scale(scale);
+  } else if (name == "guidance_scale") {
+    DRAY_ASSIGN_OR_RETURN(const double scale, PositiveField(name, value));
+    row.set_guidance_scale(scale);
   } else if (name == "negative_prompt") {
     row.set_negative_prompt(value);
   } else if (name == "timeout") {

@@ -9,7 +9,8 @@
 // fetched by URL), `output_format` (only "png"), `model` (checked by the
 // gateway), `stream` (server-sent events; n = 1) and `user` (ignored).
 // dray's own: `steps` (or `num_inference_steps`), `seed` (unset: a random
-// one, returned with each image), `true_cfg_scale`, `negative_prompt`,
+// one, returned with each image), `true_cfg_scale`, `guidance_scale`
+// (FLUX.1 Kontext), `negative_prompt`,
 // `timeout` (seconds, default 600). Any other field, `mask` included, is
 // INVALID_ARGUMENT naming it (FieldOf).
 //

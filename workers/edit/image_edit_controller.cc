@@ -61,12 +61,12 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
     DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(embedded->path()));
     model_path = embedded->path();
   }
-  DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
-  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
-                        BpeTokenizer::FromDirectory(model_path + "/tokenizer"));
+  DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_path));
+  DRAY_RETURN_IF_ERROR(config.CheckFamily(family));
+  if (family == ModelFamily::kQwenImage)
+    DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
+  DRAY_ASSIGN_OR_RETURN(controller->count_tokens_, PromptTokenCounterFor(model_path));
   DRAY_ASSIGN_OR_RETURN(controller->pipeline_, EditPipelineKindOf(config));
-  controller->count_tokens_ =
-      CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
   const Options& launch = controller->options_;
   SupervisedGroup::Options workers;
   workers.resources = {launch.nodes, launch.workers};

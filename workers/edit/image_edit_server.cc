@@ -249,6 +249,8 @@ absl::StatusOr<std::shared_ptr<QueuedEdit>> ImageEditServer::Impl::Prepare(
                                                                    : config.true_cfg_scale},
                    {"negative_prompt", request.has_negative_prompt() ? request.negative_prompt()
                                                                      : config.negative_prompt},
+                   {"guidance_scale", request.has_guidance_scale() ? request.guidance_scale()
+                                                                   : config.guidance_scale},
                    {"width", int64_t{request.width()}},
                    {"height", int64_t{request.height()}}};
   DRAY_ASSIGN_OR_RETURN(DataProto row_batch,

@@ -35,16 +35,18 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
   DRAY_ASSIGN_OR_RETURN(std::string yaml, input.GetMeta<std::string>("config"));
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, ImageEditConfig::FromYaml(yaml));
   // Nothing trains here: every shard is stored in the compute dtype.
-  auto freeze = [&config](qwen_image::QwenImageModel& model) -> absl::Status {
+  auto freeze = [&config](const EditModules& model) -> absl::Status {
     if (!config.lora_path.empty())
       DRAY_RETURN_IF_ERROR(LoadLoraAdapters(*model.transformer, config.lora_path).status());
-    const std::vector<std::shared_ptr<torch::nn::Module>> modules = {
-        model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
+    std::vector<std::shared_ptr<torch::nn::Module>> modules = {model.transformer, model.vae};
+    modules.insert(modules.end(), model.text_encoders.begin(), model.text_encoders.end());
     for (const auto& module : modules)
       for (auto& parameter : module->parameters()) parameter.set_requires_grad(false);
     return absl::OkStatus();
   };
   DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this, freeze));
+  DRAY_ASSIGN_OR_RETURN(pipeline_kind_, EditPipelineKindOf(model_->config));
+  DRAY_ASSIGN_OR_RETURN(count_tokens_, PromptTokenCounterFor(model_->config.model_path));
   return DataProto::Make({}, {}, model_->MemoryFigures(rank()));
 }
 
@@ -105,15 +107,22 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
     return absl::Status(stop.code(), absl::StrCat("not started: ", stop.message()));
   }
   // Admission again: a caller other than the controller gets the same limits.
-  DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, model_->config, model_->model().pipeline,
-                                      CountTokensWith(model_->model().tokenizer)));
+  DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, model_->config, pipeline_kind_, count_tokens_));
   DRAY_ASSIGN_OR_RETURN(std::vector<EditRow> rows, DecodeEditRows(batch, model_->config.seed));
   if (model_->edit_group) DRAY_RETURN_IF_ERROR(CheckSameRows(rows));
-  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options,
-                        EditOptionsFor(model_->config, batch.meta_info()));
   if (model_->config.enable_cpu_offload)
     DRAY_RETURN_IF_ERROR(model_->MoveParameters(model_->device));
-  std::vector<Image> edited;
+  absl::StatusOr<DataProto> answer = model_->family == ModelFamily::kFluxKontext
+                                         ? EditKontextRows(rows, batch.meta_info())
+                                         : EditRows(rows, batch.meta_info());
+  if (model_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(model_->MoveParameters(at::kCPU));
+  return answer;
+}
+
+absl::StatusOr<DataProto> QwenImageEditWorker::EditRows(const std::vector<EditRow>& rows,
+                                                        const MetaInfo& meta) {
+  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions options, EditOptionsFor(model_->config, meta));
+  std::vector<at::Tensor> edited;
   // Micro-batches of batch_size rows; the steps of all their denoising loops
   // make the call's progress.
   std::vector<std::vector<qwen_image::EditInput>> micro_batches;
@@ -141,13 +150,8 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
       passes.push_back(row.passes);
       reused.push_back(row.reused);
     }
-    for (const at::Tensor& image : images) {
-      DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));
-      edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)),
-                        static_cast<int32_t>(image.size(0)), 3, Bytes(std::move(png))});
-    }
+    edited.insert(edited.end(), images.begin(), images.end());
   }
-  if (model_->config.enable_cpu_offload) DRAY_RETURN_IF_ERROR(model_->MoveParameters(at::kCPU));
   at::Tensor counts = at::stack({at::tensor(passes, at::kLong), at::tensor(reused, at::kLong)});
   if (model_->edit_group != nullptr) {
     // Each CFG branch counted its own passes, each of its Ulysses ranks the
@@ -155,6 +159,46 @@ absl::StatusOr<DataProto> QwenImageEditWorker::EditImagesBatch(const DataProto& 
     if (counts.numel() > 0) DRAY_RETURN_IF_ERROR(model_->edit_group->AllReduce(counts));
     counts = counts.div(model_->config.ulysses_degree, "floor");
     if (model_->edit_group->rank() != 0) return DataProto();
+  }
+  return Answer(edited, counts);
+}
+
+absl::StatusOr<DataProto> QwenImageEditWorker::EditKontextRows(const std::vector<EditRow>& rows,
+                                                               const MetaInfo& meta) {
+  std::vector<flux::KontextOptions> options;
+  int64_t total_steps = 0;
+  for (const EditRow& row : rows) {
+    DRAY_ASSIGN_OR_RETURN(
+        options.emplace_back(),
+        KontextOptionsFor(model_->config, meta, row.images[0].size(1), row.images[0].size(0)));
+    total_steps += options.back().num_inference_steps;
+  }
+  std::vector<at::Tensor> edited;
+  std::vector<int64_t> passes;
+  int64_t done_before = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const flux::KontextEditInput input{rows[i].images[0], rows[i].instruction, rows[i].seed};
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> images,
+                          model_->kontext->Edit({input}, options[i], [&](int step, int) {
+                            ReportProgress(kDenoisingProgress, done_before + step, total_steps);
+                            return StopBetweenSteps(done_before + step, total_steps);
+                          }));
+    done_before += options[i].num_inference_steps;
+    const bool guided = options[i].true_cfg_scale > 1 && options[i].negative_prompt.has_value();
+    passes.push_back(options[i].num_inference_steps * (guided ? 2 : 1));
+    edited.push_back(images[0]);
+  }
+  const at::Tensor counts = at::tensor(passes, at::kLong);
+  return Answer(edited, at::stack({counts, at::zeros_like(counts)}));
+}
+
+absl::StatusOr<DataProto> QwenImageEditWorker::Answer(const std::vector<at::Tensor>& images,
+                                                      at::Tensor counts) {
+  std::vector<Image> edited;
+  for (const at::Tensor& image : images) {
+    DRAY_ASSIGN_OR_RETURN(std::string png, EncodePng(image.cpu()));
+    edited.push_back({Image::Format::kPng, static_cast<int32_t>(image.size(1)),
+                      static_cast<int32_t>(image.size(0)), 3, Bytes(std::move(png))});
   }
   return DataProto::Make({{kTransformerPassesColumn, counts[0]}, {kReusedPassesColumn, counts[1]}},
                          {{kEditedColumn, std::move(edited)}});

@@ -1,5 +1,6 @@
 // QwenImageEditWorker: the worker class behind dray's image editing, one
-// process per GPU, each holding Qwen-Image-Edit (sharded with FSDP's design
+// process per GPU, each holding the image-edit model its model directory
+// names (Qwen-Image-Edit, or FLUX.1 Kontext; sharded with FSDP's design
 // when enable_fsdp is set):
 //
 //   init_model         ONE_TO_ALL        meta "config": the resolved ImageEditConfig
@@ -70,7 +71,19 @@ class QwenImageEditWorker : public Worker {
   // edit group was given the same rows (the group computes them together).
   absl::Status CheckSameRows(const std::vector<EditRow>& rows);
 
+  // EditRows edits `rows` (micro-batches of batch_size) with the Qwen-Image
+  // pipeline, EditKontextRows with FLUX.1 Kontext's (each row at its own
+  // input's aspect ratio); both return edit_images_batch's answer.
+  absl::StatusOr<DataProto> EditRows(const std::vector<EditRow>& rows, const MetaInfo& meta);
+  absl::StatusOr<DataProto> EditKontextRows(const std::vector<EditRow>& rows,
+                                            const MetaInfo& meta);
+  // Answer: the edited images and each row's transformer passes (and those
+  // a step cache reused), as edit_images_batch returns them.
+  absl::StatusOr<DataProto> Answer(const std::vector<at::Tensor>& images, at::Tensor counts);
+
   std::unique_ptr<EditModel> model_;  // set by init_model
+  qwen_image::EditPipelineKind pipeline_kind_ = qwen_image::EditPipelineKind::kEdit;
+  PromptTokenCounter count_tokens_;
 };
 
 }  // namespace dray

@@ -10,7 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "workers/image/image_codec.h"
+#include "workers/models/model_index.h"
+#include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
+#include "workers/models/t5/tokenizer.h"
 
 namespace dray {
 namespace {
@@ -272,7 +275,25 @@ absl::StatusOr<DataProto> WithSeeds(const DataProto& batch, int64_t first_seed) 
 
 absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditConfig& config) {
   if (config.model_path.empty()) return qwen_image::PresetNamed("embedded").value().pipeline;
+  DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(config.model_path));
+  // FLUX.1 Kontext edits one picture, as Qwen-Image-Edit does.
+  if (family == ModelFamily::kFluxKontext) return qwen_image::EditPipelineKind::kEdit;
   return qwen_image::ReadEditPipelineKind(config.model_path);
+}
+
+absl::StatusOr<PromptTokenCounter> PromptTokenCounterFor(const std::string& model_dir) {
+  DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_dir));
+  if (family == ModelFamily::kFluxKontext) {
+    DRAY_ASSIGN_OR_RETURN(t5::Tokenizer tokenizer,
+                          t5::Tokenizer::FromDirectory(model_dir + "/tokenizer_2"));
+    return PromptTokenCounter([tokenizer = std::make_shared<const t5::Tokenizer>(
+                                   std::move(tokenizer))](absl::string_view text) {
+      return static_cast<int64_t>(tokenizer->EncodeUnpadded(text).size());
+    });
+  }
+  DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
+                        BpeTokenizer::FromDirectory(model_dir + "/tokenizer"));
+  return CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
 }
 
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
@@ -318,6 +339,26 @@ absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& co
   if (!negative.empty()) options.negative_prompt = negative;
   if (width != 0) options.width = width;
   if (height != 0) options.height = height;
+  return options;
+}
+
+absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& config,
+                                                       const MetaInfo& meta, int64_t input_width,
+                                                       int64_t input_height) {
+  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions edit, EditOptionsFor(config, meta));
+  flux::KontextOptions options;
+  options.num_inference_steps = edit.num_inference_steps;
+  options.true_cfg_scale = edit.true_cfg_scale;
+  options.negative_prompt = edit.negative_prompt;
+  DRAY_ASSIGN_OR_RETURN(options.guidance_scale,
+                        MetaOr<double>(meta, "guidance_scale", config.guidance_scale));
+  if (!(options.guidance_scale >= 0 && options.guidance_scale <= 100)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("guidance_scale must lie in [0, 100], got ", options.guidance_scale));
+  }
+  options.max_area = config.image_size * config.image_size;
+  options.width = edit.width.value_or(input_width);
+  options.height = edit.height.value_or(input_height);
   return options;
 }
 

@@ -12,7 +12,8 @@
 //
 // Meta info may override the worker's configuration for one call:
 // num_inference_steps, true_cfg_scale, negative_prompt ("" turns guidance
-// off), width and height (0 follows the input's aspect ratio).
+// off), guidance_scale (FLUX.1 Kontext), width and height (0 follows the
+// input's aspect ratio).
 //
 //   DRAY_ASSIGN_OR_RETURN(DataProto batch, MakeEditBatch(images, instructions, seeds));
 //   DRAY_RETURN_IF_ERROR(CheckEditBatch(batch, config, kind, tokens));  // headers only
@@ -32,6 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "dispatch/data_proto.h"
 #include "workers/models/bpe_tokenizer.h"
+#include "workers/models/flux/kontext_helpers.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/pipeline/edit_config.h"
 
@@ -95,6 +97,11 @@ using PromptTokenCounter = std::function<int64_t(absl::string_view text)>;
 // CountTokensWith counts with `tokenizer`.
 PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer);
 
+// PromptTokenCounterFor counts with the prompt tokenizer of the model
+// directory `model_dir`: Qwen-Image's, or FLUX.1 Kontext's T5 (CLIP sees
+// at most 77 tokens, as in diffusers).
+absl::StatusOr<PromptTokenCounter> PromptTokenCounterFor(const std::string& model_dir);
+
 // CheckEditBatch is admission: it makes DecodeEditRows' checks from the
 // image headers alone (no pixel is decoded; PNG and JPEG bodies are first
 // read by the worker), holds each row's pictures to what a pipeline of
@@ -120,6 +127,13 @@ absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditC
 // the batch's meta info (keys above; a wrong type is INVALID_ARGUMENT).
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
                                                        const MetaInfo& meta);
+
+// KontextOptionsFor: the same for FLUX.1 Kontext (guidance_scale from the
+// meta info or `config`; the output at about image_size^2 pixels, at the
+// requested or the input's aspect ratio, `input_width` x `input_height`).
+absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& config,
+                                                       const MetaInfo& meta, int64_t input_width,
+                                                       int64_t input_height);
 
 }  // namespace dray
 

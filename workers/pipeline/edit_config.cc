@@ -27,6 +27,8 @@ absl::Status ImageEditConfig::Validate() const {
     return bad("max_prompt_tokens", absl::StrCat("must lie in [1, ", kMaxPromptTokens, "]"));
   if (c.num_inference_steps < 1) return bad("num_inference_steps", "must be at least 1");
   if (!(c.true_cfg_scale >= 0)) return bad("true_cfg_scale", "must be >= 0");
+  if (!(c.guidance_scale >= 0 && c.guidance_scale <= 100))
+    return bad("guidance_scale", "must lie in [0, 100]");
   if (c.seed < 0) return bad("seed", "must be >= 0");
   if (c.torch_dtype != "float32" && c.torch_dtype != "bfloat16" && c.torch_dtype != "float16" &&
       c.torch_dtype != "float64") {
@@ -79,6 +81,7 @@ std::vector<ConfigKey> ImageEditConfigKeys(ImageEditConfig& c) {
       Key(s + "max_pixels", c.max_pixels, "an integer"),
       Key(s + "max_prompt_tokens", c.max_prompt_tokens, "an integer"),
       Key(s + "true_cfg_scale", c.true_cfg_scale, "a number"),
+      Key(s + "guidance_scale", c.guidance_scale, "a number"),
       Key(s + "num_inference_steps", c.num_inference_steps, "an integer"),
       Key(s + "negative_prompt", c.negative_prompt, "a string"),
       Key(s + "seed", c.seed, "an integer"),
@@ -104,6 +107,27 @@ void ImageEditConfig::UseEmbeddedDefaults() {
   negative_prompt = "";  // it was trained without guidance
 }
 
+absl::Status ImageEditConfig::CheckFamily(ModelFamily family) const {
+  if (family != ModelFamily::kFluxKontext) return absl::OkStatus();
+  if (RanksPerEdit() != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        EditLayout(), ": CFG and Ulysses parallelism run Qwen-Image models; ", model_path,
+        " is FLUX.1 Kontext, whose edits run on one rank each (set both to 1)"));
+  }
+  if (step_cache_threshold > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(kConfigSection, ".step_cache_threshold: step caching runs Qwen-Image models; ",
+                     model_path, " is FLUX.1 Kontext (set it to 0)"));
+  }
+  return absl::OkStatus();
+}
+
+void ImageEditConfig::UseKontextDefaults() {
+  num_inference_steps = 28;
+  negative_prompt = "";
+  true_cfg_scale = 1.0;
+}
+
 absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_path,
                                                       const std::vector<std::string>& overrides,
                                                       const std::vector<ConfigKey>& more_keys) {
@@ -120,10 +144,16 @@ absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_pa
     return config;
   };
   DRAY_ASSIGN_OR_RETURN(ImageEditConfig config, resolve(ImageEditConfig()));
-  if (!config.model_path.empty()) return config;
-  ImageEditConfig embedded;  // what the tiny model needs: unset keys take these instead
-  embedded.UseEmbeddedDefaults();
-  return resolve(embedded);
+  ImageEditConfig defaults;  // what the model needs: unset keys take these instead
+  if (config.model_path.empty()) {
+    defaults.UseEmbeddedDefaults();
+  } else if (ReadModelFamily(config.model_path).value_or(ModelFamily::kQwenImage) ==
+             ModelFamily::kFluxKontext) {
+    defaults.UseKontextDefaults();
+  } else {
+    return config;
+  }
+  return resolve(defaults);
 }
 
 absl::StatusOr<ImageEditConfig> ImageEditConfig::FromYaml(const std::string& text) {

@@ -15,6 +15,8 @@
 // With no model_path, dray runs its embedded default, the tiny model that
 // `dray init-model --preset tiny` writes; keys the file and overrides leave
 // unset then default to what suits it (20 steps at 256^2, not 50 at 1024^2).
+// A FLUX.1 Kontext model_path likewise takes diffusers' FluxKontextPipeline
+// defaults (28 steps, guidance_scale 3.5, no true CFG).
 //
 // An unknown key, a wrong type or an out-of-range value is INVALID_ARGUMENT
 // naming the key (and, for unknown keys, listing the valid ones).
@@ -27,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "workers/config/yaml_config.h"
+#include "workers/models/model_index.h"
 
 namespace dray {
 
@@ -56,6 +59,9 @@ struct ImageEditConfig {
   int64_t max_pixels = int64_t{1024} * 1024;  // largest output (width x height) a row may ask
   int64_t max_prompt_tokens = 1024;           // longest instruction or negative prompt, in tokens
   double true_cfg_scale = 4.0;
+  // Guidance-distilled models (FLUX.1 Kontext): the guidance strength the
+  // transformer embeds (one pass per step). Qwen-Image has none.
+  double guidance_scale = 3.5;
   int64_t num_inference_steps = 50;
   std::string negative_prompt = " ";  // empty: no guidance
   int64_t seed = 42;
@@ -79,6 +85,10 @@ struct ImageEditConfig {
   int64_t RanksPerEdit() const { return cfg_parallel_size * ulysses_degree; }
   // EditLayout names the keys that set RanksPerEdit and their values.
   std::string EditLayout() const;
+  // CheckFamily: UNIMPLEMENTED naming the key when the configuration asks
+  // what `family`'s models do not run (FLUX.1 Kontext: CFG and Ulysses
+  // parallelism, step caching).
+  absl::Status CheckFamily(ModelFamily family) const;
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.
@@ -98,6 +108,9 @@ struct ImageEditConfig {
   // kEmbeddedImageSize^2, the text encoder's pictures at that size too, no
   // guidance), for keys a file and overrides leave unset.
   void UseEmbeddedDefaults();
+  // UseKontextDefaults sets FluxKontextPipeline's defaults likewise: 28
+  // steps, no negative prompt (guidance is embedded, not true CFG).
+  void UseKontextDefaults();
 };
 
 // ImageEditConfigKeys binds the `worker.image_edit.*` keys to `config`

@@ -15,6 +15,7 @@
 #include "base/process_memory.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/replicate.h"
+#include "workers/models/flux/model.h"
 #include "workers/models/qwen_image/embedded_model.h"
 #include "workers/models/qwen_image/model.h"
 
@@ -41,10 +42,27 @@ bool Frozen(const torch::nn::Module& module) {
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
-// WholeModels: transformer, text encoder and VAE, as plain modules.
-std::vector<std::shared_ptr<torch::nn::Module>> WholeModels(
-    const qwen_image::QwenImageModel& model) {
-  return {model.transformer.ptr(), model.text_encoder.ptr(), model.vae.ptr()};
+// Whole: every module of `modules`.
+std::vector<std::shared_ptr<torch::nn::Module>> Whole(const EditModules& modules) {
+  std::vector<std::shared_ptr<torch::nn::Module>> all = {modules.transformer, modules.vae};
+  all.insert(all.end(), modules.text_encoders.begin(), modules.text_encoders.end());
+  return all;
+}
+
+// Replicated: the modules FSDP does not shard (the VAE, text encoders after the first).
+std::vector<std::shared_ptr<torch::nn::Module>> Replicated(const EditModules& modules) {
+  std::vector<std::shared_ptr<torch::nn::Module>> replicated = {modules.vae};
+  replicated.insert(replicated.end(), modules.text_encoders.begin() + 1,
+                    modules.text_encoders.end());
+  return replicated;
+}
+
+EditModules ModulesOf(const qwen_image::QwenImageModel& model) {
+  return {model.transformer.ptr(), {model.text_encoder.ptr()}, model.vae.ptr()};
+}
+
+EditModules ModulesOf(const flux::FluxKontextModel& model) {
+  return {model.transformer.ptr(), {model.t5.ptr(), model.clip.ptr()}, model.vae.ptr()};
 }
 
 int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
@@ -55,13 +73,21 @@ int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modul
 
 }  // namespace
 
+EditModules EditModel::modules() {
+  return family == ModelFamily::kFluxKontext ? ModulesOf(kontext->model())
+                                             : ModulesOf(pipeline->model());
+}
+
 int64_t EditModel::BlockModelBytes() {
+  const EditModules parts = modules();
   if (transformer_shards == nullptr)
-    return ModelsBytes({model().transformer.ptr(), model().text_encoder.ptr()});
+    return ModelsBytes({parts.transformer, parts.text_encoders[0]});
   return transformer_shards->LocalBytes().parameters + text_encoder_shards->LocalBytes().parameters;
 }
 
-int64_t EditModel::ParameterBytes() { return BlockModelBytes() + ModuleBytes(*model().vae); }
+int64_t EditModel::ParameterBytes() {
+  return BlockModelBytes() + ModelsBytes(Replicated(modules()));
+}
 
 MetaInfo EditModel::MemoryFigures(int rank) {
   return {{"rank", int64_t{rank}},
@@ -72,16 +98,17 @@ MetaInfo EditModel::MemoryFigures(int rank) {
 
 absl::Status EditModel::MoveParameters(at::Device target) {
   torch::NoGradGuard no_grad;
+  const EditModules parts = modules();
   if (transformer_shards != nullptr) {
     DRAY_RETURN_IF_ERROR(target.is_cpu() ? transformer_shards->Offload()
                                          : transformer_shards->Load(target));
     DRAY_RETURN_IF_ERROR(target.is_cpu() ? text_encoder_shards->Offload()
                                          : text_encoder_shards->Load(target));
   } else {
-    model().transformer->to(target);
-    model().text_encoder->to(target);
+    parts.transformer->to(target);
+    parts.text_encoders[0]->to(target);
   }
-  model().vae->to(target);
+  for (const auto& module : Replicated(parts)) module->to(target);
   return absl::OkStatus();
 }
 
@@ -144,6 +171,55 @@ absl::Status JoinEditGroups(EditModel& model, Worker& worker) {
 
 }  // namespace
 
+namespace {
+
+// LoadedModel: a model read from its directory, before sharding.
+struct LoadedModel {
+  EditModules modules;
+  // The blocks FSDP shards, of the transformer and of the first text encoder.
+  std::vector<std::shared_ptr<torch::nn::Module>> transformer_blocks, text_encoder_blocks;
+  // SetUnitHooks hands the two models their shards.
+  std::function<void(UnitHooks* transformer, UnitHooks* text_encoder)> set_unit_hooks;
+  // Adopt moves the model into `state`'s pipeline.
+  std::function<void(EditModel& state)> adopt;
+};
+
+absl::StatusOr<LoadedModel> LoadQwenImage(const std::string& dir, at::TensorOptions options,
+                                          Weights weights) {
+  DRAY_ASSIGN_OR_RETURN(qwen_image::QwenImageModel read,
+                        qwen_image::LoadQwenImageModel(dir, options, weights));
+  auto model = std::make_shared<qwen_image::QwenImageModel>(std::move(read));
+  LoadedModel loaded{ModulesOf(*model),
+                     {model->transformer->blocks()->begin(), model->transformer->blocks()->end()},
+                     model->text_encoder->blocks()};
+  loaded.set_unit_hooks = [model](UnitHooks* transformer, UnitHooks* text_encoder) {
+    model->transformer->set_unit_hooks(transformer);
+    model->text_encoder->set_unit_hooks(text_encoder);
+  };
+  loaded.adopt = [model](EditModel& state) {
+    state.pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(*model));
+  };
+  return loaded;
+}
+
+absl::StatusOr<LoadedModel> LoadFluxKontext(const std::string& dir, at::TensorOptions options,
+                                            Weights weights) {
+  DRAY_ASSIGN_OR_RETURN(flux::FluxKontextModel read,
+                        flux::LoadFluxKontextModel(dir, options, weights));
+  auto model = std::make_shared<flux::FluxKontextModel>(std::move(read));
+  LoadedModel loaded{ModulesOf(*model), model->transformer->blocks(), model->t5->blocks()};
+  loaded.set_unit_hooks = [model](UnitHooks* transformer, UnitHooks* text_encoder) {
+    model->transformer->set_unit_hooks(transformer);
+    model->t5->set_unit_hooks(text_encoder);
+  };
+  loaded.adopt = [model](EditModel& state) {
+    state.kontext = std::make_unique<flux::FluxKontextPipeline>(std::move(*model));
+  };
+  return loaded;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& config,
                                                          Worker& worker,
                                                          const BeforeSharding& before_sharding) {
@@ -154,6 +230,8 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
     DRAY_RETURN_IF_ERROR(qwen_image::WriteEmbeddedModel(state->embedded->path()));
     state->config.model_path = state->embedded->path();
   }
+  DRAY_ASSIGN_OR_RETURN(state->family, ReadModelFamily(state->config.model_path));
+  DRAY_RETURN_IF_ERROR(config.CheckFamily(state->family));
   DRAY_ASSIGN_OR_RETURN(state->device, ParseDevice(config.device));
   const at::ScalarType dtype = ComputeDtype(config);
   auto log = [&](const char* phase, int64_t parameter_bytes) {
@@ -172,12 +250,14 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
   const at::TensorOptions options = at::TensorOptions()
                                         .device(state->device)
                                         .dtype(config.enable_fsdp ? MasterDtype(dtype) : dtype);
-  DRAY_ASSIGN_OR_RETURN(
-      qwen_image::QwenImageModel model,
-      qwen_image::LoadQwenImageModel(state->config.model_path, options,
-                                     receives ? Weights::kShapeOnly : Weights::kRead));
-  log(receives ? "built shape-only" : "weights read", ModelsBytes(WholeModels(model)));
-  if (before_sharding) DRAY_RETURN_IF_ERROR(before_sharding(model));
+  const Weights weights = receives ? Weights::kShapeOnly : Weights::kRead;
+  DRAY_ASSIGN_OR_RETURN(LoadedModel loaded,
+                        state->family == ModelFamily::kFluxKontext
+                            ? LoadFluxKontext(state->config.model_path, options, weights)
+                            : LoadQwenImage(state->config.model_path, options, weights));
+  const EditModules& modules = loaded.modules;
+  log(receives ? "built shape-only" : "weights read", ModelsBytes(Whole(modules)));
+  if (before_sharding) DRAY_RETURN_IF_ERROR(before_sharding(modules));
 
   Communicator* group = nullptr;
   if (sends || config.enable_fsdp) {
@@ -186,24 +266,21 @@ absl::StatusOr<std::unique_ptr<EditModel>> LoadEditModel(const ImageEditConfig& 
   if (config.enable_fsdp) {
     DRAY_ASSIGN_OR_RETURN(ShardingOptions sharding, EditSharding(config, worker));
     sharding.sync_module_states = sends;
-    std::vector<std::shared_ptr<torch::nn::Module>> blocks(model.transformer->blocks()->begin(),
-                                                           model.transformer->blocks()->end());
     DRAY_ASSIGN_OR_RETURN(
         state->transformer_shards,
-        FullyShardedModule::Shard(model.transformer.ptr(), blocks, group, sharding));
+        FullyShardedModule::Shard(modules.transformer, loaded.transformer_blocks, group, sharding));
     DRAY_ASSIGN_OR_RETURN(state->text_encoder_shards,
-                          FullyShardedModule::Shard(model.text_encoder.ptr(),
-                                                    model.text_encoder->blocks(), group, sharding));
-    model.transformer->set_unit_hooks(state->transformer_shards.get());
-    model.text_encoder->set_unit_hooks(state->text_encoder_shards.get());
-    if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*model.vae, group));
-    if (dtype != MasterDtype(dtype) && Frozen(*model.vae))
-      model.vae->to(dtype);  // else FSDP's masters
+                          FullyShardedModule::Shard(modules.text_encoders[0],
+                                                    loaded.text_encoder_blocks, group, sharding));
+    loaded.set_unit_hooks(state->transformer_shards.get(), state->text_encoder_shards.get());
+    for (const auto& module : Replicated(modules)) {
+      if (sends) DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
+      if (dtype != MasterDtype(dtype) && Frozen(*module)) module->to(dtype);  // else FSDP's masters
+    }
   } else if (sends) {
-    for (const auto& module : WholeModels(model))
-      DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
+    for (const auto& module : Whole(modules)) DRAY_RETURN_IF_ERROR(BroadcastModule(*module, group));
   }
-  state->pipeline = std::make_unique<qwen_image::QwenImageEditPipeline>(std::move(model));
+  loaded.adopt(*state);
   DRAY_RETURN_IF_ERROR(JoinEditGroups(*state, worker));
   log(state->sharded() ? "sharded" : sends ? "received" : "ready", state->ParameterBytes());
   if (config.enable_cpu_offload) {

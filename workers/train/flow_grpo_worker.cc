@@ -744,8 +744,18 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   const TrainConfig& config = state->config;
   ImageEditConfig model_config = config.model;
   model_config.enable_fsdp = true;  // training always shards (NO_SHARD is DDP)
-  auto freeze = [&config](qwen_image::QwenImageModel& model) -> absl::Status {
-    for (auto& parameter : model.text_encoder->parameters()) parameter.set_requires_grad(false);
+  if (!model_config.model_path.empty()) {
+    DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_config.model_path));
+    if (family != ModelFamily::kQwenImage) {
+      return absl::UnimplementedError(
+          absl::StrCat(model_config.model_path,
+                       " is a FLUX.1 Kontext model: dray edits and serves it; training it (SFT, "
+                       "Flow-GRPO) is not in dray yet. Train a Qwen-Image-Edit model."));
+    }
+  }
+  auto freeze = [&config](const EditModules& model) -> absl::Status {
+    for (const auto& text_encoder : model.text_encoders)
+      for (auto& parameter : text_encoder->parameters()) parameter.set_requires_grad(false);
     if (config.vae()) {  // the VAE alone trains
       for (auto& parameter : model.transformer->parameters()) parameter.set_requires_grad(false);
       return absl::OkStatus();

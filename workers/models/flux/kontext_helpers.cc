@@ -43,8 +43,10 @@ absl::StatusOr<KontextSizes> ComputeKontextSizes(int64_t image_width, int64_t im
     for (const auto& [w, h] : kPreferredKontextResolutions) {
       best = std::min(best, {std::abs(image_aspect - static_cast<double>(w) / h), w, h});
     }
-    width = std::get<1>(best);
-    height = std::get<2>(best);
+    // The preferred sizes are about 1024^2 pixels: scaled to max_area.
+    const double scale = std::sqrt(static_cast<double>(options.max_area)) / 1024;
+    width = PythonRound(std::get<1>(best) * scale);
+    height = PythonRound(std::get<2>(best) * scale);
   }
   sizes.image_width = Floor(width, multiple);
   sizes.image_height = Floor(height, multiple);

@@ -32,7 +32,8 @@ struct KontextOptions {
   // (default: 1024 x 1024), floored to 2 x the VAE scale factor.
   std::optional<int64_t> width, height;
   int64_t max_area = 1024 * 1024;
-  // Resize the input image to the nearest preferred resolution.
+  // Resize the input image to the nearest preferred resolution (scaled to
+  // max_area pixels: diffusers' at its default 1024^2).
   bool auto_resize = true;
   int64_t max_sequence_length = 512;  // T5 tokens
 };
