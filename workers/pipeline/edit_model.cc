@@ -169,10 +169,6 @@ absl::Status JoinEditGroups(EditModel& model, Worker& worker) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
 // LoadedModel: a model read from its directory, before sharding.
 struct LoadedModel {
   EditModules modules;
