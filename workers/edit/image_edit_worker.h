@@ -75,8 +75,7 @@ class QwenImageEditWorker : public Worker {
   // pipeline, EditKontextRows with FLUX.1 Kontext's (each row at its own
   // input's aspect ratio); both return edit_images_batch's answer.
   absl::StatusOr<DataProto> EditRows(const std::vector<EditRow>& rows, const MetaInfo& meta);
-  absl::StatusOr<DataProto> EditKontextRows(const std::vector<EditRow>& rows,
-                                            const MetaInfo& meta);
+  absl::StatusOr<DataProto> EditKontextRows(const std::vector<EditRow>& rows, const MetaInfo& meta);
   // Answer: the edited images and each row's transformer passes (and those
   // a step cache reused), as edit_images_batch returns them.
   absl::StatusOr<DataProto> Answer(const std::vector<at::Tensor>& images, at::Tensor counts);
