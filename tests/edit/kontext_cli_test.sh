@@ -61,6 +61,13 @@ port=$(sed -n 's/.*ImageEditService on [^ ]*:\([0-9][0-9]*\) .*/\1/p' "$out/serv
 [[ -n "$port" ]] || fail "dray serve did not say where it listens"
 grep -q "guidance_scale: 3.5" "$out/serve.log" || fail "the server did not take Kontext's defaults"
 
+# A NaN guidance is refused at admission (it once wedged the server's batching).
+if "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction x --guidance-scale nan \
+  --timeout 60 --out "$out/never.png" 2>"$out/nan.txt"; then
+  fail "a NaN guidance_scale was accepted"
+fi
+grep -q "INVALID_ARGUMENT.*guidance_scale must lie in \[0, 100\], got nan" "$out/nan.txt" ||
+  fail "unexpected error: $(cat "$out/nan.txt")"
 PYTHONPATH="$root/proto" /usr/bin/python3 "$root/examples/python/edit_client.py" --server "127.0.0.1:$port" \
   --image "$image" --instruction "add a red hat" --seed 5 --guidance-scale 2.5 --out "$out/python.png" >/dev/null
 "$dray" edit --server "127.0.0.1:$port" --image "$image" --instruction "add a red hat" --seed 5 \

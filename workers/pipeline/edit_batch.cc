@@ -296,8 +296,24 @@ absl::StatusOr<PromptTokenCounter> PromptTokenCounterFor(const std::string& mode
   return CountTokensWith(std::make_shared<const BpeTokenizer>(std::move(tokenizer)));
 }
 
+namespace {
+
+// GuidanceScaleFor: the embedded guidance of guidance-distilled models
+// (FLUX.1 Kontext), from the meta info or `config`, in [0, 100] (NaN refused).
+absl::StatusOr<double> GuidanceScaleFor(const ImageEditConfig& config, const MetaInfo& meta) {
+  DRAY_ASSIGN_OR_RETURN(const double scale,
+                        MetaOr<double>(meta, "guidance_scale", config.guidance_scale));
+  if (scale >= 0 && scale <= 100) return scale;
+  return absl::InvalidArgumentError(
+      absl::StrCat("guidance_scale must lie in [0, 100], got ", scale));
+}
+
+}  // namespace
+
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
                                                        const MetaInfo& meta) {
+  // Checked for every family, so that admission refuses it for all alike.
+  DRAY_RETURN_IF_ERROR(GuidanceScaleFor(config, meta).status());
   qwen_image::EditOptions options;
   options.image_size = config.image_size;
   options.condition_image_size = config.condition_image_size;
@@ -350,12 +366,7 @@ absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& co
   options.num_inference_steps = edit.num_inference_steps;
   options.true_cfg_scale = edit.true_cfg_scale;
   options.negative_prompt = edit.negative_prompt;
-  DRAY_ASSIGN_OR_RETURN(options.guidance_scale,
-                        MetaOr<double>(meta, "guidance_scale", config.guidance_scale));
-  if (!(options.guidance_scale >= 0 && options.guidance_scale <= 100)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("guidance_scale must lie in [0, 100], got ", options.guidance_scale));
-  }
+  DRAY_ASSIGN_OR_RETURN(options.guidance_scale, GuidanceScaleFor(config, meta));
   options.max_area = config.image_size * config.image_size;
   options.width = edit.width.value_or(input_width);
   options.height = edit.height.value_or(input_height);

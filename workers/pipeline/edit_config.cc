@@ -124,6 +124,7 @@ absl::Status ImageEditConfig::CheckFamily(ModelFamily family) const {
 
 void ImageEditConfig::UseKontextDefaults() {
   num_inference_steps = 28;
+  max_prompt_tokens = 512;  // T5's max_sequence_length: longer prompts refused, not cut
   negative_prompt = "";
   true_cfg_scale = 1.0;
 }

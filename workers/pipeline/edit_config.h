@@ -109,7 +109,8 @@ struct ImageEditConfig {
   // guidance), for keys a file and overrides leave unset.
   void UseEmbeddedDefaults();
   // UseKontextDefaults sets FluxKontextPipeline's defaults likewise: 28
-  // steps, no negative prompt (guidance is embedded, not true CFG).
+  // steps, no negative prompt (guidance is embedded, not true CFG), at most
+  // 512 prompt tokens (T5's max_sequence_length, which diffusers truncates to).
   void UseKontextDefaults();
 };
 

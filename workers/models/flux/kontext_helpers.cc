@@ -37,7 +37,8 @@ absl::StatusOr<KontextSizes> ComputeKontextSizes(int64_t image_width, int64_t im
   // The input: floored (the image processor's default size), then the
   // nearest preferred resolution, floored again.
   int64_t width = Floor(image_width, multiple), height = Floor(image_height, multiple);
-  if (options.auto_resize && width > 0 && height > 0) {
+  // As diffusers, the floored size's aspect ratio picks (a width of 0 the narrowest).
+  if (options.auto_resize && height > 0) {
     const double image_aspect = static_cast<double>(width) / static_cast<double>(height);
     std::tuple<double, int64_t, int64_t> best{INFINITY, 0, 0};
     for (const auto& [w, h] : kPreferredKontextResolutions) {
@@ -52,9 +53,10 @@ absl::StatusOr<KontextSizes> ComputeKontextSizes(int64_t image_width, int64_t im
   sizes.image_height = Floor(height, multiple);
   if (sizes.width <= 0 || sizes.height <= 0 || sizes.image_width <= 0 || sizes.image_height <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("edit: an input of ", image_width, "x", image_height, " and an output of ",
-                     sizes.width, "x", sizes.height, " must each be at least one latent token (",
-                     multiple, " pixels) a side"));
+        absl::StrCat("edit: the input (", image_width, "x", image_height, ") and the output (",
+                     sizes.width, "x", sizes.height, ": about ", options.max_area,
+                     " pixels at the aspect ratio ", requested_width, ":", requested_height,
+                     ") must each be at least one latent token (", multiple, " pixels) a side"));
   }
   return sizes;
 }
