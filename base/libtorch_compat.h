@@ -5,10 +5,13 @@
 #define DRAY_BASE_LIBTORCH_COMPAT_H_
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 #include <torch/version.h>
 
+#include <cstddef>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace c10d {
 struct TCPStoreOptions;
@@ -18,6 +21,10 @@ namespace dray {
 
 // kLibTorchVersion: "MAJOR.MINOR.PATCH" of the LibTorch dray was built with.
 inline const std::string kLibTorchVersion = TORCH_VERSION;
+
+// kLibTorch2: LibTorch 2 or later, for code that models what the version
+// does (the memory plan: zero_grad frees gradients, products keep less).
+inline constexpr bool kLibTorch2 = TORCH_VERSION_MAJOR >= 2;
 
 // kHasFusedAttention: whether at::scaled_dot_product_attention exists
 // (LibTorch 2.0 and later): flash, memory-efficient and cuDNN kernels on a
@@ -39,6 +46,40 @@ OptimizerStateKeyType OptimizerStateKey(const at::Tensor& parameter);
 // From 2.4 it defaults to a libuv one, which Debian 13's LibTorch is built
 // without ("use_libuv was requested but PyTorch was build without libuv").
 void UseClassicTcpStore(c10d::TCPStoreOptions& options);
+
+namespace compat_internal {
+
+// ConstAllocate: whether c10::Allocator::allocate is const (it is not from
+// LibTorch 2.3 on, which also asks allocators for copy_data).
+template <typename Allocator, typename = void>
+struct ConstAllocate : std::false_type {};
+template <typename Allocator>
+struct ConstAllocate<Allocator,
+                     std::void_t<decltype(std::declval<const Allocator&>().allocate(size_t{0}))>>
+    : std::true_type {};
+
+template <typename Allocator, bool = ConstAllocate<Allocator>::value>
+class CpuAllocatorBase : public Allocator {
+ public:
+  virtual c10::DataPtr Allocate(size_t bytes) const = 0;
+  c10::DataPtr allocate(size_t bytes) const override { return Allocate(bytes); }
+};
+
+template <typename Allocator>
+class CpuAllocatorBase<Allocator, false> : public Allocator {
+ public:
+  virtual c10::DataPtr Allocate(size_t bytes) const = 0;
+  c10::DataPtr allocate(size_t bytes) override { return Allocate(bytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    this->default_copy_data(dest, src, count);  // memcpy
+  }
+};
+
+}  // namespace compat_internal
+
+// CpuAllocator: a c10::Allocator of CPU memory written once for every
+// LibTorch: a subclass defines `c10::DataPtr Allocate(size_t) const`.
+using CpuAllocator = compat_internal::CpuAllocatorBase<c10::Allocator>;
 
 }  // namespace dray
 

@@ -2,8 +2,8 @@
 // library: worker processes (runtime/worker/worker_process.h), benchmarks
 // (runtime/bench/), image editing (workers/edit/, through edit_commands.h).
 //
-//   dray bench [--suite runtime|sharding|edit|train|serve|gpu] [--workers N] [--quick] [--json]
-//              [--plot PNG]
+//   dray bench [--suite runtime|sharding|edit|train|serve|gpu|plan] [--workers N] [--quick]
+//              [--json] [--plot PNG]
 //   dray edit --image IN --instruction TEXT --out OUT [--server HOST:PORT] [options]
 //   dray serve [--config FILE] [worker.image_edit.KEY=VALUE ...] [--workers N] [--port P]
 //   dray train|serve ... --nodes N --listen HOST:PORT --token-file F   (workers on node agents)
@@ -11,6 +11,7 @@
 //   dray init-model --preset tiny|embedded|small|flux-tiny [--pipeline edit|edit-plus] --out DIR
 //       [--seed N]
 //   dray parity --reference DIR
+//   dray plan --model flux-real|DIR [--config FILE] [--world-size N] [options]  (memory per rank)
 //   dray worker --controller=HOST:PORT --roles=A,B   (started by controllers)
 //   dray --version                                    (LibTorch, CUDA, the GPUs it sees)
 #include <unistd.h>
@@ -30,6 +31,7 @@
 #include "base/log.h"
 #include "cli/cluster_commands.h"
 #include "cli/edit_commands.h"
+#include "cli/plan_command.h"
 #include "cli/train_command.h"
 #include "runtime/bench/actor_bench.h"
 #include "runtime/process/allocator.h"
@@ -37,6 +39,7 @@
 #include "runtime/worker/worker_process.h"
 #include "workers/bench/edit_bench.h"
 #include "workers/bench/gpu_bench.h"
+#include "workers/bench/plan_bench.h"
 #include "workers/bench/serve_bench.h"
 #include "workers/bench/sharding_bench.h"
 #include "workers/bench/train_bench.h"
@@ -71,21 +74,21 @@ void PrintMetric(const BenchMetric& metric, bool json) {
     std::printf("{\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\"}\n", metric.name.c_str(),
                 metric.value, metric.unit.c_str());
   } else {
-    std::printf("%-32s %14.3f  %s\n", metric.name.c_str(), metric.value, metric.unit.c_str());
+    std::printf("%-48s %14.3f  %s\n", metric.name.c_str(), metric.value, metric.unit.c_str());
   }
   std::fflush(stdout);
 }
 
 int Bench(const std::string& suite, int workers, bool quick, bool json, const std::string& plot) {
   if (suite != "runtime" && suite != "sharding" && suite != "edit" && suite != "train" &&
-      suite != "serve" && suite != "gpu") {
-    std::fprintf(
-        stderr,
-        "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train, serve, gpu\n",
-        suite.c_str());
+      suite != "serve" && suite != "gpu" && suite != "plan") {
+    std::fprintf(stderr,
+                 "dray bench: unknown suite '%s'; suites: runtime, sharding, edit, train, serve, "
+                 "gpu, plan\n",
+                 suite.c_str());
     return 2;
   }
-  if (!json) std::printf("%-32s %14s  %s\n", "figure", "value", "unit");
+  if (!json) std::printf("%-48s %14s  %s\n", "figure", "value", "unit");
   const BenchReporter report = [json](const BenchMetric& metric) { PrintMetric(metric, json); };
   absl::StatusOr<std::vector<BenchMetric>> metrics;
   if (suite == "sharding") {
@@ -98,6 +101,8 @@ int Bench(const std::string& suite, int workers, bool quick, bool json, const st
     metrics = RunServeBench({SelfPath(), quick, report});
   } else if (suite == "gpu") {
     metrics = RunGpuBench({quick, report});
+  } else if (suite == "plan") {
+    metrics = RunPlanBench(quick, report);
   } else {
     ActorBenchOptions options;
     options.worker_command = {SelfPath(), "worker"};
@@ -207,8 +212,9 @@ int Main(int argc, char** argv) {
       ->add_option("--suite", suite,
                    "what to measure: runtime (actor calls), sharding (memory, step time), edit "
                    "(images/s, serving), train (RL step time and its phases), serve (dray "
-                   "serve under load) or gpu (the transformer's TFLOP/s and step time on the "
-                   "first CUDA device, small shapes on CPU without one)")
+                   "serve under load), gpu (the transformer's TFLOP/s and step time on the "
+                   "first CUDA device, small shapes on CPU without one) or plan (dray plan's "
+                   "memory predictions against measured peaks)")
       ->capture_default_str();
   bench->add_option("--workers", workers, "worker processes for the batch figures")
       ->capture_default_str()
@@ -221,6 +227,7 @@ int Main(int argc, char** argv) {
   EditCommands edit_commands(app, SelfPath());
   TrainCommand train_command(app, SelfPath());
   NodeCommand node_command(app, SelfPath());
+  PlanCommand plan_command(app);
 
   CLI::App* init = app.add_subcommand(
       "init-model",
@@ -270,6 +277,7 @@ int Main(int argc, char** argv) {
   if (std::optional<int> code = edit_commands.Run()) return *code;
   if (std::optional<int> code = train_command.Run()) return *code;
   if (std::optional<int> code = node_command.Run()) return *code;
+  if (std::optional<int> code = plan_command.Run()) return *code;
   if (*init) return InitModel(preset, pipeline, out, seed);
   if (*parity) return Parity(reference);
   if (*worker) {

@@ -1,6 +1,7 @@
 #include "runtime/sharding/activation_checkpoint.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -18,8 +19,10 @@ struct FunctionHolder : public torch::CustomClassHolder {
 
 struct Checkpointed : public torch::autograd::Function<Checkpointed> {
   // `inputs` is a TensorList so that autograd sees its tensors as inputs (a
-  // std::vector would pass as an opaque argument).
-  static variable_list forward(AutogradContext* ctx, UnitFunction fn, at::TensorList inputs) {
+  // std::vector would pass as an opaque argument). `anchor`: an empty tensor
+  // that requires grad, so that the outputs do when no input does.
+  static variable_list forward(AutogradContext* ctx, UnitFunction fn, at::TensorList inputs,
+                               const at::Tensor& anchor) {
     const variable_list tensors(inputs.begin(), inputs.end());
     ctx->save_for_backward(tensors);
     ctx->saved_data["fn"] = at::IValue::make_capsule(c10::make_intrusive<FunctionHolder>(fn));
@@ -52,6 +55,7 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
     variable_list input_grads = {at::Tensor()};  // for `fn`, then one per input tensor
     for (const at::Tensor& input : inputs)
       input_grads.push_back(input.requires_grad() ? input.grad() : at::Tensor());
+    input_grads.push_back(at::Tensor());  // the anchor's
     return input_grads;
   }
 };
@@ -60,7 +64,8 @@ struct Checkpointed : public torch::autograd::Function<Checkpointed> {
 
 std::vector<at::Tensor> CheckpointedForward(UnitFunction fn,
                                             const std::vector<at::Tensor>& inputs) {
-  return Checkpointed::apply(std::move(fn), at::TensorList(inputs));
+  const at::Tensor anchor = at::empty({0}).requires_grad_();
+  return Checkpointed::apply(std::move(fn), at::TensorList(inputs), anchor);
 }
 
 }  // namespace dray

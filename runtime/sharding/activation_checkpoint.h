@@ -8,7 +8,9 @@
 //       std::vector<at::Tensor>{block->forward(in[0])}; }, {hidden});
 //
 // `fn` must be deterministic and use as tensor inputs only what it is given
-// (tensors it captures get no gradient).
+// (tensors it captures get no gradient). Its parameters get their
+// gradients even when no input needs one (a LoRA model's first block,
+// whose frozen embedders hand it inputs without gradient).
 //
 // Thread-safety: as the autograd engine: call from the training thread.
 #ifndef DRAY_RUNTIME_SHARDING_ACTIVATION_CHECKPOINT_H_

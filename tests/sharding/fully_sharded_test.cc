@@ -705,6 +705,23 @@ TEST(ActivationCheckpointTest, RecomputingGivesIdenticalGradients) {
   ExpectIdentical(grads[1], grads[0]);
 }
 
+TEST(ActivationCheckpointTest, UnitsTrainWhenTheirInputsNeedNoGradient) {
+  // A LoRA model's frozen input layer hands the first unit an input
+  // without gradient; the checkpointed units must still get theirs.
+  const Data data = MakeData();
+  std::map<std::string, at::Tensor> grads[2];
+  for (bool checkpoint : {false, true}) {
+    ToyModel model;
+    for (auto& p : model->input->parameters()) p.set_requires_grad(false);
+    (model->forward(data.x, nullptr, checkpoint) - data.y).pow(2).mean().backward();
+    for (const auto& p : model->blocks->named_parameters()) {
+      ASSERT_TRUE(p.value().grad().defined()) << p.key() << (checkpoint ? " (checkpointed)" : "");
+      grads[checkpoint][p.key()] = p.value().grad();
+    }
+  }
+  ExpectIdentical(grads[1], grads[0]);
+}
+
 TEST(ActivationCheckpointTest, CombinesWithFullSharding) {
   const Data data = MakeData();
   std::vector<at::Tensor> plain(2), checkpointed(2);
