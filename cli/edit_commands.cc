@@ -173,10 +173,11 @@ int EditLocally(const EditCommands::Flags& f) {
   if (!checked.ok()) return Fail("edit", checked);
   std::fprintf(stderr, "%s", config->ToYaml().c_str());
   Log("edit",
-      absl::StrFormat("model %s, %d picture%s, %d steps at %d^2, seed %d, %d worker%s",
+      absl::StrFormat("model %s, %d picture%s, %d steps at %d^2, %s, seed %d, %d worker%s",
                       config->model_path.empty() ? "embedded (the default)" : config->model_path,
                       images->size(), images->size() == 1 ? "" : "s", config->num_inference_steps,
-                      config->image_size, config->seed, f.workers, f.workers == 1 ? "" : "s"));
+                      config->image_size, config->GuidanceSummary(config->family()), config->seed,
+                      f.workers, f.workers == 1 ? "" : "s"));
   absl::StatusOr<std::unique_ptr<ImageEditController>> controller =
       ImageEditController::Start(*config, ControllerOptions(f));
   if (!controller.ok()) return Fail("edit", controller.status());

@@ -109,8 +109,17 @@ const std::vector<std::pair<const char*, at::ScalarType>>& Dtypes() {
 
 absl::Status ApplyTrainConfig(const PlanCommand::Flags& f, Setup& setup) {
   if (f.config_file.empty() && f.overrides.empty()) return absl::OkStatus();
-  DRAY_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::Load(f.config_file, f.overrides));
+  // --model as the config's model_path, so that unset keys take dray
+  // train's defaults for that model (a Kontext directory's: flow_grpo's
+  // LoRA, 128 T5 tokens), not the embedded task's.
+  std::vector<std::string> overrides = f.overrides;
+  if (!f.model.empty())
+    overrides.insert(overrides.begin(), "worker.image_edit.model_path=" + f.model);
+  DRAY_ASSIGN_OR_RETURN(TrainConfig config, TrainConfig::Load(f.config_file, overrides));
   if (!config.model.model_path.empty()) setup.model = config.model.model_path;
+  // T5 pads each prompt to max_sequence_length: Kontext's max_prompt_tokens.
+  if (config.model.family() == ModelFamily::kFluxKontext)
+    setup.options.text_tokens = config.model.max_prompt_tokens;
   setup.lora.rank = config.lora_rank;
   if (config.lora_target_modules != TrainConfig().lora_target_modules)
     setup.lora.target_modules = config.lora_target_modules;  // else the family's default
@@ -119,6 +128,7 @@ absl::Status ApplyTrainConfig(const PlanCommand::Flags& f, Setup& setup) {
   DRAY_ASSIGN_OR_RETURN(
       o.dtype, Choice("worker.image_edit.torch_dtype", config.model.torch_dtype, Dtypes()));
   o.cpu_offload = config.model.fsdp_cpu_offload;
+  o.activation_checkpointing = config.gradient_checkpointing;
   o.micro_batch = config.micro_batch_size;
   o.height = o.width = config.resolution;
   return absl::OkStatus();
@@ -143,10 +153,10 @@ absl::Status ApplyTrainingFlags(const PlanCommand::Flags& f, Setup& setup) {
   o.world_size = f.world_size;
   o.shard_group_size = f.shard_group_size;
   o.cpu_offload = o.cpu_offload || f.cpu_offload;
-  o.activation_checkpointing = f.activation_checkpointing;
+  o.activation_checkpointing = o.activation_checkpointing || f.activation_checkpointing;
   o.limit_all_gathers = f.limit_all_gathers;
   o.condition_images = f.condition_images;
-  o.text_tokens = f.text_tokens;
+  if (f.text_tokens != 0) o.text_tokens = f.text_tokens;
   return absl::OkStatus();
 }
 
@@ -301,13 +311,15 @@ PlanCommand::PlanCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
               "keep masters, gradients, AdamW's state and frozen shards in host memory");
   p->add_flag("--activation-checkpointing", f.activation_checkpointing,
               "recompute each block in backward instead of keeping its activations");
-  p->add_option("--lora-rank", f.lora_rank, "LoRA rank; 0: full fine-tuning (default: 32)");
+  p->add_option("--lora-rank", f.lora_rank,
+                "LoRA rank; 0: full fine-tuning (default: the train config's, else 32)");
   p->add_option("--micro-batch", f.micro_batch, "samples per forward (default: 1)");
   p->add_option("--resolution", f.resolution, "pixels: a side or HEIGHTxWIDTH (default: 1024)");
   p->add_option("--condition-images", f.condition_images, "condition images per sample")
       ->capture_default_str();
   p->add_option("--text-tokens", f.text_tokens,
-                "the text encoder's tokens (default: the model's; FLUX.1: 512)");
+                "the text encoder's tokens (default: the model's; FLUX.1: 512, or a Kontext "
+                "train config's max_prompt_tokens)");
   p->add_option("--limit-all-gathers", f.limit_all_gathers,
                 "units gathered at once (FULL_SHARD prefetching; 1: none, as dray train)")
       ->capture_default_str();
@@ -321,7 +333,7 @@ PlanCommand::PlanCommand(CLI::App& app) : flags_(std::make_unique<Flags>()) {
       ->capture_default_str();
   p->add_option("--text-encoders", f.text_encoders,
                 "resident, sharded, offloaded or pre-encoded (prompts encoded ahead); default: "
-                "resident for FLUX.1, sharded for Qwen-Image (as dray train)");
+                "sharded (as dray train)");
   p->add_option("--vae", f.vae, "resident, offloaded or pre-encoded (latents encoded ahead)")
       ->capture_default_str();
   p->add_option("--device-memory", f.device_memory, "the device's memory, e.g. 24GiB")

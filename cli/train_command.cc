@@ -98,8 +98,9 @@ TrainCommand::TrainCommand(CLI::App& app, std::string self) : flags_(std::make_u
   f.self = std::move(self);
   f.train = app.add_subcommand(
       "train",
-      "train Qwen-Image-Edit with Flow-GRPO or, by algorithm.name, flow_grpo_fast, grpo_guard, "
-      "mix_grpo, dance_grpo, diffusion_nft, dpo, sft, dmd2 or its VAE (vae), checkpointed with "
+      "train Qwen-Image-Edit or FLUX.1 Kontext (by worker.image_edit.model_path) with Flow-GRPO "
+      "or, by algorithm.name, flow_grpo_fast, grpo_guard, mix_grpo, dance_grpo, diffusion_nft, "
+      "dpo, sft, dmd2 or Qwen's VAE (vae), checkpointed with "
       "trainer.save_every and resumed with trainer.resume=auto, rolled out a step ahead with "
       "trainer.async=true (no config: the embedded task)");
   f.train->add_option("--config", f.config_file, "a YAML file in verl's layout");

@@ -68,7 +68,8 @@ TEST(ModelCliTest, EditRunsTheEmbeddedDefaultWithProgress) {
   const auto [code, output] = RunDray(args);
   ASSERT_EQ(code, 0) << output;
   EXPECT_THAT(output,
-              HasSubstr("model embedded (the default), 1 picture, 3 steps at 64^2, seed 5"));
+              HasSubstr("model embedded (the default), 1 picture, 3 steps at 64^2, no true CFG (no "
+                        "negative_prompt), seed 5"));
   EXPECT_THAT(output, HasSubstr("step 3/3"));
   absl::StatusOr<at::Tensor> edited = ReadImageFile(out);
   ASSERT_TRUE(edited.ok()) << edited.status();

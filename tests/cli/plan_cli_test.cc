@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -37,7 +38,7 @@ Ran RunPlan(const std::string& args) {
 TEST(PlanCliTest, KontextLoraFitsFour24GiBCardsWithCheckpointing) {
   const Ran ran = RunPlan(
       "--model flux-real --world-size 4 --lora-rank 32 --activation-checkpointing "
-      "--device-memory 24GiB --json");
+      "--text-encoders resident --device-memory 24GiB --json");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   const nlohmann::json plan = nlohmann::json::parse(ran.output);
   EXPECT_EQ(plan["parameters"], 11991061568);  // 11.9B and the adapters
@@ -53,7 +54,7 @@ TEST(PlanCliTest, KontextLoraFitsFour24GiBCardsWithCheckpointing) {
 TEST(PlanCliTest, FullFineTuningDoesNotFitAndSaysWhy) {
   const Ran ran = RunPlan(
       "--model flux-real --world-size 4 --lora-rank 0 --activation-checkpointing "
-      "--device-memory 24GiB");
+      "--text-encoders resident --device-memory 24GiB");
   ASSERT_EQ(ran.exit_code, 0) << ran.output;
   EXPECT_THAT(ran.output, HasSubstr("full fine-tuning"));
   EXPECT_THAT(ran.output, HasSubstr("does not fit"));
@@ -70,6 +71,22 @@ TEST(PlanCliTest, ReadsATrainConfigAndFlagsWin) {
   EXPECT_EQ(plan["lora_rank"], 0);
   EXPECT_EQ(plan["image_tokens"], 2 * 32 * 32);
   EXPECT_EQ(plan["micro_batch"], 1);
+}
+
+// A Kontext directory with a train-config key plans what dray train runs
+// on it (flow_grpo's LoRA, T5 padded to 128 tokens, T5 sharded), not the
+// embedded task's defaults.
+TEST(PlanCliTest, AKontextDirectoryTakesDrayTrainsDefaultsForIt) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/flux-tiny");
+  ASSERT_EQ(std::system(absl::StrCat(RunfilePath("cli/dray"),
+                                     " init-model --preset flux-tiny --out ", dir, " >/dev/null")
+                            .c_str()),
+            0);
+  const Ran ran = RunPlan(absl::StrCat("--model ", dir, " trainer.seed=1 --json"));
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  const nlohmann::json plan = nlohmann::json::parse(ran.output);
+  EXPECT_EQ(plan["lora_rank"], 64);
+  EXPECT_EQ(plan["text_tokens"], 128);
 }
 
 TEST(PlanCliTest, RefusedCombinationsNameTheirFlags) {

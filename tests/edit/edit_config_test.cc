@@ -97,6 +97,23 @@ TEST(ImageEditConfigTest, TheEmbeddedDefaultRunsFewerStepsAtASmallerSizeWithoutG
   EXPECT_EQ(config.negative_prompt, " ");
 }
 
+// What a command's summary says of guidance: never silent about a
+// true_cfg_scale that does nothing.
+TEST(ImageEditConfigTest, TheGuidanceSummarySaysWhichGuidanceRuns) {
+  ImageEditConfig config;
+  config.negative_prompt = " ";
+  config.true_cfg_scale = 4;
+  EXPECT_EQ(config.GuidanceSummary(ModelFamily::kQwenImage), "true CFG 4 against \" \"");
+  config.negative_prompt = "";
+  EXPECT_EQ(config.GuidanceSummary(ModelFamily::kQwenImage), "no true CFG (no negative_prompt)");
+  config.UseKontextDefaults();
+  EXPECT_EQ(config.GuidanceSummary(ModelFamily::kFluxKontext),
+            "guidance 3.5, no true CFG (no negative_prompt)");
+  config.negative_prompt = "blurry";
+  EXPECT_EQ(config.GuidanceSummary(ModelFamily::kFluxKontext),
+            "guidance 3.5, no true CFG (true_cfg_scale 1)");
+}
+
 TEST(ImageEditConfigTest, UnknownKeysListTheValidOnes) {
   EXPECT_THAT(
       ImageEditConfig::Load("", {"worker.image_edit.batchsize=2"}),

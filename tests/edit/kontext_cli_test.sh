@@ -4,8 +4,9 @@
 # it on one worker, on two, and sharded over two (FULL_SHARD: the same
 # image); `dray serve` with that model_path answers the Python client and
 # `dray edit --server` with the same image for the same seed and guidance;
-# what Kontext does not run (CFG parallelism) and training it are refused
-# with errors naming why.
+# `dray train` fine-tunes it (SFT, flow_grpo's LoRA) into adapters that
+# `dray edit --lora` applies; what Kontext does not run (CFG parallelism,
+# VAE training) is refused with errors naming why.
 set -euo pipefail
 
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
@@ -43,10 +44,18 @@ fi
 grep -q "UNIMPLEMENTED.*FLUX.1 Kontext, whose edits run on one rank each" "$out/cfg.txt" ||
   fail "unexpected error: $(cat "$out/cfg.txt")"
 
-if "$dray" train worker.image_edit.model_path="$model" trainer.total_steps=1 >/dev/null 2>"$out/train.txt"; then
-  fail "training Kontext was accepted"
+small_job=(worker.image_edit.model_path="$model" worker.image_edit.image_size=64
+  worker.rollout.resolution=64 data.prompts_per_step=2 algorithm.group_size=2
+  worker.rollout.num_inference_steps=3 trainer.total_steps=1)
+"$dray" train algorithm.name=sft "${small_job[@]}" trainer.save_dir="$out/sft" \
+  >"$out/sft.txt" 2>&1 || fail "dray train sft: $(tail -3 "$out/sft.txt")"
+grep -q "lora_rank: 64" "$out/sft/config.yaml" || fail "flow_grpo's Kontext LoRA was not the default"
+edit "$out/tuned.png" --lora "$out/sft/final/pytorch_lora_weights.safetensors"
+if cmp -s "$out/one.png" "$out/tuned.png"; then fail "the trained adapters changed nothing"; fi
+if "$dray" train algorithm.name=vae "${small_job[@]}" >/dev/null 2>"$out/train.txt"; then
+  fail "training Kontext's VAE was accepted"
 fi
-grep -q "UNIMPLEMENTED.*FLUX.1 Kontext model: dray edits and serves it" "$out/train.txt" ||
+grep -q "UNIMPLEMENTED.*FLUX.1 Kontext: dray trains it with SFT" "$out/train.txt" ||
   fail "unexpected error: $(tail -2 "$out/train.txt")"
 
 (

@@ -32,7 +32,7 @@ constexpr int64_t kSide = 256;       // pixels: 16 x 16 tokens per image
 constexpr int64_t kTextTokens = 64;  // the text encoder's tokens
 constexpr int64_t kLoraRank = 8;
 
-LoraOptions Lora(int64_t rank) { return {rank, 2.0 * rank, FluxLoraTargets()}; }
+LoraOptions Lora(int64_t rank) { return {rank, 2.0 * rank, flux::DiffusersLoraTargets()}; }
 
 // Config: flux-tiny widened, so that blocks dominate as in the real model.
 flux::FluxTransformerConfig Config() {

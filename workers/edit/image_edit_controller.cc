@@ -45,13 +45,6 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
                      " workers, and ", ranks, " workers (", options.nodes, " node(s) x --workers ",
                      options.workers, ") are not a multiple of ", config.RanksPerEdit()));
   }
-  if (config.cfg_parallel_size > 1 &&
-      (config.negative_prompt.empty() || config.true_cfg_scale <= 1)) {
-    Log("edit",
-        "note: cfg_parallel_size (--cfg-parallel-size) spreads guided edits only, and this "
-        "configuration guides none (give a negative prompt, e.g. --negative-prompt \" \", and "
-        "true_cfg_scale > 1): each of its edits runs the same pass on both workers");
-  }
   std::unique_ptr<ImageEditController> controller(
       new ImageEditController(config, std::move(options)));
   std::string model_path = config.model_path;
@@ -63,6 +56,13 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
   }
   DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_path));
   DRAY_RETURN_IF_ERROR(config.CheckFamily(family));
+  if (config.cfg_parallel_size > 1 &&
+      (config.negative_prompt.empty() || config.true_cfg_scale <= 1)) {
+    Log("edit",
+        "note: cfg_parallel_size (--cfg-parallel-size) spreads guided edits only, and this "
+        "configuration guides none (give a negative prompt, e.g. --negative-prompt \" \", and "
+        "true_cfg_scale > 1): each of its edits runs the same pass on both workers");
+  }
   if (family == ModelFamily::kQwenImage)
     DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
   DRAY_ASSIGN_OR_RETURN(controller->count_tokens_, PromptTokenCounterFor(model_path));

@@ -19,6 +19,7 @@
 #include "workers/models/flux/vae.h"
 #include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
+#include "workers/models/pixels.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/scheduler.h"
 #include "workers/models/t5/encoder.h"
@@ -315,8 +316,7 @@ absl::Status EndToEnd::Run(FluxKontextPipeline& pipeline) {
       ComputeKontextSizes(image.size(1), image.size(0), options, pipeline.vae_scale_factor()));
   DRAY_ASSIGN_OR_RETURN(at::Tensor resized, ResizeImage(image, sizes.image_height,
                                                         sizes.image_width, Resample::kLanczos));
-  const at::Tensor pixels =
-      (resized.permute({2, 0, 1}).unsqueeze(0).to(at::kFloat) / 255.0) * 2 - 1;
+  const at::Tensor pixels = ImagesToPixels({resized}, at::kFloat);
   Compare("vae_encode_input", pixels);
   at::NoGradGuard no_grad;
   DRAY_ASSIGN_OR_RETURN(

@@ -358,19 +358,28 @@ absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& co
   return options;
 }
 
-absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& config,
-                                                       const MetaInfo& meta, int64_t input_width,
-                                                       int64_t input_height) {
-  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions edit, EditOptionsFor(config, meta));
+flux::KontextOptions KontextOptionsOf(const qwen_image::EditOptions& edit, double guidance_scale,
+                                      int64_t max_sequence_length, int64_t input_width,
+                                      int64_t input_height) {
   flux::KontextOptions options;
   options.num_inference_steps = edit.num_inference_steps;
   options.true_cfg_scale = edit.true_cfg_scale;
   options.negative_prompt = edit.negative_prompt;
-  DRAY_ASSIGN_OR_RETURN(options.guidance_scale, GuidanceScaleFor(config, meta));
-  options.max_area = config.image_size * config.image_size;
+  options.guidance_scale = guidance_scale;
+  options.max_area = edit.image_size * edit.image_size;
   options.width = edit.width.value_or(input_width);
   options.height = edit.height.value_or(input_height);
+  options.max_sequence_length = max_sequence_length;
   return options;
+}
+
+absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& config,
+                                                       const MetaInfo& meta, int64_t input_width,
+                                                       int64_t input_height) {
+  DRAY_ASSIGN_OR_RETURN(qwen_image::EditOptions edit, EditOptionsFor(config, meta));
+  DRAY_ASSIGN_OR_RETURN(double guidance_scale, GuidanceScaleFor(config, meta));
+  return KontextOptionsOf(edit, guidance_scale, config.max_prompt_tokens, input_width,
+                          input_height);
 }
 
 }  // namespace dray

@@ -128,9 +128,18 @@ absl::StatusOr<qwen_image::EditPipelineKind> EditPipelineKindOf(const ImageEditC
 absl::StatusOr<qwen_image::EditOptions> EditOptionsFor(const ImageEditConfig& config,
                                                        const MetaInfo& meta);
 
+// KontextOptionsOf: FLUX.1 Kontext's options for what `edit` asks (steps,
+// true CFG, output about edit.image_size^2 pixels at its or else the
+// input's aspect ratio, input_width x input_height), with the embedded
+// `guidance_scale` and T5's `max_sequence_length`.
+flux::KontextOptions KontextOptionsOf(const qwen_image::EditOptions& edit, double guidance_scale,
+                                      int64_t max_sequence_length, int64_t input_width,
+                                      int64_t input_height);
+
 // KontextOptionsFor: the same for FLUX.1 Kontext (guidance_scale from the
 // meta info or `config`; the output at about image_size^2 pixels, at the
-// requested or the input's aspect ratio, `input_width` x `input_height`).
+// requested or the input's aspect ratio, `input_width` x `input_height`;
+// max_prompt_tokens T5 tokens).
 absl::StatusOr<flux::KontextOptions> KontextOptionsFor(const ImageEditConfig& config,
                                                        const MetaInfo& meta, int64_t input_width,
                                                        int64_t input_height);

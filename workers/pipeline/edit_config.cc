@@ -114,6 +114,12 @@ absl::Status ImageEditConfig::CheckFamily(ModelFamily family) const {
         EditLayout(), ": CFG and Ulysses parallelism run Qwen-Image models; ", model_path,
         " is FLUX.1 Kontext, whose edits run on one rank each (set both to 1)"));
   }
+  if (max_prompt_tokens > kKontextMaxPromptTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kConfigSection, ".max_prompt_tokens ", max_prompt_tokens, ": ", model_path,
+                     " is FLUX.1 Kontext, whose T5 prompts (max_sequence_length) hold at most ",
+                     kKontextMaxPromptTokens, " tokens"));
+  }
   if (step_cache_threshold > 0) {
     return absl::UnimplementedError(
         absl::StrCat(kConfigSection, ".step_cache_threshold: step caching runs Qwen-Image models; ",
@@ -122,9 +128,27 @@ absl::Status ImageEditConfig::CheckFamily(ModelFamily family) const {
   return absl::OkStatus();
 }
 
+ModelFamily ImageEditConfig::family() const {
+  if (model_path.empty()) return ModelFamily::kQwenImage;
+  return ReadModelFamily(model_path).value_or(ModelFamily::kQwenImage);
+}
+
+std::string ImageEditConfig::GuidanceSummary(ModelFamily family) const {
+  std::string cfg;
+  if (negative_prompt.empty()) {
+    cfg = "no true CFG (no negative_prompt)";
+  } else if (true_cfg_scale <= 1) {
+    cfg = absl::StrCat("no true CFG (true_cfg_scale ", true_cfg_scale, ")");
+  } else {
+    cfg = absl::StrCat("true CFG ", true_cfg_scale, " against \"", negative_prompt, "\"");
+  }
+  if (family != ModelFamily::kFluxKontext) return cfg;
+  return absl::StrCat("guidance ", guidance_scale, ", ", cfg);
+}
+
 void ImageEditConfig::UseKontextDefaults() {
   num_inference_steps = 28;
-  max_prompt_tokens = 512;  // T5's max_sequence_length: longer prompts refused, not cut
+  max_prompt_tokens = kKontextMaxPromptTokens;  // T5's max_sequence_length: longer refused, not cut
   negative_prompt = "";
   true_cfg_scale = 1.0;
 }
@@ -148,8 +172,7 @@ absl::StatusOr<ImageEditConfig> ImageEditConfig::Load(const std::string& yaml_pa
   ImageEditConfig defaults;  // what the model needs: unset keys take these instead
   if (config.model_path.empty()) {
     defaults.UseEmbeddedDefaults();
-  } else if (ReadModelFamily(config.model_path).value_or(ModelFamily::kQwenImage) ==
-             ModelFamily::kFluxKontext) {
+  } else if (config.family() == ModelFamily::kFluxKontext) {
     defaults.UseKontextDefaults();
   } else {
     return config;

@@ -40,6 +40,8 @@ inline constexpr char kConfigSection[] = "worker.image_edit";
 // tables (4096 positions) leave room for.
 inline constexpr int64_t kMaxOutputPixels = int64_t{4096} * 4096;
 inline constexpr int64_t kMaxPromptTokens = 2048;
+// FLUX.1 Kontext's: T5's max_sequence_length (diffusers allows 512).
+inline constexpr int64_t kKontextMaxPromptTokens = 512;
 
 // The embedded default's step count and working size.
 inline constexpr int64_t kEmbeddedSteps = 20;
@@ -87,8 +89,17 @@ struct ImageEditConfig {
   std::string EditLayout() const;
   // CheckFamily: UNIMPLEMENTED naming the key when the configuration asks
   // what `family`'s models do not run (FLUX.1 Kontext: CFG and Ulysses
-  // parallelism, step caching).
+  // parallelism, step caching; INVALID_ARGUMENT for prompts longer than
+  // kKontextMaxPromptTokens).
   absl::Status CheckFamily(ModelFamily family) const;
+  // family: the family model_path's model_index.json names (Qwen-Image for
+  // the embedded model, or a directory that cannot be read: loading it
+  // says why).
+  ModelFamily family() const;
+  // GuidanceSummary says which guidance an edit of a `family` model runs
+  // under this configuration (FLUX.1 Kontext's embedded guidance; true CFG
+  // and its negative prompt, or why none runs), for a command's summary.
+  std::string GuidanceSummary(ModelFamily family) const;
 
   // Load reads `yaml_path` (none when empty), then applies `overrides`
   // ("worker.image_edit.KEY=VALUE", VALUE in YAML syntax), then validates.

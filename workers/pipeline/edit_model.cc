@@ -73,6 +73,14 @@ int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modul
 
 }  // namespace
 
+void EditModel::set_activation_checkpointing(bool enabled) {
+  if (kontext != nullptr) {
+    kontext->model().transformer->set_activation_checkpointing(enabled);
+  } else {
+    model().transformer->set_activation_checkpointing(enabled);
+  }
+}
+
 EditModules EditModel::modules() {
   return family == ModelFamily::kFluxKontext ? ModulesOf(kontext->model())
                                              : ModulesOf(pipeline->model());

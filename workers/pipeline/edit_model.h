@@ -74,6 +74,11 @@ struct EditModel {
   // resident_bytes, as init_model returns them.
   MetaInfo MemoryFigures(int rank);
 
+  // set_activation_checkpointing: the transformer recomputes each block in
+  // backward instead of keeping its activations (training's
+  // gradient_checkpointing).
+  void set_activation_checkpointing(bool enabled);
+
   // MoveParameters puts every parameter (the shards, under FSDP) on `device`.
   absl::Status MoveParameters(at::Device device);
 };

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -25,7 +26,9 @@
 #include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
 #include "workers/models/lora.h"
+#include "workers/models/pixels.h"
 #include "workers/pipeline/edit_batch.h"
+#include "workers/pipeline/edit_diffusion.h"
 #include "workers/pipeline/edit_model.h"
 #include "workers/rl/dmd2.h"
 #include "workers/rl/dpo_loss.h"
@@ -192,7 +195,8 @@ struct FlowGrpoWorker::State {
   std::vector<at::Tensor> sampling_policy;
   rl::OdeSolver ode_solver = rl::OdeSolver::kDpm2;
 
-  qwen_image::QwenImageEditPipeline& pipeline() { return *model->pipeline; }
+  // The model's denoising (either family), made once the model is loaded.
+  std::optional<EditDiffusion> diffusion;
   // trained: the sharded module the optimizer updates.
   FullyShardedModule& trained() { return vae_shards ? *vae_shards : *model->transformer_shards; }
 
@@ -221,7 +225,7 @@ struct FlowGrpoWorker::State {
     }
     const at::TensorOptions compute = model->model().vae->parameters()[0].options();
     const at::Tensor pixels = qwen_image::ToPixels(resized, compute);
-    const int64_t side = config.resolution / pipeline().vae_scale_factor();
+    const int64_t side = config.resolution / model->pipeline->vae_scale_factor();
     const int64_t channels = model->model().vae->config().z_dim;
     std::vector<at::Tensor> eps;
     for (size_t i = 0; i < images.size(); ++i) {
@@ -251,7 +255,7 @@ struct FlowGrpoWorker::State {
       return rl::SdeSchedule{dance.sigmas.to(model->device), dance.timesteps};
     }
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
-                          pipeline().Scheduler(tokens, options.num_inference_steps));
+                          diffusion->Scheduler(tokens, options.num_inference_steps));
     return rl::SdeSchedule{scheduler.sigmas().to(model->device), scheduler.timesteps()};
   }
 
@@ -298,18 +302,17 @@ struct FlowGrpoWorker::State {
   // policy, where the job keeps one), or diffusion_nft's sampling policy
   // with its ODE solver (no window: T = 0).
   absl::StatusOr<rl::Trajectory> Sample(const rl::SdeSchedule& schedule,
-                                        const qwen_image::PreparedEdit& prepared,
-                                        const rl::DrawNoise& draw,
+                                        const PreparedRows& prepared, const rl::DrawNoise& draw,
                                         const rl::SdeSamplerOptions& options,
                                         const std::function<absl::Status(int, int)>& on_step) {
     auto sample = [&]() -> absl::StatusOr<rl::Trajectory> {
       if (!config.nft()) {
-        return rl::SampleTrajectory(schedule, prepared.noise, Predictor(prepared), draw, options,
+        return rl::SampleTrajectory(schedule, prepared.noise(), Predictor(prepared), draw, options,
                                     on_step);
       }
       DRAY_ASSIGN_OR_RETURN(
           at::Tensor clean,
-          rl::SampleOde(schedule, prepared.noise, Predictor(prepared), ode_solver, on_step));
+          rl::SampleOde(schedule, prepared.noise(), Predictor(prepared), ode_solver, on_step));
       return rl::OdeTrajectory(clean, schedule);
     };
     return config.sampling_policy() ? WithSamplingPolicy(sample) : sample();
@@ -317,10 +320,10 @@ struct FlowGrpoWorker::State {
 
   // Predictor: the guided velocity for a prepared micro-batch, of the policy
   // or, with `denoiser`, of another copy.
-  rl::PredictVelocity Predictor(const qwen_image::PreparedEdit& prepared,
+  rl::PredictVelocity Predictor(const PreparedRows& prepared,
                                 qwen_image::Denoiser denoiser = nullptr) {
     return [this, &prepared, denoiser](const at::Tensor& latents, const at::Tensor& timestep) {
-      return pipeline().Velocity(prepared, latents, timestep, options.true_cfg_scale, denoiser);
+      return diffusion->Velocity(prepared, latents, timestep, options.true_cfg_scale, denoiser);
     };
   }
 
@@ -334,7 +337,7 @@ struct FlowGrpoWorker::State {
     if (config.dpo() && config.sampling_policy())
       return WithSamplingPolicy([&] { return run(qwen_image::Denoiser(nullptr)); });
     if (reference.loaded()) return run(qwen_image::DenoiserOf(*reference.transformer));
-    torch::nn::Module& transformer = *model->model().transformer;
+    torch::nn::Module& transformer = *model->modules().transformer;
     SetLoraEnabled(transformer, false);
     auto result = run(qwen_image::Denoiser(nullptr));
     SetLoraEnabled(transformer, true);
@@ -344,7 +347,7 @@ struct FlowGrpoWorker::State {
   // ReferenceStep: each row's window step `j` under the reference policy,
   // without gradients.
   absl::StatusOr<rl::SdeStepResult> ReferenceStep(const rl::SdeSchedule& schedule,
-                                                  const qwen_image::PreparedEdit& prepared,
+                                                  const PreparedRows& prepared,
                                                   const MicroBatch& micro, const at::Tensor& j) {
     return AsReference([&](qwen_image::Denoiser denoiser) {
       return rl::RecomputeStep(schedule, Predictor(prepared, denoiser), micro.trajectory, j,
@@ -495,22 +498,14 @@ struct FlowGrpoWorker::State {
 
   // Prepare encodes a micro-batch's conditions, reusing those this rank's
   // rollout encoded; with `options`, into `cache` (none: nullptr).
-  absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro) {
+  absl::StatusOr<PreparedRows> Prepare(const MicroBatch& micro) {
     return Prepare(micro, options, &conditions);
   }
 
-  absl::StatusOr<qwen_image::PreparedEdit> Prepare(const MicroBatch& micro,
-                                                   const qwen_image::EditOptions& options,
-                                                   qwen_image::ConditionCache* cache) {
-    std::vector<const qwen_image::EditInput*> rows;
-    for (const qwen_image::EditInput& input : micro.inputs) rows.push_back(&input);
-    DRAY_ASSIGN_OR_RETURN(auto groups, qwen_image::SameSizeGroups(micro.inputs, options,
-                                                                  pipeline().model().pipeline));
-    if (groups.size() != 1) {
-      return absl::InvalidArgumentError(
-          "a training batch's input images must share one size (sharded ranks run in step)");
-    }
-    return pipeline().Prepare(rows, options, cache);
+  absl::StatusOr<PreparedRows> Prepare(const MicroBatch& micro,
+                                       const qwen_image::EditOptions& options,
+                                       qwen_image::ConditionCache* cache) {
+    return diffusion->Prepare(micro.inputs, options, cache);
   }
 
   // Dmd2Schedule: the model's `steps`-step schedule for `tokens` latent
@@ -528,7 +523,7 @@ struct FlowGrpoWorker::State {
   };
   absl::StatusOr<Dmd2Schedule> Dmd2ScheduleFor(int64_t tokens, int64_t steps) {
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler scheduler,
-                          pipeline().Scheduler(tokens, static_cast<int>(steps)));
+                          diffusion->Scheduler(tokens, static_cast<int>(steps)));
     const at::Tensor sigmas = scheduler.sigmas().narrow(0, 0, steps).flip({0});
     return Dmd2Schedule{rl::ScoreParametrization::Velocity(sigmas.to(model->device)),
                         scheduler.timesteps().flip({0}).to(model->device)};
@@ -536,11 +531,11 @@ struct FlowGrpoWorker::State {
 
   // Dmd2Velocity: a score's velocity at train timesteps `t` [B] (no
   // denoiser: the generator's own transformer).
-  absl::StatusOr<at::Tensor> Dmd2Velocity(const qwen_image::PreparedEdit& prepared,
+  absl::StatusOr<at::Tensor> Dmd2Velocity(const PreparedRows& prepared,
                                           const Dmd2Schedule& schedule, const at::Tensor& xt,
                                           const at::Tensor& t, double guidance,
                                           const qwen_image::Denoiser& denoiser = nullptr) {
-    return pipeline().Velocity(prepared, xt, schedule.TimestepsOf(t), guidance, denoiser);
+    return diffusion->Velocity(prepared, xt, schedule.TimestepsOf(t), guidance, denoiser);
   }
 
   // Dmd2Generate: the generator's x0 for a micro-batch, as DMD2's generator
@@ -548,10 +543,10 @@ struct FlowGrpoWorker::State {
   // the rows' start noise (without gradients), then one generator pass
   // from its input (differentiable when grad mode is on). `unguided` has
   // no negative prompt.
-  absl::StatusOr<at::Tensor> Dmd2Generate(const qwen_image::PreparedEdit& unguided,
-                                          const MicroBatch& micro, int64_t simulated) {
+  absl::StatusOr<at::Tensor> Dmd2Generate(const PreparedRows& unguided, const MicroBatch& micro,
+                                          int64_t simulated) {
     DRAY_ASSIGN_OR_RETURN(Dmd2Schedule schedule,
-                          Dmd2ScheduleFor(unguided.noise.size(1), config.num_denoising_step));
+                          Dmd2ScheduleFor(unguided.noise().size(1), config.num_denoising_step));
     std::vector<int64_t> steps;  // noisiest first
     for (int64_t t = config.num_denoising_step - 1; t >= 0; --t) steps.push_back(t);
     absl::Status failed;
@@ -564,7 +559,7 @@ struct FlowGrpoWorker::State {
       }
       return schedule.flow.CleanPrediction(xt, *velocity, t).to(xt.scalar_type());
     };
-    const at::IntArrayRef shape = unguided.noise.sizes().slice(1);
+    const at::IntArrayRef shape = unguided.noise().sizes().slice(1);
     uint64_t draws = 0;
     auto draw = [&](const at::Tensor&) {
       return RowsNoise(micro.inputs, kDmd2Stream + ++draws, shape, model->device);
@@ -574,7 +569,7 @@ struct FlowGrpoWorker::State {
         x0_at, draw);
     DRAY_RETURN_IF_ERROR(failed);
     const at::Tensor input = rl::GeneratorInput(schedule.flow, simulated_input.clean,
-                                                unguided.noise, simulated_input.timestep);
+                                                unguided.noise(), simulated_input.timestep);
     const at::Tensor x0 = x0_at(input, simulated_input.timestep);
     DRAY_RETURN_IF_ERROR(failed);
     return x0;
@@ -584,10 +579,9 @@ struct FlowGrpoWorker::State {
   // `x0` (DMD2's compute_distribution_matching_loss): x0 noised at a level
   // in [min_step, max_step], the fake score's and the real score's
   // (guided) x0 there.
-  absl::StatusOr<at::Tensor> Dmd2MatchingLoss(const qwen_image::PreparedEdit& prepared,
-                                              const qwen_image::PreparedEdit& unguided,
-                                              const MicroBatch& micro, const Dmd2Schedule& schedule,
-                                              const at::Tensor& x0) {
+  absl::StatusOr<at::Tensor> Dmd2MatchingLoss(const PreparedRows& prepared,
+                                              const PreparedRows& unguided, const MicroBatch& micro,
+                                              const Dmd2Schedule& schedule, const at::Tensor& x0) {
     const auto percent = [](double share) { return static_cast<int64_t>(share * kTrainTimesteps); };
     const at::Tensor t = RowsTimesteps(
         micro.inputs, kDmd2Stream + kDmd2MatchingLevel, percent(config.min_step_percent),
@@ -618,9 +612,9 @@ struct FlowGrpoWorker::State {
   // its last block at the clean end of the schedule (train timestep 0) or,
   // with diffusion_gan, noised at a drawn level below
   // diffusion_gan_max_timestep (draws from the rows' seeds + `stream`).
-  absl::StatusOr<at::Tensor> Dmd2Logits(const qwen_image::PreparedEdit& unguided,
-                                        const MicroBatch& micro, const Dmd2Schedule& schedule,
-                                        const at::Tensor& image, uint64_t stream) {
+  absl::StatusOr<at::Tensor> Dmd2Logits(const PreparedRows& unguided, const MicroBatch& micro,
+                                        const Dmd2Schedule& schedule, const at::Tensor& image,
+                                        uint64_t stream) {
     at::Tensor t = at::zeros({image.size(0)}, at::kLong);
     at::Tensor input = image;
     if (config.diffusion_gan) {
@@ -641,8 +635,8 @@ struct FlowGrpoWorker::State {
   // Dmd2GeneratorLoss: the generator's loss on its `x0`: distribution
   // matching, and with the GAN the classifier's verdict on x0 (DMD2's
   // gen_cls_loss, through the fake score); each part into `metrics`.
-  absl::StatusOr<at::Tensor> Dmd2GeneratorLoss(const qwen_image::PreparedEdit& prepared,
-                                               const qwen_image::PreparedEdit& unguided,
+  absl::StatusOr<at::Tensor> Dmd2GeneratorLoss(const PreparedRows& prepared,
+                                               const PreparedRows& unguided,
                                                const MicroBatch& micro,
                                                const Dmd2Schedule& schedule, const at::Tensor& x0,
                                                double share, MetaInfo& metrics) {
@@ -662,17 +656,16 @@ struct FlowGrpoWorker::State {
   // Dmd2GuidanceLoss: the fake score's loss on the generator's samples:
   // its denoising loss and, with the GAN, the classifier's on them and on
   // the rows' targets (DMD2's guidance_cls_loss); each part into `metrics`.
-  absl::StatusOr<at::Tensor> Dmd2GuidanceLoss(const qwen_image::PreparedEdit& unguided,
-                                              const MicroBatch& micro, const Dmd2Schedule& schedule,
-                                              const at::Tensor& x0, double share,
-                                              MetaInfo& metrics) {
+  absl::StatusOr<at::Tensor> Dmd2GuidanceLoss(const PreparedRows& unguided, const MicroBatch& micro,
+                                              const Dmd2Schedule& schedule, const at::Tensor& x0,
+                                              double share, MetaInfo& metrics) {
     DRAY_ASSIGN_OR_RETURN(at::Tensor loss, Dmd2FakeLoss(unguided, micro, schedule, x0));
     Accumulate(metrics, "loss_fake_mean", loss.item<double>() * share);
     if (!config.cls_on_clean_image) return loss * share;
     if (micro.targets.empty())
       return absl::InvalidArgumentError(
           absl::StrCat("cls_on_clean_image needs a ", kTargetsColumn, " column: the real images"));
-    DRAY_ASSIGN_OR_RETURN(at::Tensor real, SftTargetLatents(pipeline(), micro.targets, unguided));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor real, SftTargetLatents(*diffusion, micro.targets, unguided));
     DRAY_ASSIGN_OR_RETURN(at::Tensor real_logits,
                           Dmd2Logits(unguided, micro, schedule, real, kDmd2GanReal));
     DRAY_ASSIGN_OR_RETURN(at::Tensor fake_logits,
@@ -693,9 +686,8 @@ struct FlowGrpoWorker::State {
 
   // Dmd2FakeLoss: the fake score's denoising loss on the generator's
   // samples (DMD2's compute_loss_fake, flow matching's velocity target).
-  absl::StatusOr<at::Tensor> Dmd2FakeLoss(const qwen_image::PreparedEdit& unguided,
-                                          const MicroBatch& micro, const Dmd2Schedule& schedule,
-                                          const at::Tensor& x0) {
+  absl::StatusOr<at::Tensor> Dmd2FakeLoss(const PreparedRows& unguided, const MicroBatch& micro,
+                                          const Dmd2Schedule& schedule, const at::Tensor& x0) {
     const at::Tensor t =
         RowsTimesteps(micro.inputs, kDmd2Stream + kDmd2FakeLevel, 0, kTrainTimesteps);
     const at::Tensor noise =
@@ -746,12 +738,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   model_config.enable_fsdp = true;  // training always shards (NO_SHARD is DDP)
   if (!model_config.model_path.empty()) {
     DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_config.model_path));
-    if (family != ModelFamily::kQwenImage) {
-      return absl::UnimplementedError(
-          absl::StrCat(model_config.model_path,
-                       " is a FLUX.1 Kontext model: dray edits and serves it; training it (SFT, "
-                       "Flow-GRPO) is not in dray yet. Train a Qwen-Image-Edit model."));
-    }
+    DRAY_RETURN_IF_ERROR(config.CheckFamily(family));
   }
   auto freeze = [&config](const EditModules& model) -> absl::Status {
     for (const auto& text_encoder : model.text_encoders)
@@ -768,13 +755,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
         .status();
   };
   DRAY_ASSIGN_OR_RETURN(state->model, LoadEditModel(model_config, *this, freeze));
+  state->diffusion.emplace(*state->model);
+  state->model->set_activation_checkpointing(config.gradient_checkpointing);
   if (config.vae()) DRAY_RETURN_IF_ERROR(state->ShardVae(*this));
-  // Full fine-tuning's frozen reference: DPO's (unless its refreshed copy is
-  // the reference), a KL term's and DMD2's real score.
-  const bool frozen_reference =
-      config.dmd2() ||
-      (config.dpo() ? !config.sampling_policy() : !config.paired() && config.beta > 0);
-  if (config.lora_rank == 0 && frozen_reference) {
+  if (config.frozen_reference()) {
     const ImageEditConfig placed =
         config.dmd2() ? config.ScoreModelConfig(config.real_score) : state->model->config;
     DRAY_ASSIGN_OR_RETURN(state->reference, LoadTransformerCopy(*state->model, *this,
@@ -822,6 +806,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   } else {
     options.width = options.height = config.resolution;
   }
+  // FLUX.1 Kontext renders image_size^2 pixels at the aspect ratio width
+  // and height give (its inputs are resized to its preferred resolutions).
+  if (state->model->family == ModelFamily::kFluxKontext) options.image_size = config.resolution;
   state_ = std::move(state);
   return DataProto::Make({}, {}, state_->model->MemoryFigures(rank()));
 }
@@ -843,8 +830,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
   int64_t done_before = 0;
   torch::NoGradGuard no_grad;
   for (const MicroBatch& micro : micro_batches) {
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
-    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise().size(1)));
     std::vector<at::Generator> generators;
     for (size_t i = 0; i < micro.inputs.size(); ++i) {
       const uint64_t own = micro.sde_seeds.empty() ? micro.inputs[i].seed : micro.sde_seeds[i];
@@ -853,10 +840,10 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
     auto draw = [&](int) {
       std::vector<at::Tensor> noise;
       for (at::Generator& generator : generators) {
-        noise.push_back(
-            at::randn({1, prepared.noise.size(1), prepared.noise.size(2)}, generator, at::kFloat));
+        noise.push_back(at::randn({1, prepared.noise().size(1), prepared.noise().size(2)},
+                                  generator, at::kFloat));
       }
-      return at::cat(noise).to(prepared.noise.device());
+      return at::cat(noise).to(prepared.noise().device());
     };
     auto on_step = [&](int step, int) -> absl::Status {
       ReportProgress("denoising", done_before + step, total);
@@ -867,7 +854,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Rollout(const DataProto& batch) {
     done_before += steps;
     DRAY_ASSIGN_OR_RETURN(
         std::vector<at::Tensor> decoded,
-        state_->pipeline().Decode(trajectory.final_latents, prepared.height, prepared.width));
+        state_->diffusion->Decode(trajectory.final_latents, prepared.height(), prepared.width()));
     for (const at::Tensor& image : decoded) images.push_back(RawImage(image));
     trajectories.push_back(std::move(trajectory));
   }
@@ -904,7 +891,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Edit(const DataProto& batch) {
   std::vector<Image> images;
   for (const MicroBatch& micro : micro_batches) {
     DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> edited,
-                          state_->pipeline().Edit(micro.inputs, state_->options));
+                          state_->diffusion->Edit(micro.inputs, state_->options));
     for (const at::Tensor& image : edited) images.push_back(RawImage(image));
   }
   return DataProto::Make({}, {{kEditedColumn, std::move(images)}});
@@ -917,8 +904,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::ComputeLogProb(const DataProto& batch)
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> log_probs;
   for (const MicroBatch& micro : micro_batches) {
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
-    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise().size(1)));
     std::vector<at::Tensor> steps;
     for (int64_t j = 0; j < micro.trajectory.timesteps.size(1); ++j) {
       DRAY_ASSIGN_OR_RETURN(rl::SdeStepResult step,
@@ -987,8 +974,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::UpdateActor(const DataProto& batch) {
   std::map<std::string, double> sums;
   double gap_max = 0;
   for (const MicroBatch& micro : micro_batches) {
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
-    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise().size(1)));
     const int64_t rows = static_cast<int64_t>(micro.inputs.size());
     for (size_t k = 0; k < train_steps.size(); ++k) {
       // The rows' window steps: the step's shared k-th, or each row's own.
@@ -1088,8 +1075,8 @@ absl::StatusOr<DataProto> FlowGrpoWorker::NftUpdate(const DataProto& batch) {
                                    static_cast<int64_t>(micro_batches.size()) * trained};
   std::map<std::string, double> sums;
   for (const MicroBatch& micro : micro_batches) {
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared, state_->Prepare(micro));
-    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise.size(1)));
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared, state_->Prepare(micro));
+    DRAY_ASSIGN_OR_RETURN(rl::SdeSchedule schedule, state_->Schedule(prepared.noise().size(1)));
     const int64_t steps = schedule.timesteps.size(0);
     const at::Tensor& x0 = micro.trajectory.final_latents;
     if (!x0.defined())
@@ -1158,16 +1145,16 @@ absl::StatusOr<DataProto> FlowGrpoWorker::SftUpdate(const DataProto& batch) {
     if (micro.targets.empty())
       return absl::InvalidArgumentError(absl::StrCat("sft_update needs a ", kTargetsColumn,
                                                      " and a ", kSigmaDrawsColumn, " column"));
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared,
                           state_->Prepare(micro, conditional, /*cache=*/nullptr));
     DRAY_ASSIGN_OR_RETURN(at::Tensor target_latents,
-                          SftTargetLatents(state_->pipeline(), micro.targets, prepared));
+                          SftTargetLatents(*state_->diffusion, micro.targets, prepared));
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler schedule,
-                          state_->pipeline().Scheduler(prepared.noise.size(1), kTrainTimesteps));
+                          state_->diffusion->Scheduler(prepared.noise().size(1), kTrainTimesteps));
     const SftNoising noising =
-        SftNoise(schedule, micro.sigma_draws, target_latents, prepared.noise);
+        SftNoise(schedule, micro.sigma_draws, target_latents, prepared.noise());
     DRAY_ASSIGN_OR_RETURN(at::Tensor velocity,
-                          state_->pipeline().Velocity(prepared, noising.noisy, noising.timesteps,
+                          state_->diffusion->Velocity(prepared, noising.noisy, noising.timesteps,
                                                       /*true_cfg_scale=*/1.0));
     const at::Tensor loss = at::mse_loss(AtLeastFloat32(velocity), noising.target) /
                             static_cast<double>(micro_batches.size());
@@ -1197,18 +1184,18 @@ absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
   state_->BeginUpdate(lr);
   qwen_image::EditOptions conditional = state_->options;  // no guidance, as SFT
   conditional.negative_prompt.reset();
-  qwen_image::QwenImageEditPipeline& pipeline = state_->pipeline();
+  EditDiffusion& diffusion = *state_->diffusion;
   const int64_t draws = micro_batches.front().sigma_draws.size(1);
   const int64_t accumulation = static_cast<int64_t>(micro_batches.size()) * draws;
   std::map<std::string, double> sums;
   for (const MicroBatch& micro : micro_batches) {
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared,
                           state_->Prepare(micro, conditional, /*cache=*/nullptr));
-    DRAY_ASSIGN_OR_RETURN(at::Tensor chosen, SftTargetLatents(pipeline, micro.targets, prepared));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor chosen, SftTargetLatents(diffusion, micro.targets, prepared));
     DRAY_ASSIGN_OR_RETURN(at::Tensor rejected,
-                          SftTargetLatents(pipeline, micro.rejected, prepared));
+                          SftTargetLatents(diffusion, micro.rejected, prepared));
     DRAY_ASSIGN_OR_RETURN(qwen_image::FlowMatchEulerScheduler schedule,
-                          pipeline.Scheduler(prepared.noise.size(1), kTrainTimesteps));
+                          diffusion.Scheduler(prepared.noise().size(1), kTrainTimesteps));
     for (int64_t d = 0; d < draws; ++d) {
       // A pair's chosen and rejected edits share the draw's noise and timestep.
       const at::Tensor pair_noise =
@@ -1218,9 +1205,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::DpoUpdate(const DataProto& batch) {
       const SftNoising l = SftNoise(schedule, u, rejected, pair_noise);
       auto velocities = [&](qwen_image::Denoiser denoiser) -> absl::StatusOr<at::Tensor> {
         DRAY_ASSIGN_OR_RETURN(at::Tensor on_w,
-                              pipeline.Velocity(prepared, w.noisy, w.timesteps, 1.0, denoiser));
+                              diffusion.Velocity(prepared, w.noisy, w.timesteps, 1.0, denoiser));
         DRAY_ASSIGN_OR_RETURN(at::Tensor on_l,
-                              pipeline.Velocity(prepared, l.noisy, l.timesteps, 1.0, denoiser));
+                              diffusion.Velocity(prepared, l.noisy, l.timesteps, 1.0, denoiser));
         return at::cat({on_w, on_l});
       };
       DRAY_ASSIGN_OR_RETURN(at::Tensor prediction, velocities(nullptr));
@@ -1264,7 +1251,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
   // to the fake score's turn), and with update_generator its step on its
   // loss (distribution matching, and the GAN's).
   std::vector<at::Tensor> samples;
-  std::vector<qwen_image::PreparedEdit> unguided_edits;
+  std::vector<PreparedRows> unguided_edits;
   std::vector<State::Dmd2Schedule> schedules;  // the scores' noise levels, per micro-batch
   if (update_generator) state.BeginUpdate(lr);
   for (const MicroBatch& micro : micro_batches) {
@@ -1273,12 +1260,11 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Dmd2Update(const DataProto& batch) {
       options.negative_prompt = state.config.model.negative_prompt;
       options.true_cfg_scale = state.config.real_guidance_scale;
     }
-    DRAY_ASSIGN_OR_RETURN(qwen_image::PreparedEdit prepared,
-                          state.Prepare(micro, options, /*cache=*/nullptr));
-    qwen_image::PreparedEdit& unguided = unguided_edits.emplace_back(prepared);
-    unguided.negative.reset();
+    DRAY_ASSIGN_OR_RETURN(PreparedRows prepared, state.Prepare(micro, options, /*cache=*/nullptr));
+    PreparedRows& unguided = unguided_edits.emplace_back(prepared);
+    unguided.DropGuidance();
     DRAY_ASSIGN_OR_RETURN(State::Dmd2Schedule scheduled,
-                          state.Dmd2ScheduleFor(prepared.noise.size(1), kTrainTimesteps));
+                          state.Dmd2ScheduleFor(prepared.noise().size(1), kTrainTimesteps));
     const State::Dmd2Schedule& schedule = schedules.emplace_back(std::move(scheduled));
     std::optional<torch::NoGradGuard> frozen;
     if (!update_generator) frozen.emplace();
@@ -1366,7 +1352,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Reconstruct(const DataProto& batch) {
     std::vector<at::Tensor> inputs;
     for (const qwen_image::EditInput& input : micro.inputs) inputs.push_back(input.images[0]);
     DRAY_ASSIGN_OR_RETURN(VaeLoss out, state_->VaeLossOf(inputs, /*seeds=*/{}));
-    for (const at::Tensor& image : qwen_image::ToImages(out.reconstructions))
+    for (const at::Tensor& image : PixelsToImages(out.reconstructions))
       images.push_back(RawImage(image));
   }
   return DataProto::Make({}, {{kEditedColumn, std::move(images)}});

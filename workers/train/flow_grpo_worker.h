@@ -1,7 +1,8 @@
-// FlowGrpoWorker: the worker class that trains Qwen-Image-Edit with
-// Flow-GRPO (or supervised fine-tuning, or its VAE as an autoencoder), one
-// process per GPU, holding the model as the edit worker does
-// (workers/pipeline/edit_model.h) with LoRA adapters on the transformer (or the
+// FlowGrpoWorker: the worker class that trains Qwen-Image-Edit or FLUX.1
+// Kontext with Flow-GRPO (or supervised fine-tuning, or Qwen's VAE as an
+// autoencoder), one process per GPU, holding the model as the edit worker
+// does (workers/pipeline/edit_model.h; its denoising through
+// edit_diffusion.h) with LoRA adapters on the transformer (or the
 // whole transformer trainable, or with algorithm.name vae the whole VAE),
 // always sharded with FSDP's design (NO_SHARD is DDP), and an AdamW
 // optimizer over the trainable parameters:

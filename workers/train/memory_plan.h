@@ -148,7 +148,8 @@ struct PlanModel {
   int64_t default_text_tokens = 0;
   std::vector<FrozenComponent> frozen;
   // text_encoders: where training keeps the text encoders unless told
-  // (dray train shards Qwen-Image's; FLUX.1's stay resident, as diffusers').
+  // (dray train shards Qwen-Image's Qwen2.5-VL and FLUX.1's T5; counted
+  // with CLIP, which it replicates: 0.17 GiB at W = 4).
   Placement text_encoders = Placement::kResident;
 
   int64_t parameters() const;  // the transformer's, adapters included

@@ -103,7 +103,7 @@ void CountReplicated(const torch::nn::Module& transformer, PlanModel& model) {
 
 absl::StatusOr<PlanModel> CountFlux(const std::string& name, flux::FluxKontextModel kontext,
                                     const LoraPlan& lora) {
-  DRAY_RETURN_IF_ERROR(AttachLora(*kontext.transformer, lora, FluxLoraTargets()));
+  DRAY_RETURN_IF_ERROR(AttachLora(*kontext.transformer, lora, flux::DiffusersLoraTargets()));
   PlanModel model =
       CountFluxTransformer(absl::StrCat("FLUX.1 Kontext (", name, ")"), *kontext.transformer);
   model.frozen = {{"T5 encoder (text_encoder_2)", ParameterCount(*kontext.t5), true},
@@ -184,25 +184,9 @@ PlanModel CountFluxTransformer(const std::string& name,
   model.text_dim = config.joint_attention_dim;
   model.pooled_dim = config.pooled_projection_dim;
   model.latent_channels = config.in_channels;
-  model.default_text_tokens = 512;  // the Kontext pipeline's max_sequence_length for T5
+  model.default_text_tokens = 512;            // the Kontext pipeline's max_sequence_length for T5
+  model.text_encoders = Placement::kSharded;  // as dray train's workers shard T5
   return model;
-}
-
-const std::vector<std::string>& FluxLoraTargets() {
-  static const std::vector<std::string>* const targets =
-      new std::vector<std::string>{"attn.to_k",
-                                   "attn.to_q",
-                                   "attn.to_v",
-                                   "attn.to_out.0",
-                                   "attn.add_k_proj",
-                                   "attn.add_q_proj",
-                                   "attn.add_v_proj",
-                                   "attn.to_add_out",
-                                   "ff.net.0.proj",
-                                   "ff.net.2",
-                                   "ff_context.net.0.proj",
-                                   "ff_context.net.2"};
-  return *targets;
 }
 
 absl::StatusOr<PlanModel> LoadPlanModel(const std::string& model, const LoraPlan& lora) {

@@ -27,13 +27,9 @@ namespace dray {
 struct LoraPlan {
   int64_t rank = 0;
   // Layers adapted (peft's matching); empty: the family's default,
-  // FluxLoraTargets() or TrainConfig's lora_target_modules for Qwen-Image.
+  // flux::DiffusersLoraTargets() or TrainConfig's lora_target_modules for Qwen-Image.
   std::vector<std::string> target_modules;
 };
-
-// FluxLoraTargets: diffusers' FLUX.1 LoRA targets (train_dreambooth_lora_flux.py's
-// default): the attention projections of every block and the dual-stream MLPs.
-const std::vector<std::string>& FluxLoraTargets();
 
 // kPlanPresets: the preset names LoadPlanModel knows, as errors list them.
 inline constexpr char kPlanPresets[] = "flux-real, flux-tiny, real, small, embedded, tiny";

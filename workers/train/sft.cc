@@ -25,16 +25,16 @@ SftNoising SftNoise(const qwen_image::FlowMatchEulerScheduler& schedule, const a
   return out;
 }
 
-absl::StatusOr<at::Tensor> SftTargetLatents(qwen_image::QwenImageEditPipeline& pipeline,
+absl::StatusOr<at::Tensor> SftTargetLatents(EditDiffusion& diffusion,
                                             const std::vector<at::Tensor>& targets,
-                                            const qwen_image::PreparedEdit& prepared) {
+                                            const PreparedRows& prepared) {
   std::vector<at::Tensor> resized;
   for (const at::Tensor& target : targets) {
-    DRAY_ASSIGN_OR_RETURN(at::Tensor image,
-                          ResizeImage(target, prepared.height, prepared.width, Resample::kLanczos));
+    DRAY_ASSIGN_OR_RETURN(at::Tensor image, ResizeImage(target, prepared.height(), prepared.width(),
+                                                        Resample::kLanczos));
     resized.push_back(image);
   }
-  return pipeline.EncodeImages(resized);
+  return diffusion.EncodeImages(resized);
 }
 
 }  // namespace dray

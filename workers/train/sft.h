@@ -1,5 +1,5 @@
-// Supervised fine-tuning's flow-matching numerics, as Qwen-Image-Edit
-// fine-tunes compute them (diffusers' training scripts): the target image's
+// Supervised fine-tuning's flow-matching numerics, as Qwen-Image-Edit and
+// FLUX.1 Kontext fine-tunes compute them (diffusers' training scripts): the target image's
 // latents x0, noise at a sigma drawn from the shifted schedule,
 //
 //   noisy = (1 - sigma) x0 + sigma noise,   target velocity = noise - x0,
@@ -8,9 +8,9 @@
 // latents, with the condition image's latents beside them as the edit
 // pipeline has them.
 //
-//   DRAY_ASSIGN_OR_RETURN(at::Tensor x0, SftTargetLatents(pipeline, targets, prepared));
-//   const SftNoising noising = SftNoise(schedule, draws, x0, prepared.noise);
-//   loss = mse(pipeline.Velocity(prepared, noising.noisy, noising.timesteps, 1.0), noising.target)
+//   DRAY_ASSIGN_OR_RETURN(at::Tensor x0, SftTargetLatents(diffusion, targets, prepared));
+//   const SftNoising noising = SftNoise(schedule, draws, x0, prepared.noise());
+//   loss = mse(diffusion.Velocity(prepared, noising.noisy, noising.timesteps, 1.0), noising.target)
 #ifndef DRAY_WORKERS_TRAIN_SFT_H_
 #define DRAY_WORKERS_TRAIN_SFT_H_
 
@@ -19,8 +19,8 @@
 #include <ATen/core/Tensor.h>
 
 #include "absl/status/statusor.h"
-#include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/scheduler.h"
+#include "workers/pipeline/edit_diffusion.h"
 
 namespace dray {
 
@@ -37,11 +37,11 @@ SftNoising SftNoise(const qwen_image::FlowMatchEulerScheduler& schedule, const a
                     const at::Tensor& latents, const at::Tensor& noise);
 
 // SftTargetLatents resizes `targets` (uint8 [H, W, 3]) to the prepared
-// edit's output size (Lanczos) and encodes them as the pipeline encodes
+// rows' output size (Lanczos) and encodes them as the model encodes
 // images: the latents the edit should end at.
-absl::StatusOr<at::Tensor> SftTargetLatents(qwen_image::QwenImageEditPipeline& pipeline,
+absl::StatusOr<at::Tensor> SftTargetLatents(EditDiffusion& diffusion,
                                             const std::vector<at::Tensor>& targets,
-                                            const qwen_image::PreparedEdit& prepared);
+                                            const PreparedRows& prepared);
 
 }  // namespace dray
 

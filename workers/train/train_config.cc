@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "runtime/sharding/strategy.h"
 #include "workers/config/yaml_config.h"
+#include "workers/models/flux/transformer.h"
 #include "workers/rl/advantages.h"
 #include "workers/rl/nft_loss.h"
 #include "workers/rl/ode_sampler.h"
@@ -261,6 +262,7 @@ std::vector<ConfigKey> Keys(TrainConfig& c) {
            Key("worker.actor.lora_rank", c.lora_rank, "an integer"),
            Key("worker.actor.lora_alpha", c.lora_alpha, "a number"),
            Key("worker.actor.lora_target_modules", c.lora_target_modules, "a list of names"),
+           Key("worker.actor.gradient_checkpointing", c.gradient_checkpointing, "true or false"),
            Key("worker.rollout.num_inference_steps", c.num_inference_steps, "an integer"),
            Key("worker.rollout.resolution", c.resolution, "an integer"),
            Key("worker.rollout.num_workers", c.rollout_workers, "an integer"),
@@ -534,6 +536,44 @@ absl::Status TrainConfig::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status TrainConfig::CheckFamily(ModelFamily family) const {
+  if (family != ModelFamily::kFluxKontext) return absl::OkStatus();
+  auto unimplemented = [&](const std::string& what) {
+    return absl::UnimplementedError(absl::StrCat(
+        model.model_path,
+        " is FLUX.1 Kontext: dray trains it with SFT, the GRPO family, "
+        "DiffusionNFT and DPO, with LoRA or with full fine-tuning without a frozen reference; ",
+        what, " runs Qwen-Image-Edit models only"));
+  };
+  if (vae()) return unimplemented("algorithm.name vae");
+  if (dmd2()) return unimplemented("algorithm.name dmd2");
+  if (frozen_reference()) {
+    return unimplemented(
+        absl::StrCat("full fine-tuning (worker.actor.lora_rank 0) with a frozen reference copy (",
+                     dpo() ? "DPO without algorithm.ref_update_step" : "algorithm.beta > 0", ")"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// KontextTrainDefaults: what flow_grpo's FLUX.1 Kontext script (its
+// counting_flux_kontext config) chooses where dray's generic defaults
+// differ: its LoRA (rank 64, alpha 128, FLUX.1's attention and MLP
+// layers), embedded guidance 2.5, and T5 prompts of at most 128 tokens;
+// and FluxKontextPipeline's own defaults for the rest of the model's keys.
+void KontextTrainDefaults(TrainConfig& c) {
+  c.model.UseKontextDefaults();
+  c.model.guidance_scale = 2.5;
+  c.model.max_prompt_tokens = 128;
+  c.lora_rank = 64;
+  c.lora_alpha = 128;
+  c.lora_target_modules = flux::DiffusersLoraTargets();
+  c.lora_target_modules.push_back("proj_mlp");
+}
+
+}  // namespace
+
 absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
                                               const std::vector<std::string>& overrides) {
   YAML::Node document;
@@ -553,6 +593,8 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   TrainConfig defaults;
   if (asked.embedded_task() || asked.model.model_path.empty())
     defaults = EmbeddedDefaults(asked.name, asked.embedded_task());
+  const ModelFamily family = asked.model.family();
+  if (family == ModelFamily::kFluxKontext) KontextTrainDefaults(defaults);
   if (asked.name == "flow_grpo_fast") defaults.sde_window_size = 2;  // flow_grpo's default
   if (asked.name == "mix_grpo") {  // MixGRPO's script: a window of 4, DanceGRPO's advantages
     defaults.sde_window_size = 4;
@@ -584,7 +626,9 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   if (config.name == "flow_grpo_fast" && config.sde_window_range == std::vector<int64_t>{0, 0})
     config.sde_window_range = {0, config.num_inference_steps / 2};
   DRAY_RETURN_IF_ERROR(ForeignKeyError(config, KeysSetIn(document, overrides)));
+  DRAY_RETURN_IF_ERROR(config.CheckFamily(family));  // what the model cannot run, first
   DRAY_RETURN_IF_ERROR(config.Validate());
+  DRAY_RETURN_IF_ERROR(config.model.CheckFamily(family));
   return config;
 }
 

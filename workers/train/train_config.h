@@ -24,7 +24,8 @@
 //              guidance_cls_loss_weight, diffusion_gan, diffusion_gan_max_timestep
 //   worker.image_edit: the model and its sharding (workers/pipeline/edit_config.h)
 //   worker.actor:   lr, lr_warmup_steps, weight_decay, max_grad_norm, micro_batch_size,
-//                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules
+//                   lora_rank (0: full fine-tuning), lora_alpha, lora_target_modules,
+//                   gradient_checkpointing
 //   worker.rollout: num_inference_steps, resolution
 //   worker.reward:  functions, weights, placement, num_workers, remote (scorers over gRPC:
 //                   [{name, address, weight, timeout_ms, max_batch, max_retries,
@@ -254,6 +255,10 @@ struct TrainConfig {
                                                   "img_mlp.net.2",
                                                   "txt_mlp.net.0.proj",
                                                   "txt_mlp.net.2"};
+  // Recompute each transformer block in backward instead of keeping its
+  // activations (verl's enable_gradient_checkpointing): what a 12B model
+  // needs to train on 24 GB cards (docs/memory_plan.md).
+  bool gradient_checkpointing = false;
 
   // worker.rollout.*
   int64_t num_inference_steps = 10;
@@ -307,6 +312,10 @@ struct TrainConfig {
   static absl::StatusOr<TrainConfig> FromYaml(const std::string& text);
   std::string ToYaml() const;
   absl::Status Validate() const;
+  // CheckFamily: whether this job can train a model of `family`
+  // (FLUX.1 Kontext: not the VAE, DMD2, or a full fine-tune's frozen
+  // reference copy): UNIMPLEMENTED naming what it cannot.
+  absl::Status CheckFamily(ModelFamily family) const;
 
   bool embedded_task() const { return train_files.empty(); }
   // grpo: a GRPO algorithm (grpo, flow_grpo_fast, grpo_guard, mix_grpo,
@@ -329,6 +338,12 @@ struct TrainConfig {
   // rejected edit) and needs no rewards (DPO scores its edits with any it
   // names); the others roll out samples and score them.
   bool paired() const { return sft() || vae() || (dpo() && dpo_pairs == "data"); }
+  // frozen_reference: whether the workers keep a frozen copy of the initial
+  // transformer (full fine-tuning with a KL term, DPO's fixed reference,
+  // DMD2's real score); LoRA's reference is the model with its adapters off.
+  bool frozen_reference() const {
+    return lora_rank == 0 && (dmd2() || (dpo() ? !sampling_policy() : !paired() && beta > 0));
+  }
   // dpo_draws: DPO's noise draws per pair and step (flow_grpo's
   // num_train_timesteps).
   int64_t dpo_draws() const {

@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
+#include "workers/models/pixels.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 
 namespace dray::flux {
@@ -25,12 +26,6 @@ constexpr int64_t kClipLength = 77;
 // Pack: [B, C, H, W] latents to tokens [B, (H/2)(W/2), 4C].
 absl::StatusOr<at::Tensor> Pack(const at::Tensor& latents) {
   return qwen_image::PackLatents(latents.unsqueeze(2));
-}
-
-// ToPixels: uint8 [H, W, 3] images of one size to [B, 3, H, W] in [-1, 1].
-at::Tensor ToPixels(const std::vector<at::Tensor>& images) {
-  const at::Tensor unit = at::stack(images).permute({0, 3, 1, 2}).to(at::kFloat) / 255.0;
-  return unit * 2 - 1;
 }
 
 // IdsAsInts: a batch of token id lists as int64 [B, L].
@@ -75,17 +70,26 @@ absl::StatusOr<PreparedKontextEdit> FluxKontextPipeline::PrepareLatents(
   }
   PreparedKontextEdit prepared;
   DRAY_ASSIGN_OR_RETURN(prepared.noise, Pack(at::cat(noise, 0)));
-  const at::TensorOptions vae_options = model_.vae->parameters()[0].options();
-  DRAY_ASSIGN_OR_RETURN(GaussianLatents encoded, model_.vae->Encode(pixels.to(vae_options)));
-  DRAY_ASSIGN_OR_RETURN(prepared.image_latents,
-                        Pack(model_.vae->Normalize(AtLeastFloat32(encoded.mean))));
-  const int64_t image_rows = encoded.mean.size(2) / 2, image_columns = encoded.mean.size(3) / 2;
+  DRAY_ASSIGN_OR_RETURN(prepared.image_latents, EncodePixels(pixels));
+  const int64_t image_rows = pixels.size(2) / f / 2, image_columns = pixels.size(3) / f / 2;
   prepared.img_ids = at::cat(
       {LatentImageIds(latent_h / 2, latent_w / 2, 0), LatentImageIds(image_rows, image_columns, 1)},
       0);
   prepared.height = height;
   prepared.width = width;
   return prepared;
+}
+
+absl::StatusOr<at::Tensor> FluxKontextPipeline::EncodePixels(const at::Tensor& pixels) {
+  torch::NoGradGuard no_grad;
+  const at::TensorOptions vae_options = model_.vae->parameters()[0].options();
+  DRAY_ASSIGN_OR_RETURN(GaussianLatents encoded, model_.vae->Encode(pixels.to(vae_options)));
+  return Pack(model_.vae->Normalize(AtLeastFloat32(encoded.mean)));
+}
+
+absl::StatusOr<at::Tensor> FluxKontextPipeline::EncodeImages(
+    const std::vector<at::Tensor>& images) {
+  return EncodePixels(ImagesToPixels(images, at::kFloat));
 }
 
 absl::StatusOr<PreparedKontextEdit> FluxKontextPipeline::Prepare(
@@ -104,8 +108,9 @@ absl::StatusOr<PreparedKontextEdit> FluxKontextPipeline::Prepare(
     instructions.push_back(row->instruction);
     seeds.push_back(row->seed);
   }
-  DRAY_ASSIGN_OR_RETURN(PreparedKontextEdit prepared,
-                        PrepareLatents(seeds, ToPixels(images), sizes.height, sizes.width));
+  DRAY_ASSIGN_OR_RETURN(
+      PreparedKontextEdit prepared,
+      PrepareLatents(seeds, ImagesToPixels(images, at::kFloat), sizes.height, sizes.width));
   DRAY_ASSIGN_OR_RETURN(prepared.prompt, EncodePrompts(instructions, options.max_sequence_length));
   if (options.true_cfg_scale > 1 && options.negative_prompt.has_value()) {
     const std::vector<std::string> negatives(rows.size(), *options.negative_prompt);
@@ -177,11 +182,7 @@ absl::StatusOr<std::vector<at::Tensor>> FluxKontextPipeline::DecodeImages(const 
                                                                           int64_t height,
                                                                           int64_t width) {
   DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, DecodeLatents(latents, height, width));
-  const at::Tensor unit = (AtLeastFloat32(decoded.cpu()) / 2 + 0.5).clamp(0, 1);
-  const at::Tensor bytes = (unit * 255).round().to(at::kByte).permute({0, 2, 3, 1});
-  std::vector<at::Tensor> images;
-  for (int64_t i = 0; i < bytes.size(0); ++i) images.push_back(bytes[i].contiguous());
-  return images;
+  return PixelsToImages(decoded);
 }
 
 absl::StatusOr<std::vector<at::Tensor>> FluxKontextPipeline::Edit(

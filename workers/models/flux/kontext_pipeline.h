@@ -89,6 +89,10 @@ class FluxKontextPipeline {
   absl::StatusOr<PreparedKontextEdit> PrepareLatents(const std::vector<uint64_t>& seeds,
                                                      const at::Tensor& pixels, int64_t height,
                                                      int64_t width);
+  // EncodeImages turns uint8 [H, W, 3] images of one size into packed,
+  // normalized latents [B, S, C] (the VAE's mean): what DecodeImages turns
+  // back into them. Without gradients.
+  absl::StatusOr<at::Tensor> EncodeImages(const std::vector<at::Tensor>& images);
   // Velocity: the transformer's prediction for the noisy tokens `latents`
   // at schedule timestep `timestep` ([B], 0..1000), with true CFG when the
   // prepared edit has a negative prompt. Differentiable in grad mode.
@@ -115,6 +119,10 @@ class FluxKontextPipeline {
   int64_t vae_scale_factor() const { return model_.vae->config().spatial_compression(); }
 
  private:
+  // EncodePixels: the packed, normalized latents of `pixels` ([B, 3, H, W]
+  // in [-1, 1]), without gradients.
+  absl::StatusOr<at::Tensor> EncodePixels(const at::Tensor& pixels);
+
   FluxKontextModel model_;
 };
 

@@ -14,6 +14,21 @@
 #include "runtime/sharding/activation_checkpoint.h"
 
 namespace dray::flux {
+
+std::vector<std::string> DiffusersLoraTargets() {
+  return {"attn.to_k",
+          "attn.to_q",
+          "attn.to_v",
+          "attn.to_out.0",
+          "attn.add_k_proj",
+          "attn.add_q_proj",
+          "attn.add_v_proj",
+          "attn.to_add_out",
+          "ff.net.0.proj",
+          "ff.net.2",
+          "ff_context.net.0.proj",
+          "ff_context.net.2"};
+}
 namespace {
 
 // kTimestepChannels: width of the sinusoidal timestep and guidance embeddings.

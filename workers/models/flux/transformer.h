@@ -42,6 +42,12 @@
 
 namespace dray::flux {
 
+// DiffusersLoraTargets: diffusers' FLUX.1 LoRA targets
+// (train_dreambooth_lora_flux.py's default): every block's attention
+// projections and the dual-stream blocks' MLPs. flow_grpo's Kontext script
+// adds "proj_mlp", the single-stream blocks' MLP input.
+std::vector<std::string> DiffusersLoraTargets();
+
 // FluxTransformerConfig: diffusers' config.json keys; defaults are FLUX.1's.
 struct FluxTransformerConfig {
   int64_t patch_size = 1;

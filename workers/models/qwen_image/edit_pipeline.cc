@@ -18,6 +18,7 @@
 #include "base/status_macros.h"
 #include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
+#include "workers/models/pixels.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/prompt_template.h"
 
@@ -97,16 +98,7 @@ PromptEmbeddings PadPrompts(const std::vector<at::Tensor>& prompts) {
 }  // namespace
 
 at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options) {
-  const at::Tensor unit = at::stack(images).permute({0, 3, 1, 2}).to(at::kFloat) / 255.0;
-  return (unit * 2 - 1).unsqueeze(2).to(options);
-}
-
-std::vector<at::Tensor> ToImages(const at::Tensor& decoded) {
-  const at::Tensor unit = (AtLeastFloat32(decoded.cpu()) / 2 + 0.5).clamp(0, 1);
-  const at::Tensor bytes = (unit * 255).round().to(at::kByte).permute({0, 2, 3, 1});
-  std::vector<at::Tensor> images;
-  for (int64_t i = 0; i < bytes.size(0); ++i) images.push_back(bytes[i].contiguous());
-  return images;
+  return ImagesToPixels(images, options).unsqueeze(2);
 }
 
 QwenImageEditPipeline::QwenImageEditPipeline(QwenImageModel model) : model_(std::move(model)) {}
@@ -452,7 +444,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::
   const at::Tensor vae_input =
       model_.vae->Denormalize(unpacked).to(model_.vae->parameters()[0].options());
   DRAY_ASSIGN_OR_RETURN(at::Tensor decoded, model_.vae->Decode(vae_input));
-  return ToImages(decoded.select(2, 0));
+  return PixelsToImages(decoded.select(2, 0));
 }
 
 absl::StatusOr<FlowMatchEulerScheduler> QwenImageEditPipeline::Scheduler(int64_t image_seq_len,

@@ -99,9 +99,8 @@ using StepCallback = std::function<absl::Status(int step, int steps)>;
 int64_t DenoisingLoops(const std::vector<EditInput>& inputs);
 
 // ToPixels maps uint8 [H, W, 3] images of one size to the VAE's input
-// [B, 3, 1, H, W] in [-1, 1]; ToImages maps its output [B, 3, H, W] back.
+// [B, 3, 1, H, W] in [-1, 1] (pixels.h's, with the frame axis).
 at::Tensor ToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options);
-std::vector<at::Tensor> ToImages(const at::Tensor& decoded);
 
 // EncodeEditPrompt tokenizes the edit template of `kind` for `images` input
 // images around `instruction`. The template's control tokens are matched;
