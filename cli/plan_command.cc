@@ -70,8 +70,9 @@ absl::StatusOr<int64_t> ParseBytes(const char* flag, const std::string& text) {
   for (const auto& [unit, scale] : kUnits) {
     if (!absl::EndsWith(text, unit)) continue;
     double value = 0;
+    // At most 2^62 bytes (an exabyte): inf, nan and larger are not sizes.
     if (!absl::SimpleAtod(text.substr(0, text.size() - std::string(unit).size()), &value) ||
-        value < 0) {
+        !(value >= 0 && value * scale <= 0x1p62)) {
       break;
     }
     return static_cast<int64_t>(std::llround(value * scale));

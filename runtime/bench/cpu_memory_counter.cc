@@ -7,6 +7,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/alignment.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 
 #include "base/libtorch_compat.h"
 
@@ -69,6 +70,8 @@ void CpuMemoryCounter::ResetPeak() {
 }
 
 void CpuMemoryCounter::SplitIntoRanks(int ranks) {
+  TORCH_CHECK(ranks >= 0 && ranks <= kMaxRanks, "SplitIntoRanks: ", ranks, " ranks, at most ",
+              kMaxRanks);
   ranks_.store(0);  // uncounted while the tallies restart
   unranked_.store(0);
   for (int rank = 0; rank < kMaxRanks; ++rank) {

@@ -8,6 +8,7 @@
 #include "base/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/models/reference.h"
 #include "workers/models/clip/text_encoder.h"
 #include "workers/models/json_config.h"
@@ -79,6 +80,23 @@ TEST(T5EncoderTest, RejectsAnUngatedFeedForward) {
       JsonConfig::Parse(R"({"model_type": "t5", "feed_forward_proj": "relu"})", "t5"));
   EXPECT_THAT(t5::T5EncoderConfig::FromJson(json),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("gated-gelu")));
+}
+
+TEST(T5EncoderTest, RejectsSizesItCannotRun) {
+  DRAY_ASSERT_OK_AND_ASSIGN(
+      t5::T5EncoderConfig config,
+      t5::T5EncoderConfig::FromFile(ModelDir("text_encoder_2") + "/config.json"));
+  nlohmann::json text = nlohmann::json::parse(config.ToJson());
+  text["relative_attention_num_buckets"] = 2;  // no exact bucket: a division by zero
+  DRAY_ASSERT_OK_AND_ASSIGN(JsonConfig json, JsonConfig::Parse(text.dump(), "t5"));
+  EXPECT_THAT(
+      t5::T5EncoderConfig::FromJson(json),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("relative_attention_num_buckets 2")));
+  text["relative_attention_num_buckets"] = 32;
+  text["num_heads"] = 0;
+  DRAY_ASSERT_OK_AND_ASSIGN(json, JsonConfig::Parse(text.dump(), "t5"));
+  EXPECT_THAT(t5::T5EncoderConfig::FromJson(json),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_heads must be")));
 }
 
 }  // namespace

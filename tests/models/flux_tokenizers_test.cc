@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/models/reference.h"
 #include "workers/models/clip/tokenizer.h"
+#include "workers/models/t5/sentencepiece.h"
 #include "workers/models/t5/tokenizer.h"
 
 namespace dray {
@@ -164,6 +165,19 @@ TEST(FluxTokenizersTest, MissingOrMalformedFolders) {
   Write(t5_dir / "tokenizer_config.json", "{\"eos_token\": \"<eos>\"}");
   EXPECT_THAT(t5::Tokenizer::FromDirectory(t5_dir.string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("<eos>")));
+
+  // Hand-made ModelProtos (a unigram trainer spec, then a normalizer spec):
+  // a character map whose trie runs past its blob, and a trainer field of
+  // the wrong wire type, are malformed files, not crashes or stale values.
+  const std::string unigram("\x12\x02\x18\x01", 4);
+  const std::string overrun_map(
+      "\x1a\x0a\x12\x08\x07\x00\x00\x00"
+      "abcd",
+      12);
+  EXPECT_THAT(t5::SentencePiece::FromSerialized(unigram + overrun_map, "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("precompiled_charsmap")));
+  EXPECT_THAT(t5::SentencePiece::FromSerialized(std::string("\x12\x03\x1a\x01x", 5), "m"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not a SentencePiece")));
 }
 
 }  // namespace

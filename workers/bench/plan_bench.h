@@ -46,7 +46,6 @@ struct PlanCheck {
   int64_t lora_rank = 0;
   int64_t measured = 0;   // bytes, a rank's peak in a steady step
   int64_t predicted = 0;  // bytes, PlanMemory's total
-  std::string peak_at;    // the plan's moment
   double ratio() const { return static_cast<double>(measured) / static_cast<double>(predicted); }
 };
 

@@ -63,8 +63,7 @@ absl::StatusOr<std::unique_ptr<ImageEditController>> ImageEditController::Start(
         "configuration guides none (give a negative prompt, e.g. --negative-prompt \" \", and "
         "true_cfg_scale > 1): each of its edits runs the same pass on both workers");
   }
-  if (family == ModelFamily::kQwenImage)
-    DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));
+  DRAY_RETURN_IF_ERROR(CheckUlyssesHeads(config, model_path));  // Kontext: refused above
   DRAY_ASSIGN_OR_RETURN(controller->count_tokens_, PromptTokenCounterFor(model_path));
   DRAY_ASSIGN_OR_RETURN(controller->pipeline_, EditPipelineKindOf(config));
   const Options& launch = controller->options_;

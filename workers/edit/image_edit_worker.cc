@@ -45,8 +45,12 @@ absl::StatusOr<DataProto> QwenImageEditWorker::InitModel(const DataProto& input)
     return absl::OkStatus();
   };
   DRAY_ASSIGN_OR_RETURN(model_, LoadEditModel(config, *this, freeze));
-  DRAY_ASSIGN_OR_RETURN(pipeline_kind_, EditPipelineKindOf(model_->config));
-  DRAY_ASSIGN_OR_RETURN(count_tokens_, PromptTokenCounterFor(model_->config.model_path));
+  // The loaded model's own tokenizer and pipeline (FLUX.1 Kontext edits one
+  // picture, as Qwen-Image-Edit does).
+  const bool kontext = model_->family == ModelFamily::kFluxKontext;
+  pipeline_kind_ = kontext ? qwen_image::EditPipelineKind::kEdit : model_->model().pipeline;
+  count_tokens_ = kontext ? CountTokensWith(model_->kontext->model().t5_tokenizer)
+                          : CountTokensWith(model_->model().tokenizer);
   return DataProto::Make({}, {}, model_->MemoryFigures(rank()));
 }
 

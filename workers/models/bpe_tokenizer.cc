@@ -338,7 +338,9 @@ struct BpeTokenizer::State {
 
   void AppendValid(const std::string& text, std::vector<int64_t>& ids) const {
     ForEachPiece(regex.get(), text, !model.matches_only, [&](absl::string_view piece) {
-      const AddedToken* token = FindAdded(piece);
+      // CLIP's pattern matches its special tokens whole, and its tokenizer
+      // gives their ids from its cache (transformers' CLIPTokenizer.bpe).
+      const AddedToken* token = model.matches_only ? FindAdded(piece) : nullptr;
       if (token != nullptr) {
         ids.push_back(token->id);
       } else {

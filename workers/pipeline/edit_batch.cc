@@ -13,7 +13,6 @@
 #include "workers/models/model_index.h"
 #include "workers/models/qwen_image/model.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
-#include "workers/models/t5/tokenizer.h"
 
 namespace dray {
 namespace {
@@ -241,6 +240,12 @@ PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer
   };
 }
 
+PromptTokenCounter CountTokensWith(std::shared_ptr<const t5::Tokenizer> tokenizer) {
+  return [tokenizer = std::move(tokenizer)](absl::string_view text) {
+    return static_cast<int64_t>(tokenizer->EncodeUnpadded(text).size());
+  };
+}
+
 absl::Status CheckEditBatch(const DataProto& batch, const ImageEditConfig& config,
                             qwen_image::EditPipelineKind kind,
                             const PromptTokenCounter& count_tokens, int64_t first_row) {
@@ -286,10 +291,7 @@ absl::StatusOr<PromptTokenCounter> PromptTokenCounterFor(const std::string& mode
   if (family == ModelFamily::kFluxKontext) {
     DRAY_ASSIGN_OR_RETURN(t5::Tokenizer tokenizer,
                           t5::Tokenizer::FromDirectory(model_dir + "/tokenizer_2"));
-    return PromptTokenCounter([tokenizer = std::make_shared<const t5::Tokenizer>(
-                                   std::move(tokenizer))](absl::string_view text) {
-      return static_cast<int64_t>(tokenizer->EncodeUnpadded(text).size());
-    });
+    return CountTokensWith(std::make_shared<const t5::Tokenizer>(std::move(tokenizer)));
   }
   DRAY_ASSIGN_OR_RETURN(BpeTokenizer tokenizer,
                         BpeTokenizer::FromDirectory(model_dir + "/tokenizer"));

@@ -35,6 +35,7 @@
 #include "workers/models/bpe_tokenizer.h"
 #include "workers/models/flux/kontext_helpers.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
+#include "workers/models/t5/tokenizer.h"
 #include "workers/pipeline/edit_config.h"
 
 namespace dray {
@@ -94,8 +95,10 @@ absl::StatusOr<std::vector<EditRow>> DecodeEditRows(const DataProto& batch, int6
 // prompt's text (BpeTokenizer::EncodeText).
 using PromptTokenCounter = std::function<int64_t(absl::string_view text)>;
 
-// CountTokensWith counts with `tokenizer`.
+// CountTokensWith counts with `tokenizer` (Qwen-Image's; FLUX.1 Kontext's
+// T5, whose unpadded tokens count).
 PromptTokenCounter CountTokensWith(std::shared_ptr<const BpeTokenizer> tokenizer);
+PromptTokenCounter CountTokensWith(std::shared_ptr<const t5::Tokenizer> tokenizer);
 
 // PromptTokenCounterFor counts with the prompt tokenizer of the model
 // directory `model_dir`: Qwen-Image's, or FLUX.1 Kontext's T5 (CLIP sees

@@ -74,7 +74,7 @@ int64_t ModelsBytes(const std::vector<std::shared_ptr<torch::nn::Module>>& modul
 }  // namespace
 
 void EditModel::set_activation_checkpointing(bool enabled) {
-  if (kontext != nullptr) {
+  if (family == ModelFamily::kFluxKontext) {
     kontext->model().transformer->set_activation_checkpointing(enabled);
   } else {
     model().transformer->set_activation_checkpointing(enabled);

@@ -27,6 +27,7 @@
 #include "workers/models/layers.h"
 #include "workers/models/lora.h"
 #include "workers/models/pixels.h"
+#include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/pipeline/edit_batch.h"
 #include "workers/pipeline/edit_diffusion.h"
 #include "workers/pipeline/edit_model.h"
@@ -112,12 +113,9 @@ at::Tensor RowsNoise(const std::vector<qwen_image::EditInput>& inputs, uint64_t 
                      at::IntArrayRef shape, at::Device device) {
   std::vector<int64_t> row_shape = {1};
   row_shape.insert(row_shape.end(), shape.begin(), shape.end());
-  std::vector<at::Tensor> noise;
-  for (const qwen_image::EditInput& input : inputs) {
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(input.seed + offset);
-    noise.push_back(at::randn(row_shape, generator, at::kFloat));
-  }
-  return at::cat(noise).to(device);
+  std::vector<uint64_t> seeds;
+  for (const qwen_image::EditInput& input : inputs) seeds.push_back(input.seed + offset);
+  return qwen_image::SeededNoise(seeds, row_shape, at::TensorOptions(device).dtype(at::kFloat));
 }
 
 // RowsTimesteps: a train timestep in [lo, hi) for each row, from a
@@ -736,10 +734,7 @@ absl::StatusOr<DataProto> FlowGrpoWorker::InitModel(const DataProto& input) {
   const TrainConfig& config = state->config;
   ImageEditConfig model_config = config.model;
   model_config.enable_fsdp = true;  // training always shards (NO_SHARD is DDP)
-  if (!model_config.model_path.empty()) {
-    DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily(model_config.model_path));
-    DRAY_RETURN_IF_ERROR(config.CheckFamily(family));
-  }
+  DRAY_RETURN_IF_ERROR(config.CheckFamily(model_config.family()));
   auto freeze = [&config](const EditModules& model) -> absl::Status {
     for (const auto& text_encoder : model.text_encoders)
       for (auto& parameter : text_encoder->parameters()) parameter.set_requires_grad(false);

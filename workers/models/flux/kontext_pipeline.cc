@@ -1,7 +1,6 @@
 #include "workers/models/flux/kontext_pipeline.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <tuple>
@@ -49,10 +48,9 @@ absl::StatusOr<TextConditioning> FluxKontextPipeline::EncodePrompts(
     DRAY_ASSIGN_OR_RETURN(t5_ids.emplace_back(),
                           model_.t5_tokenizer->Encode(prompt, max_sequence_length));
   }
-  const at::Device device = model_.transformer->parameters()[0].device();
-  DRAY_ASSIGN_OR_RETURN(clip::ClipTextOutput clip,
-                        model_.clip->forward(IdsAsInts(clip_ids).to(device)));
-  DRAY_ASSIGN_OR_RETURN(at::Tensor t5, model_.t5->forward(IdsAsInts(t5_ids).to(device)));
+  // Each encoder moves the ids to its own weights' device.
+  DRAY_ASSIGN_OR_RETURN(clip::ClipTextOutput clip, model_.clip->forward(IdsAsInts(clip_ids)));
+  DRAY_ASSIGN_OR_RETURN(at::Tensor t5, model_.t5->forward(IdsAsInts(t5_ids)));
   return TextConditioning{t5, clip.pooler_output};
 }
 
@@ -62,15 +60,11 @@ absl::StatusOr<PreparedKontextEdit> FluxKontextPipeline::PrepareLatents(
   const int64_t f = vae_scale_factor();
   const int64_t latent_h = 2 * (height / (2 * f)), latent_w = 2 * (width / (2 * f));
   const int64_t channels = model_.transformer->config().in_channels / 4;
-  std::vector<at::Tensor> noise;
-  for (uint64_t seed : seeds) {
-    // As torch.randn with a seeded CPU generator.
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
-    noise.push_back(at::randn({1, channels, latent_h, latent_w}, generator, at::kFloat));
-  }
   PreparedKontextEdit prepared;
-  DRAY_ASSIGN_OR_RETURN(prepared.noise, Pack(at::cat(noise, 0)));
   DRAY_ASSIGN_OR_RETURN(prepared.image_latents, EncodePixels(pixels));
+  DRAY_ASSIGN_OR_RETURN(prepared.noise,
+                        Pack(qwen_image::SeededNoise(seeds, {1, channels, latent_h, latent_w},
+                                                     prepared.image_latents.options())));
   const int64_t image_rows = pixels.size(2) / f / 2, image_columns = pixels.size(3) / f / 2;
   prepared.img_ids = at::cat(
       {LatentImageIds(latent_h / 2, latent_w / 2, 0), LatentImageIds(image_rows, image_columns, 1)},
@@ -155,17 +149,7 @@ absl::StatusOr<at::Tensor> FluxKontextPipeline::Velocity(const PreparedKontextEd
 
 absl::StatusOr<FlowMatchEulerScheduler> FluxKontextPipeline::Scheduler(int64_t image_seq_len,
                                                                        int steps) const {
-  if (steps < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("edit: num_inference_steps must be at least 1, got ", steps));
-  }
-  const qwen_image::FlowMatchEulerConfig& config = model_.scheduler;
-  FlowMatchEulerScheduler scheduler(config);
-  const double mu =
-      qwen_image::CalculateShift(image_seq_len, config.base_image_seq_len, config.max_image_seq_len,
-                                 config.base_shift, config.max_shift);
-  DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(qwen_image::Linspace(1.0, 1.0 / steps, steps), mu));
-  return scheduler;
+  return qwen_image::ShiftedSchedule(model_.scheduler, image_seq_len, steps);
 }
 
 absl::StatusOr<at::Tensor> FluxKontextPipeline::DecodeLatents(const at::Tensor& latents,

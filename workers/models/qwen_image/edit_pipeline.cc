@@ -1,7 +1,6 @@
 #include "workers/models/qwen_image/edit_pipeline.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <map>
@@ -360,16 +359,14 @@ absl::StatusOr<PreparedEdit> QwenImageEditPipeline::Prepare(
   if (guided) prepared.negative = PadPrompts(negative);
   prepared.image_latents = at::stack(latents);
 
-  // Noise per row from its own seed, as torch.randn with a seeded CPU generator.
+  // Noise per row from its own seed.
   const int64_t channels = model_.transformer->config().in_channels / 4;
   const int64_t latent_h = 2 * (height / (scale * 2)), latent_w = 2 * (width / (scale * 2));
-  std::vector<at::Tensor> noise;
-  for (const EditInput* row : rows) {
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(row->seed);
-    noise.push_back(at::randn({1, channels, 1, latent_h, latent_w}, generator, at::kFloat));
-  }
+  std::vector<uint64_t> seeds;
+  for (const EditInput* row : rows) seeds.push_back(row->seed);
   DRAY_ASSIGN_OR_RETURN(prepared.noise,
-                        PackLatents(at::cat(noise).to(prepared.image_latents.options())));
+                        PackLatents(SeededNoise(seeds, {1, channels, 1, latent_h, latent_w},
+                                                prepared.image_latents.options())));
   SampleImages shapes = {{1, latent_h / 2, latent_w / 2}};
   for (const auto& [w, h] : sizes.vae) shapes.push_back({1, h / scale / 2, w / scale / 2});
   prepared.shapes.assign(rows.size(), shapes);
@@ -449,12 +446,7 @@ absl::StatusOr<std::vector<at::Tensor>> QwenImageEditPipeline::Decode(const at::
 
 absl::StatusOr<FlowMatchEulerScheduler> QwenImageEditPipeline::Scheduler(int64_t image_seq_len,
                                                                          int steps) const {
-  const FlowMatchEulerConfig& config = model_.scheduler;
-  FlowMatchEulerScheduler scheduler(config);
-  const double mu = CalculateShift(image_seq_len, config.base_image_seq_len,
-                                   config.max_image_seq_len, config.base_shift, config.max_shift);
-  DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
-  return scheduler;
+  return ShiftedSchedule(model_.scheduler, image_seq_len, steps);
 }
 
 Denoiser DenoiserOf(QwenImageTransformerImpl& transformer) {

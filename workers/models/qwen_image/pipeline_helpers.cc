@@ -1,5 +1,8 @@
 #include "workers/models/qwen_image/pipeline_helpers.h"
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +27,16 @@ std::pair<int64_t, int64_t> EditOutputSize(int64_t image_width, int64_t image_he
   const int64_t multiple = 2 * vae_scale_factor;
   return {width.value_or(default_width) / multiple * multiple,
           height.value_or(default_height) / multiple * multiple};
+}
+
+at::Tensor SeededNoise(const std::vector<uint64_t>& seeds, at::IntArrayRef shape,
+                       const at::TensorOptions& options) {
+  std::vector<at::Tensor> noise;
+  for (uint64_t seed : seeds) {
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+    noise.push_back(at::randn(shape, generator, at::kFloat));
+  }
+  return at::cat(noise).to(options);
 }
 
 absl::StatusOr<at::Tensor> PackLatents(const at::Tensor& latents) {

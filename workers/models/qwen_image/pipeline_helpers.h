@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -28,6 +29,13 @@ std::pair<int64_t, int64_t> EditOutputSize(int64_t image_width, int64_t image_he
                                            std::optional<int64_t> width,
                                            std::optional<int64_t> height, int64_t vae_scale_factor,
                                            double target_area = 1024.0 * 1024.0);
+
+// SeededNoise: a standard normal draw of `shape` (one row's, with its
+// batch dimension of 1) for each seed, as torch.randn with a CPU generator
+// seeded so, concatenated and put where `options` say (a row's noise does
+// not depend on the device or on which rows share its batch).
+at::Tensor SeededNoise(const std::vector<uint64_t>& seeds, at::IntArrayRef shape,
+                       const at::TensorOptions& options);
 
 // PackLatents turns latents [B, C, 1, H, W] (H, W even) into tokens
 // [B, (H/2)(W/2), 4C], each token a 2x2 patch in channel-major order.

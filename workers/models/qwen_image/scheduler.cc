@@ -190,4 +190,17 @@ absl::StatusOr<at::Tensor> FlowMatchEulerScheduler::Step(const at::Tensor& model
   return previous.to(model_output.scalar_type());
 }
 
+absl::StatusOr<FlowMatchEulerScheduler> ShiftedSchedule(const FlowMatchEulerConfig& config,
+                                                        int64_t image_seq_len, int steps) {
+  if (steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("edit: num_inference_steps must be at least 1, got ", steps));
+  }
+  FlowMatchEulerScheduler scheduler(config);
+  const double mu = CalculateShift(image_seq_len, config.base_image_seq_len,
+                                   config.max_image_seq_len, config.base_shift, config.max_shift);
+  DRAY_RETURN_IF_ERROR(scheduler.SetSigmas(Linspace(1.0, 1.0 / steps, steps), mu));
+  return scheduler;
+}
+
 }  // namespace dray::qwen_image

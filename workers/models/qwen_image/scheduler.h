@@ -92,6 +92,13 @@ class FlowMatchEulerScheduler {
   int step_index_ = 0;
 };
 
+// ShiftedSchedule: the schedule the Qwen-Image and FLUX.1 pipelines run:
+// `steps` sigmas from 1 to 1/steps, shifted for `image_seq_len` noisy
+// latent tokens by `config`'s calculate_shift; INVALID_ARGUMENT for
+// steps < 1.
+absl::StatusOr<FlowMatchEulerScheduler> ShiftedSchedule(const FlowMatchEulerConfig& config,
+                                                        int64_t image_seq_len, int steps);
+
 }  // namespace dray::qwen_image
 
 #endif  // DRAY_WORKERS_MODELS_QWEN_IMAGE_SCHEDULER_H_

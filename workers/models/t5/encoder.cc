@@ -98,6 +98,28 @@ Linear NewLinear(int64_t in, int64_t out, const at::TensorOptions& options) {
   return Linear(Linear::Impl::Options{in, out, /*bias=*/false, options});
 }
 
+// Validate: sizes a T5 encoder can be built and run with (the relative
+// position buckets split into exact and logarithmic halves per direction).
+absl::Status Validate(const T5EncoderConfig& c) {
+  for (auto [key, value] :
+       std::initializer_list<std::pair<const char*, int64_t>>{{"vocab_size", c.vocab_size},
+                                                              {"d_model", c.d_model},
+                                                              {"d_kv", c.d_kv},
+                                                              {"d_ff", c.d_ff},
+                                                              {"num_layers", c.num_layers},
+                                                              {"num_heads", c.num_heads}}) {
+    if (value < 1) return absl::InvalidArgumentError(absl::StrCat(key, " must be at least 1"));
+  }
+  if (c.relative_attention_num_buckets < 4 ||
+      c.relative_attention_max_distance <= c.relative_attention_num_buckets / 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("relative_attention_num_buckets ", c.relative_attention_num_buckets,
+                     " must be at least 4 and relative_attention_max_distance ",
+                     c.relative_attention_max_distance, " more than a quarter of it"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<T5EncoderConfig> T5EncoderConfig::FromJson(JsonConfig json) {
@@ -124,6 +146,7 @@ absl::StatusOr<T5EncoderConfig> T5EncoderConfig::FromJson(JsonConfig json) {
   }
   DRAY_RETURN_IF_ERROR(json.Get("layer_norm_epsilon", &c.layer_norm_epsilon));
   DRAY_RETURN_IF_ERROR(json.Finish());
+  DRAY_RETURN_IF_ERROR(Validate(c));
   return c;
 }
 

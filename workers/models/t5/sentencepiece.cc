@@ -135,8 +135,13 @@ bool ReadPiece(absl::string_view bytes, ModelPiece& piece) {
   });
 }
 
+// The fields read below hold varints unless said otherwise: a field of
+// another wire type makes the file malformed (false), not silently read.
 bool ReadTrainerSpec(absl::string_view bytes, ModelProto& model) {
   return ReadMessage(bytes, [&](const WireField& field) {
+    const bool read = field.number == 3 || field.number == 24 || field.number == 35;
+    if (!read) return true;
+    if (field.type != kVarint) return false;
     if (field.number == 3) model.model_type = static_cast<int>(field.value);
     if (field.number == 24) model.treat_whitespace_as_suffix = field.value != 0;
     if (field.number == 35) model.byte_fallback = field.value != 0;
@@ -146,6 +151,8 @@ bool ReadTrainerSpec(absl::string_view bytes, ModelProto& model) {
 
 bool ReadNormalizerSpec(absl::string_view bytes, NormalizerSpec& spec) {
   return ReadMessage(bytes, [&](const WireField& field) {
+    if (field.number < 2 || field.number > 5) return true;
+    if (field.type != (field.number == 2 ? kLengthDelimited : kVarint)) return false;
     if (field.number == 2) spec.precompiled_charsmap = std::string(field.bytes);
     if (field.number == 3) spec.add_dummy_prefix = field.value != 0;
     if (field.number == 4) spec.remove_extra_whitespaces = field.value != 0;
@@ -181,8 +188,8 @@ class CharsMap {
   bool Read(absl::string_view blob) {
     if (blob.size() <= 4) return false;
     const uint64_t trie_size = LittleEndian(blob.substr(0, 4));
-    if (trie_size >= blob.size()) return false;
     blob.remove_prefix(4);
+    if (trie_size > blob.size()) return false;
     for (size_t i = 0; i + 4 <= trie_size; i += 4)
       units_.push_back(LittleEndian(blob.substr(i, 4)));
     replacements_ = std::string(blob.substr(trie_size));
