@@ -21,6 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::dray::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(TrainConfigTest, TheEmbeddedTaskFillsWhatIsUnset) {
   DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", {"trainer.total_steps=7"}));
@@ -270,6 +271,31 @@ TEST(TrainConfigTest, AsyncTrainingNamesWhatCannotBe) {
                          HasSubstr("applies only with trainer.async: true")))
         << unread;
   }
+}
+
+// Serving's keys (one edit over several ranks, batches of requests, a LoRA
+// file to serve) are errors in a training job, and config.yaml leaves them
+// out: training shards the model on every rank and each rank edits rows of
+// its own.
+TEST(TrainConfigTest, ServingOnlyKeysAreRefusedAndLeftOutOfTheRunsConfig) {
+  for (const char* serving :
+       {"worker.image_edit.enable_fsdp=true", "worker.image_edit.enable_cpu_offload=true",
+        "worker.image_edit.batch_size=4", "worker.image_edit.num_inference_steps=8",
+        "worker.image_edit.seed=3", "worker.image_edit.lora_path=/tmp/lora.safetensors",
+        "worker.image_edit.cfg_parallel_size=2", "worker.image_edit.ulysses_degree=2",
+        "worker.image_edit.step_cache_threshold=0.1",
+        "worker.image_edit.step_cache_warmup_steps=2"}) {
+    const std::string key = std::string(serving).substr(0, std::string(serving).find('='));
+    EXPECT_THAT(TrainConfig::Load("", {serving}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key + " ")));
+  }
+  EXPECT_THAT(TrainConfig::Load("", {"worker.image_edit.cfg_parallel_size=2"}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("training's ranks each hold rows of their own")));
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig config, TrainConfig::Load("", {}));
+  for (const char* left_out : {"enable_fsdp:", "cfg_parallel_size:", "lora_path:", "    seed:"})
+    EXPECT_THAT(config.ToYaml(), Not(HasSubstr(left_out))) << left_out;
+  EXPECT_THAT(config.ToYaml(), HasSubstr("fsdp_sharding_strategy: FULL_SHARD"));
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

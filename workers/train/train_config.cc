@@ -133,10 +133,44 @@ std::vector<OwnedKeys> OwnKeys(TrainConfig& c) {
         Key("algorithm.diffusion_gan_max_timestep", c.diffusion_gan_max_timestep, "an integer")}}};
 }
 
-// UnreadKeys: the keys `c` does not read (under its algorithm, or without
-// trainer.async), each with why.
+// kServingOnlyKeys: the keys of worker.image_edit that only dray edit and
+// dray serve read, each with why: training shards the model on every rank,
+// each rank's rows its own, and runs every block of every step.
+constexpr std::pair<const char*, const char*> kServingOnlyKeys[] = {
+    {"enable_fsdp",
+     "does not apply to dray train, which always shards the model "
+     "(worker.image_edit.fsdp_sharding_strategy says how; NO_SHARD replicates it)"},
+    {"enable_cpu_offload",
+     "applies to dray edit and dray serve (parameters on the CPU between calls); training keeps "
+     "them on the device (worker.image_edit.fsdp_cpu_offload offloads the shards)"},
+    {"batch_size",
+     "applies to dray edit and dray serve; training's rows are data.prompts_per_step x "
+     "algorithm.group_size a step, worker.actor.micro_batch_size a forward"},
+    {"num_inference_steps",
+     "does not apply to dray train, whose edits take worker.rollout.num_inference_steps steps "
+     "(dmd2: algorithm.num_denoising_step)"},
+    {"seed", "does not apply to dray train, whose noise comes from trainer.seed"},
+    {"lora_path",
+     "applies to dray edit and dray serve; dray train trains new adapters "
+     "(worker.actor.lora_rank) on model_path (to go on from a run: trainer.resume)"},
+    {"cfg_parallel_size",
+     "applies to dray edit and dray serve (one edit's two CFG passes on two ranks); training's "
+     "ranks each hold rows of their own"},
+    {"ulysses_degree",
+     "applies to dray edit and dray serve (one edit's tokens over several ranks); training's "
+     "ranks each hold rows of their own"},
+    {"step_cache_threshold",
+     "applies to dray edit and dray serve; training runs every block of every step"},
+    {"step_cache_warmup_steps",
+     "applies to dray edit and dray serve; training runs every block of every step"},
+};
+
+// UnreadKeys: the keys `c` does not read (serving's, under its algorithm, or
+// without trainer.async), each with why.
 std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
   std::map<std::string, std::string> unread;
+  for (const auto& [key, why] : kServingOnlyKeys)
+    unread[absl::StrCat(kConfigSection, ".", key)] = why;
   if (c.nft()) {
     for (const char* key :
          {"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level", "algorithm.sde_type",
