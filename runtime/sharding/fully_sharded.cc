@@ -16,15 +16,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/shape_string.h"
 #include "base/status_macros.h"
 #include "runtime/sharding/fully_sharded_unit.h"
 #include "runtime/sharding/tensor_storage.h"
 
 namespace dray {
-
-using sharding_internal::Hybrid;
-using sharding_internal::ReshardsAfterForward;
-using sharding_internal::Shards;
 
 namespace {
 
@@ -41,22 +38,6 @@ class PostAccumulateHook : public torch::autograd::FunctionPostHook {
  private:
   std::function<void()> callback_;
 };
-
-// DtypeName: a floating dtype as configurations name it (float32, bfloat16, ...).
-std::string DtypeName(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat:
-      return "float32";
-    case at::kDouble:
-      return "float64";
-    case at::kBFloat16:
-      return "bfloat16";
-    case at::kHalf:
-      return "float16";
-    default:
-      return c10::toString(dtype);
-  }
-}
 
 }  // namespace
 
@@ -112,7 +93,7 @@ absl::StatusOr<std::unique_ptr<FullyShardedModule>> FullyShardedModule::Shard(
   std::unique_ptr<FullyShardedModule> sharded(new FullyShardedModule(root, comm, options));
   const std::vector<at::Tensor> parameters = root->parameters();
   if (!parameters.empty()) sharded->master_dtype_ = MasterDtype(parameters[0].scalar_type());
-  if (Hybrid(options.strategy)) DRAY_RETURN_IF_ERROR(sharded->SplitHybridGroups());
+  if (IsHybrid(options.strategy)) DRAY_RETURN_IF_ERROR(sharded->SplitHybridGroups());
   torch::NoGradGuard no_grad;
   std::map<const torch::nn::Module*, std::string> prefixes;
   for (const auto& named : root->named_modules()) prefixes[named.value().get()] = named.key();
@@ -166,7 +147,7 @@ std::vector<std::unique_ptr<FullyShardedModule::Unit>> FullyShardedModule::Flatt
       unit.padded += named.value().numel();  // the flat size so far; padded below
     }
   }
-  const int64_t group = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
+  const int64_t group = ShardsParameters(options_.strategy) ? shard_comm_->world_size() : 1;
   const bool has_frozen = !frozen->params.empty();
   std::vector<std::unique_ptr<Unit>> flats;
   if (!trainable->params.empty() || !has_frozen) flats.push_back(std::move(trainable));
@@ -194,16 +175,16 @@ absl::Status FullyShardedModule::ShardUnit(Unit& unit) {
   }
   if (options_.sync_module_states) DRAY_RETURN_IF_ERROR(comm_->Broadcast(flat, 0));
   // This rank's part: a master for the optimizer, or frozen as computed.
-  const int64_t group = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
+  const int64_t group = ShardsParameters(options_.strategy) ? shard_comm_->world_size() : 1;
   const int64_t shard_size = unit.padded / group;
-  const int64_t rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
+  const int64_t rank = ShardsParameters(options_.strategy) ? shard_comm_->rank() : 0;
   const at::Device shard_device = options_.cpu_offload ? at::Device(at::kCPU) : flat.device();
   unit.shard = flat.slice(0, rank * shard_size, (rank + 1) * shard_size)
                    .to(shard_device, unit.trainable ? master_dtype_ : param_dtype_)
                    .clone()
                    .requires_grad_(unit.trainable);
   // NO_SHARD: the parameters view the master itself; otherwise a gathered buffer.
-  unit.full = Shards(options_.strategy)
+  unit.full = ShardsParameters(options_.strategy)
                   ? at::empty({unit.padded}, flat.options().dtype(param_dtype_))
                   : unit.shard.detach();
   RebindParameters(unit);
@@ -277,7 +258,7 @@ absl::Status FullyShardedModule::Gather(Unit& unit) {
 }
 
 void FullyShardedModule::Free(Unit& unit) {
-  if (!unit.gathered || !Shards(options_.strategy)) return;
+  if (!unit.gathered || !ShardsParameters(options_.strategy)) return;
   ReleaseStorage(unit.full);
   unit.gathered = false;
 }
@@ -289,12 +270,12 @@ absl::Status FullyShardedModule::Load(at::Device device) { return MoveMasters(de
 absl::Status FullyShardedModule::MoveMasters(at::Device device) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
-    if (unit->gathered && Shards(options_.strategy)) {
+    if (unit->gathered && ShardsParameters(options_.strategy)) {
       return absl::FailedPreconditionError(
           "Offload/Load between forward and backward: a unit is still gathered");
     }
     // set_data keeps the tensors (and any optimizer holding them) the same.
-    if (Shards(options_.strategy)) unit->shard.set_data(unit->shard.detach().to(device));
+    if (ShardsParameters(options_.strategy)) unit->shard.set_data(unit->shard.detach().to(device));
   }
   for (size_t i = 0; i < replicated_.size(); ++i) {
     replicated_[i].set_data(replicated_[i].detach().to(device));
@@ -338,7 +319,7 @@ std::string FullyShardedModule::DescribePrecision() const {
 
 bool FullyShardedModule::Gathered(size_t group) const {
   for (size_t u : groups_[group]) {
-    if (units_[u]->gathered && Shards(options_.strategy)) return true;
+    if (units_[u]->gathered && ShardsParameters(options_.strategy)) return true;
   }
   return false;
 }
@@ -420,7 +401,7 @@ absl::Status FullyShardedModule::ReduceGradients(Unit& unit) {
   }
   const int64_t world = comm_->world_size();
   at::Tensor reduced;
-  if (Shards(options_.strategy)) {
+  if (ShardsParameters(options_.strategy)) {
     reduced = at::empty({unit.padded / shard_comm_->world_size()}, flat.options());
     DRAY_RETURN_IF_ERROR(shard_comm_->ReduceScatter(flat, reduced));
     if (replica_group_ != nullptr) DRAY_RETURN_IF_ERROR(replica_group_->AllReduce(reduced));
@@ -517,7 +498,8 @@ absl::StatusOr<double> FullyShardedModule::ClipGradNorm(double max_norm) {
     if (master.grad().defined()) replicated_sum += master.grad().to(sum_options).pow(2).sum();
   }
   // Shards are disjoint across ranks (sum them); replicas are the same everywhere.
-  if (Shards(options_.strategy)) DRAY_RETURN_IF_ERROR(shard_comm_->AllReduce(sharded_sum));
+  if (ShardsParameters(options_.strategy))
+    DRAY_RETURN_IF_ERROR(shard_comm_->AllReduce(sharded_sum));
   const double norm = std::sqrt((sharded_sum + replicated_sum).item<double>());
   if (norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
@@ -538,8 +520,9 @@ int64_t FullyShardedModule::LargestUnitBytes() const {
 FullyShardedModule::Bytes FullyShardedModule::LocalBytes() const {
   Bytes bytes;
   for (const auto& unit : units_) {
-    bytes.parameters += unit->shard.nbytes() +
-                        (unit->gathered && Shards(options_.strategy) ? unit->full.nbytes() : 0);
+    bytes.parameters +=
+        unit->shard.nbytes() +
+        (unit->gathered && ShardsParameters(options_.strategy) ? unit->full.nbytes() : 0);
     if (unit->shard.grad().defined()) bytes.gradients += unit->shard.grad().nbytes();
     for (const at::Tensor& param : unit->params) {
       if (param.grad().defined()) bytes.gradients += param.grad().nbytes();

@@ -17,8 +17,6 @@
 
 namespace dray {
 
-using sharding_internal::Shards;
-
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>>
 FullyShardedModule::FullParameters() {
   // In the masters' dtype, whatever the compute dtype (frozen parameters, stored in it, widen).
@@ -26,7 +24,7 @@ FullyShardedModule::FullParameters() {
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   for (auto& unit : units_) {
     at::Tensor flat = at::empty({unit->padded}, unit->full.options().dtype(master_dtype_));
-    if (Shards(options_.strategy)) {
+    if (ShardsParameters(options_.strategy)) {
       DRAY_RETURN_IF_ERROR(
           shard_comm_->AllGather(unit->shard.detach().to(flat.device(), master_dtype_), flat));
     } else {
@@ -49,7 +47,7 @@ FullyShardedModule::FullParameters() {
 
 std::pair<int64_t, int64_t> FullyShardedModule::ShardRange(const Unit& unit) const {
   const int64_t size = unit.shard.numel();
-  const int64_t begin = Shards(options_.strategy) ? shard_comm_->rank() * size : 0;
+  const int64_t begin = ShardsParameters(options_.strategy) ? shard_comm_->rank() * size : 0;
   return {begin, begin + size};
 }
 
@@ -178,8 +176,8 @@ absl::Status FullyShardedModule::WriteSlots(const std::string& dir, const std::s
     }
     layout[slot.key] = {{"padded", slot.unit->padded}, {"params", params}};
   }
-  const int64_t shard_world = Shards(options_.strategy) ? shard_comm_->world_size() : 1;
-  const int64_t shard_rank = Shards(options_.strategy) ? shard_comm_->rank() : 0;
+  const int64_t shard_world = ShardsParameters(options_.strategy) ? shard_comm_->world_size() : 1;
+  const int64_t shard_rank = ShardsParameters(options_.strategy) ? shard_comm_->rank() : 0;
   if (comm_->rank() < shard_world) {  // one copy: the first shard group (NO_SHARD: rank 0)
     DRAY_RETURN_IF_ERROR(WriteSafetensors(
         ShardFile(dir, prefix, static_cast<int>(shard_rank), static_cast<int>(shard_world)),

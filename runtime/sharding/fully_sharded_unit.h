@@ -40,22 +40,6 @@ struct FullyShardedModule::Unit {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep post-hooks alive
 };
 
-namespace sharding_internal {
-
-inline bool Shards(ShardingStrategy strategy) { return strategy != ShardingStrategy::kNoShard; }
-
-inline bool Hybrid(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::kHybridShard ||
-         strategy == ShardingStrategy::kHybridShardZero2;
-}
-
-// ReshardsAfterForward: FULL_SHARD frees units after forward, ZERO2-like
-// strategies keep them until backward.
-inline bool ReshardsAfterForward(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;
-}
-
-}  // namespace sharding_internal
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_SHARDING_FULLY_SHARDED_UNIT_H_

@@ -23,6 +23,24 @@ absl::StatusOr<ShardingStrategy> ParseShardingStrategy(absl::string_view text);
 
 absl::string_view ShardingStrategyName(ShardingStrategy strategy);
 
+// ShardsParameters: every strategy but NO_SHARD splits parameters over ranks.
+inline bool ShardsParameters(ShardingStrategy strategy) {
+  return strategy != ShardingStrategy::kNoShard;
+}
+
+// IsHybrid: sharded within a node group, replicated across groups.
+inline bool IsHybrid(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kHybridShard ||
+         strategy == ShardingStrategy::kHybridShardZero2;
+}
+
+// ReshardsAfterForward: FULL_SHARD and HYBRID_SHARD free gathered units
+// after forward and gather them again for backward; the ZERO2-like
+// strategies keep them gathered until backward.
+inline bool ReshardsAfterForward(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kFullShard || strategy == ShardingStrategy::kHybridShard;
+}
+
 }  // namespace dray
 
 #endif  // DRAY_RUNTIME_SHARDING_STRATEGY_H_

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/files.h"
 
 namespace dray {
 
@@ -30,6 +31,17 @@ absl::StatusOr<Checkpoint> OpenComponentWeights(const std::string& dir) {
       absl::StrCat(dir,
                    " holds no *.safetensors.index.json, diffusion_pytorch_model.safetensors or "
                    "model.safetensors"));
+}
+
+absl::Status WriteComponentConfig(const std::string& path, const std::string& json) {
+  return WriteFile(path, absl::StrCat(json, "\n"));
+}
+
+absl::Status WriteComponentWeights(const std::string& path, torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& parameter : module.named_parameters())
+    tensors.emplace_back(parameter.key(), parameter.value());
+  return WriteSafetensors(path, tensors, {{"format", "pt"}});
 }
 
 }  // namespace dray

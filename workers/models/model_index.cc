@@ -17,9 +17,9 @@ struct FamilyPipeline {
 };
 
 constexpr FamilyPipeline kFamilyPipelines[] = {
-    {"QwenImageEditPipeline", ModelFamily::kQwenImage},
-    {"QwenImageEditPlusPipeline", ModelFamily::kQwenImage},
-    {"FluxKontextPipeline", ModelFamily::kFluxKontext},
+    {kQwenImageEditPipeline, ModelFamily::kQwenImage},
+    {kQwenImageEditPlusPipeline, ModelFamily::kQwenImage},
+    {kFluxKontextPipeline, ModelFamily::kFluxKontext},
 };
 
 }  // namespace
@@ -66,6 +66,21 @@ nlohmann::json NewModelIndex(const std::string& pipeline,
   for (const ModelComponent& component : components)
     index[component.folder] = {component.classes[0].first, component.classes[0].second};
   return index;
+}
+
+absl::Status WriteModelIndex(const std::string& dir, const nlohmann::json& index,
+                             absl::Span<const ModelComponent> components) {
+  for (const ModelComponent& component : components) {
+    const std::filesystem::path folder = std::filesystem::path(dir) / component.folder;
+    std::error_code error;
+    std::filesystem::create_directories(folder, error);
+    if (error) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create ", folder.string(), ": ", error.message()));
+    }
+  }
+  return WriteFile((std::filesystem::path(dir) / "model_index.json").string(),
+                   absl::StrCat(index.dump(2), "\n"));
 }
 
 absl::StatusOr<ModelFamily> ReadModelFamily(const std::string& dir) {

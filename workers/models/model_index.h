@@ -1,6 +1,7 @@
-// Reading a diffusers model directory's model_index.json: which pipeline
+// Reading and writing a diffusers model directory's model_index.json: which pipeline
 // the directory is made for (its _class_name, hence dray's model family)
-// and whether each component folder holds the class that pipeline expects.
+// and whether each component folder holds the class that pipeline expects;
+// writing one's skeleton (dray init-model).
 //
 //   DRAY_ASSIGN_OR_RETURN(ModelFamily family, ReadModelFamily("ckpt/"));
 //   if (family == ModelFamily::kFluxKontext) ...
@@ -17,6 +18,11 @@
 #include "absl/types/span.h"
 
 namespace dray {
+
+// The pipelines dray runs, as model_index.json's _class_name names them.
+inline constexpr char kQwenImageEditPipeline[] = "QwenImageEditPipeline";
+inline constexpr char kQwenImageEditPlusPipeline[] = "QwenImageEditPlusPipeline";
+inline constexpr char kFluxKontextPipeline[] = "FluxKontextPipeline";
 
 // ModelComponent: a component folder and the (library, class) pairs it may
 // hold, e.g. {"tokenizer_2", {{"transformers", "T5Tokenizer"},
@@ -44,6 +50,11 @@ absl::StatusOr<ModelIndex> ReadModelIndex(const std::string& dir);
 // NewModelIndex: the model_index.json of a `pipeline` directory with
 // `components` (each its first class), as diffusers writes it.
 nlohmann::json NewModelIndex(const std::string& pipeline,
+                             absl::Span<const ModelComponent> components);
+
+// WriteModelIndex makes `dir` a model directory: a folder for each of
+// `components` and `index` as its model_index.json.
+absl::Status WriteModelIndex(const std::string& dir, const nlohmann::json& index,
                              absl::Span<const ModelComponent> components);
 
 // ModelFamily: the model families dray runs, by pipeline class.

@@ -16,6 +16,7 @@
 #include "base/status_macros.h"
 #include "runtime/io/safetensors.h"
 #include "workers/models/image_resize.h"
+#include "workers/models/model_index.h"
 #include "workers/models/qwen2_vl/image_processor.h"
 #include "workers/models/qwen_image/edit_pipeline.h"
 #include "workers/models/qwen_image/model.h"
@@ -321,7 +322,7 @@ absl::StatusOr<Outputs> RunEndToEnd(const ParityCase& c, EditPipelineKind kind) 
 std::vector<ParityCase> EditPlusParityCases(const std::string& dir) {
   const fs::path folder(dir);
   const std::string pipeline = ModelPipelineClass(dir);
-  if (pipeline != kEditPipelineClass && pipeline != kEditPlusPipelineClass) return {};
+  if (pipeline != kQwenImageEditPipeline && pipeline != kQwenImageEditPlusPipeline) return {};
   const std::string name = folder.filename().string();
   std::string component;
   ParityRun run;

@@ -19,6 +19,7 @@
 #include "workers/models/flux/vae.h"
 #include "workers/models/image_resize.h"
 #include "workers/models/layers.h"
+#include "workers/models/model_index.h"
 #include "workers/models/pixels.h"
 #include "workers/models/qwen_image/pipeline_helpers.h"
 #include "workers/models/qwen_image/scheduler.h"
@@ -381,7 +382,7 @@ absl::StatusOr<std::vector<ParityResult>> RunEndToEnd(const ParityCase& c) {
 
 std::vector<ParityCase> FluxKontextParityCases(const std::string& dir) {
   const fs::path folder(dir);
-  if (ModelPipelineClass(dir) != "FluxKontextPipeline") return {};
+  if (ModelPipelineClass(dir) != kFluxKontextPipeline) return {};
   const std::string name = folder.filename().string();
   if (name == "transformer") return CaseFilesIn("flux_transformer", dir, RunTransformer);
   if (name == "vae") return CaseFilesIn("flux_vae", dir, RunVae);

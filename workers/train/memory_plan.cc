@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/shape_string.h"
 
 namespace dray {
 namespace {
@@ -41,23 +42,7 @@ struct Moment {
   }
 };
 
-bool Hybrid(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::kHybridShard ||
-         strategy == ShardingStrategy::kHybridShardZero2;
-}
-
-// KeepsGathered: SHARD_GRAD_OP and HYBRID_SHARD_ZERO2 keep units gathered
-// from forward to backward.
-bool KeepsGathered(ShardingStrategy strategy) {
-  return strategy == ShardingStrategy::kShardGradOp ||
-         strategy == ShardingStrategy::kHybridShardZero2;
-}
-
 int64_t RoundUp(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
-std::string DtypeName(at::ScalarType dtype) {
-  return dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
-}
 
 // QkPathBytes: what one of q or k keeps, per element: its projection's
 // output (the RMS norm's input), the float32 copy the norm squares (below
@@ -83,9 +68,10 @@ class Planner {
       : m_(model),
         o_(options),
         c_(c10::elementSize(options.dtype)),
-        group_(options.strategy == ShardingStrategy::kNoShard             ? 1
-               : Hybrid(options.strategy) && options.shard_group_size > 0 ? options.shard_group_size
-                                                                          : options.world_size),
+        group_(options.strategy == ShardingStrategy::kNoShard ? 1
+               : IsHybrid(options.strategy) && options.shard_group_size > 0
+                   ? options.shard_group_size
+                   : options.world_size),
         mixed_(options.dtype != at::kFloat),
         image_tokens_(options.height / 16 * (options.width / 16) * (1 + options.condition_images)),
         text_tokens_(options.text_tokens > 0 ? options.text_tokens : model.default_text_tokens),
@@ -123,8 +109,8 @@ class Planner {
   }
 
  private:
-  bool Sharded() const { return o_.strategy != ShardingStrategy::kNoShard; }
-  bool Regathers() const { return Sharded() && !KeepsGathered(o_.strategy); }
+  bool Sharded() const { return ShardsParameters(o_.strategy); }
+  bool Regathers() const { return ReshardsAfterForward(o_.strategy); }
   int64_t Padded(int64_t n) const { return RoundUp(n, group_); }
   int64_t UnitBytes(size_t i) const {
     return c_ * (Padded(m_.units[i].trainable) + Padded(m_.units[i].frozen));
@@ -257,7 +243,7 @@ class Planner {
   // backward (the last is i); none (i + 1) unsharded.
   size_t FirstGathered(size_t i) const {
     if (!Sharded()) return i + 1;
-    if (KeepsGathered(o_.strategy)) return 0;
+    if (!Regathers()) return 0;
     return i + 1 - std::min<size_t>(i + 1, o_.limit_all_gathers);
   }
   std::string BlockName(size_t i) const {
@@ -367,7 +353,7 @@ absl::Status PlanOptions::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(flag, " ", why));
   };
   if (world_size < 1) return bad("--world-size", absl::StrCat("must be >= 1, got ", world_size));
-  if (Hybrid(strategy) && shard_group_size != 0 &&
+  if (IsHybrid(strategy) && shard_group_size != 0 &&
       (shard_group_size < 1 || world_size % shard_group_size != 0)) {
     return bad("--shard-group-size",
                absl::StrCat("must divide --world-size ", world_size, ", got ", shard_group_size));

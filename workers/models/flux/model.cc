@@ -54,16 +54,10 @@ absl::Status CheckSizes(const std::string& dir, const FluxTransformerConfig& tra
   return absl::OkStatus();
 }
 
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  return WriteFile(path.string(), absl::StrCat(text, "\n"));
-}
-
-absl::Status WriteWeights(const fs::path& file, torch::nn::Module& module, uint64_t seed) {
+// WriteRandomWeights writes `module`, initialized as PyTorch would from `seed`.
+absl::Status WriteRandomWeights(const fs::path& file, torch::nn::Module& module, uint64_t seed) {
   InitializeLikePyTorch(module, at::make_generator<at::CPUGeneratorImpl>(seed));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& parameter : module.named_parameters())
-    tensors.emplace_back(parameter.key(), parameter.value());
-  return WriteSafetensors(file.string(), tensors, {{"format", "pt"}});
+  return WriteComponentWeights(file.string(), module);
 }
 
 // WriteTinyTokenizers writes the embedded tokenizer files into `root`
@@ -89,11 +83,11 @@ absl::Status WriteTinyTokenizers(const fs::path& root) {
   return absl::OkStatus();
 }
 
-std::string ModelIndexJson() {
-  nlohmann::json index = NewModelIndex(kKontextPipelineClass, kComponents);
+nlohmann::json NewKontextModelIndex() {
+  nlohmann::json index = NewModelIndex(kFluxKontextPipeline, kComponents);
   index["feature_extractor"] = {nullptr, nullptr};
   index["image_encoder"] = {nullptr, nullptr};
-  return index.dump(2);
+  return index;
 }
 
 }  // namespace
@@ -102,9 +96,9 @@ absl::StatusOr<FluxKontextModel> LoadFluxKontextModel(const std::string& dir,
                                                       at::TensorOptions options, Weights weights) {
   const fs::path root(dir);
   DRAY_ASSIGN_OR_RETURN(ModelIndex index, ReadModelIndex(dir));
-  if (index.pipeline() != kKontextPipelineClass) {
+  if (index.pipeline() != kFluxKontextPipeline) {
     return absl::InvalidArgumentError(absl::StrCat(index.path, ": _class_name must be ",
-                                                   kKontextPipelineClass, ", found \"",
+                                                   kFluxKontextPipeline, ", found \"",
                                                    index.pipeline(), "\""));
   }
   DRAY_RETURN_IF_ERROR(index.CheckComponents(kComponents));
@@ -197,34 +191,28 @@ absl::StatusOr<FluxPreset> FluxPresetNamed(const std::string& name) {
 absl::Status WriteRandomFluxKontextModel(const std::string& dir, const FluxPreset& preset,
                                          uint64_t seed) {
   const fs::path root(dir);
-  for (const char* folder : {"scheduler", "transformer", "vae", "text_encoder", "text_encoder_2"}) {
-    std::error_code error;
-    fs::create_directories(root / folder, error);
-    if (error) {
-      return absl::InternalError(
-          absl::StrCat("cannot create ", (root / folder).string(), ": ", error.message()));
-    }
+  DRAY_RETURN_IF_ERROR(WriteModelIndex(dir, NewKontextModelIndex(), kComponents));
+  for (const auto& [file, json] : std::initializer_list<std::pair<const char*, std::string>>{
+           {"scheduler/scheduler_config.json", preset.scheduler.ToJson()},
+           {"transformer/config.json", preset.transformer.ToJson()},
+           {"vae/config.json", preset.vae.ToJson()},
+           {"text_encoder/config.json", preset.clip.ToJson()},
+           {"text_encoder_2/config.json", preset.t5.ToJson()}}) {
+    DRAY_RETURN_IF_ERROR(WriteComponentConfig((root / file).string(), json));
   }
-  DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", ModelIndexJson()));
-  DRAY_RETURN_IF_ERROR(
-      WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
-  DRAY_RETURN_IF_ERROR(
-      WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "vae" / "config.json", preset.vae.ToJson()));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder" / "config.json", preset.clip.ToJson()));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder_2" / "config.json", preset.t5.ToJson()));
   DRAY_RETURN_IF_ERROR(WriteTinyTokenizers(root));
   const at::TensorOptions options = at::TensorOptions().dtype(at::kFloat);
   FluxTransformer transformer(preset.transformer, options);
-  DRAY_RETURN_IF_ERROR(WriteWeights(root / "transformer" / "diffusion_pytorch_model.safetensors",
-                                    *transformer, seed));
+  DRAY_RETURN_IF_ERROR(WriteRandomWeights(
+      root / "transformer" / "diffusion_pytorch_model.safetensors", *transformer, seed));
   AutoencoderKL vae(preset.vae, options);
   DRAY_RETURN_IF_ERROR(
-      WriteWeights(root / "vae" / "diffusion_pytorch_model.safetensors", *vae, seed + 1));
+      WriteRandomWeights(root / "vae" / "diffusion_pytorch_model.safetensors", *vae, seed + 1));
   clip::ClipTextModel clip(preset.clip, options);
-  DRAY_RETURN_IF_ERROR(WriteWeights(root / "text_encoder" / "model.safetensors", *clip, seed + 2));
+  DRAY_RETURN_IF_ERROR(
+      WriteRandomWeights(root / "text_encoder" / "model.safetensors", *clip, seed + 2));
   t5::T5Encoder t5(preset.t5, options);
-  return WriteWeights(root / "text_encoder_2" / "model.safetensors", *t5, seed + 3);
+  return WriteRandomWeights(root / "text_encoder_2" / "model.safetensors", *t5, seed + 3);
 }
 
 }  // namespace dray::flux

@@ -35,8 +35,6 @@
 
 namespace dray::flux {
 
-inline constexpr char kKontextPipelineClass[] = "FluxKontextPipeline";
-
 // FluxKontextModel: FLUX.1 Kontext, loaded.
 struct FluxKontextModel {
   FluxTransformer transformer{nullptr};

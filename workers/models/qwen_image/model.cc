@@ -39,25 +39,14 @@ absl::StatusOr<EditPipelineKind> ReadEditPipelineKind(const std::string& dir) {
   DRAY_ASSIGN_OR_RETURN(ModelIndex index, ReadModelIndex(dir));
   DRAY_RETURN_IF_ERROR(index.CheckComponents(kComponents));
   const std::string pipeline = index.pipeline();
-  if (pipeline == kEditPipelineClass) return EditPipelineKind::kEdit;
-  if (pipeline == kEditPlusPipelineClass) return EditPipelineKind::kEditPlus;
-  return absl::InvalidArgumentError(absl::StrCat(index.path, ": _class_name must be ",
-                                                 kEditPipelineClass, " or ", kEditPlusPipelineClass,
-                                                 ", found \"", pipeline, "\""));
+  if (pipeline == kQwenImageEditPipeline) return EditPipelineKind::kEdit;
+  if (pipeline == kQwenImageEditPlusPipeline) return EditPipelineKind::kEditPlus;
+  return absl::InvalidArgumentError(
+      absl::StrCat(index.path, ": _class_name must be ", kQwenImageEditPipeline, " or ",
+                   kQwenImageEditPlusPipeline, ", found \"", pipeline, "\""));
 }
 
 namespace {
-
-absl::Status WriteText(const fs::path& path, const std::string& text) {
-  return WriteFile(path.string(), absl::StrCat(text, "\n"));
-}
-
-absl::Status WriteWeights(const fs::path& file, torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& parameter : module.named_parameters())
-    tensors.emplace_back(parameter.key(), parameter.value());
-  return WriteSafetensors(file.string(), tensors, {{"format", "pt"}});
-}
 
 // kSpecialTokens: Qwen2's added tokens, in id order.
 constexpr const char* kSpecialTokens[] = {
@@ -245,27 +234,19 @@ absl::Status WriteQwen2TokenizerFiles(const std::string& dir, const BpeTokenizer
 absl::StatusOr<qwen2_vl::TextEncoderConfig> WriteQwenImageModelConfigs(const std::string& dir,
                                                                        const ModelPreset& preset) {
   const fs::path root(dir);
-  std::error_code error;
-  for (const ModelComponent& component : kComponents) {
-    fs::create_directories(root / component.folder, error);
-    if (error)
-      return absl::UnavailableError(absl::StrCat(
-          "cannot create ", (root / component.folder).string(), ": ", error.message()));
-  }
-  const nlohmann::json index = NewModelIndex(
-      preset.pipeline == EditPipelineKind::kEditPlus ? kEditPlusPipelineClass : kEditPipelineClass,
-      kComponents);
-  DRAY_RETURN_IF_ERROR(WriteText(root / "model_index.json", index.dump(2)));
-  DRAY_RETURN_IF_ERROR(
-      WriteText(root / "scheduler" / "scheduler_config.json", preset.scheduler.ToJson()));
-  DRAY_RETURN_IF_ERROR(
-      WriteText(root / "transformer" / "config.json", preset.transformer.ToJson()));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "vae" / "config.json", preset.vae.ToJson()));
+  const char* pipeline = preset.pipeline == EditPipelineKind::kEditPlus ? kQwenImageEditPlusPipeline
+                                                                        : kQwenImageEditPipeline;
+  DRAY_RETURN_IF_ERROR(WriteModelIndex(dir, NewModelIndex(pipeline, kComponents), kComponents));
   qwen2_vl::TextEncoderConfig text_encoder = preset.text_encoder;
   DRAY_RETURN_IF_ERROR(WriteTokenizer(root, preset.tokenizer_merges, text_encoder));
-  DRAY_RETURN_IF_ERROR(WriteText(root / "text_encoder" / "config.json", text_encoder.ToJson()));
-  DRAY_RETURN_IF_ERROR(
-      WriteText(root / "processor" / "preprocessor_config.json", preset.image_processor.ToJson()));
+  for (const auto& [file, json] : std::initializer_list<std::pair<const char*, std::string>>{
+           {"scheduler/scheduler_config.json", preset.scheduler.ToJson()},
+           {"transformer/config.json", preset.transformer.ToJson()},
+           {"vae/config.json", preset.vae.ToJson()},
+           {"text_encoder/config.json", text_encoder.ToJson()},
+           {"processor/preprocessor_config.json", preset.image_processor.ToJson()}}) {
+    DRAY_RETURN_IF_ERROR(WriteComponentConfig((root / file).string(), json));
+  }
   return text_encoder;
 }
 
@@ -278,14 +259,15 @@ absl::Status WriteRandomQwenImageModel(const std::string& dir, const ModelPreset
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
   QwenImageTransformer transformer(preset.transformer, float32);
   InitializeLikePyTorch(*transformer, generator);
-  DRAY_RETURN_IF_ERROR(
-      WriteWeights(root / "transformer" / "diffusion_pytorch_model.safetensors", *transformer));
+  DRAY_RETURN_IF_ERROR(WriteComponentWeights(
+      (root / "transformer" / "diffusion_pytorch_model.safetensors").string(), *transformer));
   AutoencoderKLQwenImage vae(preset.vae, float32);
   InitializeLikePyTorch(*vae, generator);
-  DRAY_RETURN_IF_ERROR(WriteWeights(root / "vae" / "diffusion_pytorch_model.safetensors", *vae));
+  DRAY_RETURN_IF_ERROR(
+      WriteComponentWeights((root / "vae" / "diffusion_pytorch_model.safetensors").string(), *vae));
   qwen2_vl::Qwen25VLTextEncoder encoder(text_encoder, float32);
   InitializeLikePyTorch(*encoder, generator);
-  return WriteWeights(root / "text_encoder" / "model.safetensors", *encoder);
+  return WriteComponentWeights((root / "text_encoder" / "model.safetensors").string(), *encoder);
 }
 
 }  // namespace dray::qwen_image

@@ -40,8 +40,6 @@ namespace dray::qwen_image {
 // model_index.json's _class_name says: Qwen-Image-Edit's (one input image)
 // or Edit-Plus's (Qwen-Image-Edit-2509 and -2511: one to three).
 enum class EditPipelineKind { kEdit, kEditPlus };
-inline constexpr char kEditPipelineClass[] = "QwenImageEditPipeline";
-inline constexpr char kEditPlusPipelineClass[] = "QwenImageEditPlusPipeline";
 
 // QwenImageModel: Qwen-Image-Edit, loaded.
 struct QwenImageModel {
