@@ -47,6 +47,8 @@ test_packages=(
   # HTTP tests: curl, Node.js for OpenAI's official client, a browser driven by
   # Selenium, a Prometheus server.
   curl nodejs chromium chromium-driver python3-selenium prometheus
+  # The build for GPU machines (CMakeLists.txt), which CI builds too.
+  cmake ninja-build
 )
 
 packages=("${build_packages[@]}")
