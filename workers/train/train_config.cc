@@ -144,8 +144,8 @@ constexpr std::pair<const char*, const char*> kServingOnlyKeys[] = {
      "applies to dray edit and dray serve (parameters on the CPU between calls); training keeps "
      "them on the device (worker.image_edit.fsdp_cpu_offload offloads the shards)"},
     {"batch_size",
-     "applies to dray edit and dray serve; training's rows are data.prompts_per_step x "
-     "algorithm.group_size a step, worker.actor.micro_batch_size a forward"},
+     "applies to dray edit and dray serve; training's rows are data.prompts_per_step a step "
+     "(times algorithm.group_size for GRPO), worker.actor.micro_batch_size a forward"},
     {"num_inference_steps",
      "does not apply to dray train, whose edits take worker.rollout.num_inference_steps steps "
      "(dmd2: algorithm.num_denoising_step)"},
@@ -169,8 +169,10 @@ constexpr std::pair<const char*, const char*> kServingOnlyKeys[] = {
 // without trainer.async), each with why.
 std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
   std::map<std::string, std::string> unread;
-  for (const auto& [key, why] : kServingOnlyKeys)
-    unread[absl::StrCat(kConfigSection, ".", key)] = why;
+  for (const auto& [key, why] : kServingOnlyKeys) {
+    unread[absl::StrCat(kConfigSection, ".", key)] =
+        absl::StrCat(why, " (a config.yaml written by an earlier dray lists it: delete the line)");
+  }
   if (c.nft()) {
     for (const char* key :
          {"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level", "algorithm.sde_type",
