@@ -276,17 +276,18 @@ void HttpServer::HandlePost(const std::string& path, Access access, PostHandler 
           !token.ok()) {
         // Read on (and dropped), within the bound: a client that writes its
         // whole body before it reads sees the refusal, not a broken pipe.
-        ReadBody(request, read, /*keep=*/false).IgnoreError();
+        ReadBody(request, read, response, /*keep=*/false).IgnoreError();
         return token;
       }
-      DRAY_ASSIGN_OR_RETURN(HttpBody body, ReadBody(request, read, /*keep=*/true));
+      DRAY_ASSIGN_OR_RETURN(HttpBody body, ReadBody(request, read, response, /*keep=*/true));
       return handler(request, std::move(body), response, request_id);
     });
   });
 }
 
 absl::StatusOr<HttpBody> HttpServer::ReadBody(const httplib::Request& request,
-                                              const httplib::ContentReader& read, bool keep) const {
+                                              const httplib::ContentReader& read,
+                                              const httplib::Response& response, bool keep) const {
   int64_t length = 0;  // the length it announces, if it does
   if (absl::SimpleAtoi(request.get_header_value("Content-Length"), &length) &&
       length > options_.max_body_bytes) {
@@ -317,7 +318,10 @@ absl::StatusOr<HttpBody> HttpServer::ReadBody(const httplib::Request& request,
   } else {
     read_through = read(counted(body.bytes));
   }
-  if (bytes > options_.max_body_bytes) return TooLarge();
+  // cpp-httplib 0.18.7-1+deb13u1 (Debian 13) stops a chunked body at the
+  // payload bound itself, before the bytes past it reach `counted`, and
+  // says so in the response's status.
+  if (bytes > options_.max_body_bytes || response.status == 413) return TooLarge();
   if (!read_through) {
     return absl::InvalidArgumentError("the body could not be read (a malformed multipart body?)");
   }

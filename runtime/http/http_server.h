@@ -133,10 +133,12 @@ class HttpServer {
   void Answer(const std::string& route, Access access, const httplib::Request& request,
               httplib::Response& response,
               const std::function<absl::Status(const std::string& request_id)>& work);
-  // ReadBody reads a POST's body through `read`, within max_body_bytes.
-  // (`keep` false: read and dropped).
+  // ReadBody reads a POST's body through `read`, within max_body_bytes
+  // (`keep` false: read and dropped); `response` is where cpp-httplib says
+  // it stopped a body itself.
   absl::StatusOr<HttpBody> ReadBody(const httplib::Request& request,
-                                    const httplib::ContentReader& read, bool keep) const;
+                                    const httplib::ContentReader& read,
+                                    const httplib::Response& response, bool keep) const;
   // BeforeRouting refuses what no route may read (nullopt: route it).
   std::optional<absl::Status> BeforeRouting(const httplib::Request& request) const;
   absl::Status CheckToken(const httplib::Request& request) const;
