@@ -44,8 +44,7 @@ fi
 grep -q "UNIMPLEMENTED.*FLUX.1 Kontext, whose edits run on one rank each" "$out/cfg.txt" ||
   fail "unexpected error: $(cat "$out/cfg.txt")"
 
-small_job=(worker.image_edit.model_path="$model" worker.image_edit.image_size=64
-  worker.rollout.resolution=64 data.prompts_per_step=2 algorithm.group_size=2
+small_job=(worker.image_edit.model_path="$model" worker.rollout.resolution=64 data.prompts_per_step=2 algorithm.group_size=2
   worker.rollout.num_inference_steps=3 trainer.total_steps=1)
 "$dray" train algorithm.name=sft "${small_job[@]}" trainer.save_dir="$out/sft" \
   >"$out/sft.txt" 2>&1 || fail "dray train sft: $(tail -3 "$out/sft.txt")"

@@ -2,6 +2,7 @@
 // pictures: {"images": [...], "instruction", "target"} for SFT and
 // {"images": [...], "instruction"} for Flow-GRPO, through the same trainer,
 // workers and checkpoints as one-image rows.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -66,12 +67,14 @@ std::string TwoPictureRows(const std::string& dir) {
 
 // PlusJob: a small job on the rows above; `overrides` come last, so they win.
 TrainConfig PlusJob(const std::string& dir, const std::vector<std::string>& overrides) {
-  std::vector<std::string> all = {"worker.image_edit.model_path=" + PlusModel(),
-                                  "data.train_files=" + TwoPictureRows(dir + "/data"),
-                                  "worker.image_edit.image_size=64",
-                                  "worker.rollout.resolution=64",
-                                  "worker.image_edit.condition_image_size=56",
-                                  "trainer.sample_every=1"};
+  std::vector<std::string> all = {
+      "worker.image_edit.model_path=" + PlusModel(),
+      "data.train_files=" + TwoPictureRows(dir + "/data"), "worker.rollout.resolution=64",
+      "worker.image_edit.condition_image_size=56", "trainer.sample_every=1"};
+  // GRPO resizes the inputs to about image_size^2; sft's pairs are about
+  // resolution^2 pixels, and it refuses the key it does not read.
+  if (std::find(overrides.begin(), overrides.end(), "algorithm.name=sft") == overrides.end())
+    all.push_back("worker.image_edit.image_size=64");
   all.insert(all.end(), overrides.begin(), overrides.end());
   return SmallJob(dir + "/run", all);
 }

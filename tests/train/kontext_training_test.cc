@@ -41,7 +41,6 @@ const std::string& KontextModel() {
 // KontextOverrides: SmallJob's sizes on the Kontext model, then `more`.
 std::vector<std::string> KontextOverrides(std::vector<std::string> more = {}) {
   std::vector<std::string> all = {"worker.image_edit.model_path=" + KontextModel(),
-                                  "worker.image_edit.image_size=64",
                                   "worker.rollout.resolution=64"};
   all.insert(all.end(), more.begin(), more.end());
   return all;
@@ -155,6 +154,10 @@ TEST(KontextTrainingTest, JobsKontextCannotRunAreRefusedByName) {
   }
   EXPECT_THAT(TrainConfig::Load("", KontextOverrides({"worker.image_edit.max_prompt_tokens=600"})),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hold at most 512 tokens")));
+  // Its edits are worker.rollout.resolution^2 pixels whatever the algorithm.
+  EXPECT_THAT(
+      TrainConfig::Load("", KontextOverrides({"worker.image_edit.image_size=64"})),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("train's FLUX.1 Kontext runs")));
 }
 
 }  // namespace

@@ -34,10 +34,9 @@ TEST(SftTest, TheLossIsTheFlowMatchingLossComputedByHand) {
   DRAY_ASSERT_OK_AND_ASSIGN(qwen_image::ModelPreset tiny, qwen_image::PresetNamed("tiny"));
   DRAY_ASSERT_OK(qwen_image::WriteRandomQwenImageModel(dir + "/model", tiny, /*seed=*/5));
   const TrainConfig config =
-      SmallJob(dir + "/run",
-               {"algorithm.name=sft", "data.train_files=" + data,
-                "worker.image_edit.model_path=" + dir + "/model", "worker.actor.micro_batch_size=2",
-                "worker.image_edit.image_size=64", "worker.rollout.resolution=64"});
+      SmallJob(dir + "/run", {"algorithm.name=sft", "data.train_files=" + data,
+                              "worker.image_edit.model_path=" + dir + "/model",
+                              "worker.actor.micro_batch_size=2", "worker.rollout.resolution=64"});
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 1));
   DRAY_ASSERT_OK_AND_ASSIGN(DataProto batch, trainer->PairedBatch(0));
   ASSERT_EQ(batch.size(), 2);
@@ -89,10 +88,10 @@ TEST(SftTest, PairsOfSeveralSizesTrainOneSizeAStepAtTheirAspectRatio) {
   fs::create_directories(dir + "/data");
   DRAY_ASSERT_OK_AND_ASSIGN(std::string data,
                             WriteSyntheticEditPairs(dir + "/data", 4, 100, {{64, 64}, {48, 80}}));
-  const TrainConfig config = SmallJob(
-      dir + "/run", {"algorithm.name=sft", "data.train_files=" + data, "data.prompts_per_step=4",
-                     "trainer.total_steps=4", "trainer.sample_every=1",
-                     "worker.image_edit.image_size=64", "worker.rollout.resolution=64"});
+  const TrainConfig config =
+      SmallJob(dir + "/run",
+               {"algorithm.name=sft", "data.train_files=" + data, "data.prompts_per_step=4",
+                "trainer.total_steps=4", "trainer.sample_every=1", "worker.rollout.resolution=64"});
   DRAY_ASSERT_OK_AND_ASSIGN(auto trainer, StartTrainer(config, 2));
   std::set<std::pair<int64_t, int64_t>> sizes_seen;
   for (int64_t step = 0; step < 8; ++step) {

@@ -3,6 +3,9 @@
 // what they say they score.
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -20,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::dray::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -283,8 +287,8 @@ TEST(TrainConfigTest, ServingOnlyKeysAreRefusedAndLeftOutOfTheRunsConfig) {
         "worker.image_edit.batch_size=4", "worker.image_edit.num_inference_steps=8",
         "worker.image_edit.seed=3", "worker.image_edit.lora_path=/tmp/lora.safetensors",
         "worker.image_edit.cfg_parallel_size=2", "worker.image_edit.ulysses_degree=2",
-        "worker.image_edit.step_cache_threshold=0.1",
-        "worker.image_edit.step_cache_warmup_steps=2"}) {
+        "worker.image_edit.step_cache_threshold=0.1", "worker.image_edit.step_cache_warmup_steps=2",
+        "worker.image_edit.max_pixels=65536"}) {
     const std::string key = std::string(serving).substr(0, std::string(serving).find('='));
     EXPECT_THAT(TrainConfig::Load("", {serving}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(key + " ")));
@@ -296,6 +300,29 @@ TEST(TrainConfigTest, ServingOnlyKeysAreRefusedAndLeftOutOfTheRunsConfig) {
   for (const char* left_out : {"enable_fsdp:", "cfg_parallel_size:", "lora_path:", "    seed:"})
     EXPECT_THAT(config.ToYaml(), Not(HasSubstr(left_out))) << left_out;
   EXPECT_THAT(config.ToYaml(), HasSubstr("fsdp_sharding_strategy: FULL_SHARD"));
+}
+
+// What the model's family or the algorithm leaves unread is refused too,
+// and config.yaml leaves it out (FLUX.1 Kontext's side: kontext_training_test).
+TEST(TrainConfigTest, KeysTheModelOrAlgorithmDoesNotReadAreRefused) {
+  for (const auto& [overrides, named] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"worker.image_edit.guidance_scale=5"}, "Qwen-Image models are guided by true CFG"},
+           {{"worker.image_edit.max_prompt_tokens=64"}, "encodes a Qwen-Image model's prompts"},
+           {{"algorithm.name=sft", "worker.image_edit.image_size=64"}, "train's sft runs"}}) {
+    SCOPED_TRACE(named);
+    EXPECT_THAT(TrainConfig::Load("", overrides),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(named)));
+  }
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig grpo,
+                            TrainConfig::Load("", {"worker.image_edit.image_size=48"}));
+  EXPECT_EQ(grpo.model.image_size, 48);  // GRPO's inputs are resized to it
+  EXPECT_THAT(grpo.ToYaml(),
+              AllOf(HasSubstr("image_size: 48"), Not(HasSubstr("guidance_scale:")),
+                    Not(HasSubstr("max_prompt_tokens:")), Not(HasSubstr("max_pixels:"))));
+  DRAY_ASSERT_OK_AND_ASSIGN(TrainConfig sft, TrainConfig::Load("", {"algorithm.name=sft"}));
+  EXPECT_THAT(sft.ToYaml(), Not(HasSubstr("    image_size:")));
+  DRAY_ASSERT_OK(TrainConfig::FromYaml(sft.ToYaml()).status());
 }
 
 TEST(TrainConfigTest, TheClusterSectionSitsBesideTheFlags) {

@@ -68,7 +68,7 @@ class Planner {
       : m_(model),
         o_(options),
         c_(c10::elementSize(options.dtype)),
-        group_(options.strategy == ShardingStrategy::kNoShard ? 1
+        group_(!ShardsParameters(options.strategy) ? 1
                : IsHybrid(options.strategy) && options.shard_group_size > 0
                    ? options.shard_group_size
                    : options.world_size),

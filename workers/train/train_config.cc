@@ -165,14 +165,44 @@ constexpr std::pair<const char*, const char*> kServingOnlyKeys[] = {
      "applies to dray edit and dray serve; training runs every block of every step"},
 };
 
-// UnreadKeys: the keys `c` does not read (serving's, under its algorithm, or
-// without trainer.async), each with why.
-std::map<std::string, std::string> UnreadKeys(const TrainConfig& c) {
+// kEarlierConfigHint: what to do where a config.yaml of an earlier dray,
+// which wrote every key, lists one this dray refuses.
+constexpr char kEarlierConfigHint[] =
+    " (a config.yaml written by an earlier dray lists it: delete the line)";
+
+// UnreadModelKeys: the keys of worker.image_edit that `c` does not read
+// from a `family` model: serving's own, and those of the other family or
+// that worker.rollout.resolution stands in for; each with why.
+std::map<std::string, std::string> UnreadModelKeys(const TrainConfig& c, ModelFamily family) {
   std::map<std::string, std::string> unread;
-  for (const auto& [key, why] : kServingOnlyKeys) {
-    unread[absl::StrCat(kConfigSection, ".", key)] =
-        absl::StrCat(why, " (a config.yaml written by an earlier dray lists it: delete the line)");
+  for (const auto& [key, why] : kServingOnlyKeys) unread[key] = why;
+  unread["max_pixels"] =
+      "applies to dray edit and dray serve (the largest output a request may ask); dray train's "
+      "outputs are about worker.rollout.resolution^2 pixels";
+  const bool kontext = family == ModelFamily::kFluxKontext;
+  if (c.sft() || kontext) {
+    unread["image_size"] = absl::StrCat(
+        "does not apply to dray train's ", kontext ? "FLUX.1 Kontext" : "sft",
+        " runs, whose edits are about worker.rollout.resolution^2 pixels (set that instead)");
   }
+  if (!kontext) {
+    unread["guidance_scale"] =
+        "applies to guidance-distilled models (FLUX.1 Kontext); Qwen-Image models are guided by "
+        "true CFG (worker.image_edit.true_cfg_scale with a negative_prompt)";
+    unread["max_prompt_tokens"] =
+        "applies to dray train with FLUX.1 Kontext models (T5's prompt length) and to dray edit "
+        "and dray serve; dray train encodes a Qwen-Image model's prompts whole";
+  }
+  std::map<std::string, std::string> keyed;
+  for (const auto& [key, why] : unread)
+    keyed[absl::StrCat(kConfigSection, ".", key)] = absl::StrCat(why, kEarlierConfigHint);
+  return keyed;
+}
+
+// UnreadKeys: the keys `c` does not read from a `family` model (the model's
+// own above, under its algorithm, or without trainer.async), each with why.
+std::map<std::string, std::string> UnreadKeys(const TrainConfig& c, ModelFamily family) {
+  std::map<std::string, std::string> unread = UnreadModelKeys(c, family);
   if (c.nft()) {
     for (const char* key :
          {"algorithm.loss", "algorithm.clip_range", "algorithm.noise_level", "algorithm.sde_type",
@@ -249,8 +279,8 @@ std::set<std::string> KeysSetIn(const YAML::Node& document,
 
 // ForeignKeyError: INVALID_ARGUMENT for the first key in `set` that `c`
 // does not read (UnreadKeys) or that other algorithms own (OwnKeys).
-absl::Status ForeignKeyError(TrainConfig c, const std::set<std::string>& set) {
-  for (const auto& [key, why] : UnreadKeys(c)) {
+absl::Status ForeignKeyError(TrainConfig c, ModelFamily family, const std::set<std::string>& set) {
+  for (const auto& [key, why] : UnreadKeys(c, family)) {
     if (set.count(key) > 0) return absl::InvalidArgumentError(absl::StrCat(key, " ", why));
   }
   for (const OwnedKeys& owned : OwnKeys(c)) {
@@ -661,7 +691,7 @@ absl::StatusOr<TrainConfig> TrainConfig::Load(const std::string& yaml_path,
   // as flow_grpo's configs put it (e.g. within (0, 5) of 10 steps).
   if (config.name == "flow_grpo_fast" && config.sde_window_range == std::vector<int64_t>{0, 0})
     config.sde_window_range = {0, config.num_inference_steps / 2};
-  DRAY_RETURN_IF_ERROR(ForeignKeyError(config, KeysSetIn(document, overrides)));
+  DRAY_RETURN_IF_ERROR(ForeignKeyError(config, family, KeysSetIn(document, overrides)));
   DRAY_RETURN_IF_ERROR(config.CheckFamily(family));  // what the model cannot run, first
   DRAY_RETURN_IF_ERROR(config.Validate());
   DRAY_RETURN_IF_ERROR(config.model.CheckFamily(family));
@@ -685,7 +715,7 @@ std::string TrainConfig::ToYaml() const {
     if (IsOwner(keys, name)) continue;
     for (const ConfigKey& key : keys.keys) foreign.insert(key.key);
   }
-  for (const auto& [key, why] : UnreadKeys(*this)) foreign.insert(key);
+  for (const auto& [key, why] : UnreadKeys(*this, model.family())) foreign.insert(key);
   std::vector<ConfigKey> keys;
   for (ConfigKey& key : Keys(copy)) {
     if (foreign.count(key.key) == 0) keys.push_back(std::move(key));

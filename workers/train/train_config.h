@@ -44,9 +44,10 @@
 // model_path, the embedded tiny model. Either way, keys a file and
 // overrides leave unset default to what suits the tiny model
 // (EmbeddedDefaults: 64-pixel images, a few steps). An unknown key, a
-// wrong type, an out-of-range value or a key of another algorithm than
-// algorithm.name's (MixGRPO's, DanceGRPO's, DPO's own keys) is
-// INVALID_ARGUMENT naming the key.
+// wrong type, an out-of-range value, a key of another algorithm than
+// algorithm.name's (MixGRPO's, DanceGRPO's, DPO's own keys) or one the job
+// would not read (serving's worker.image_edit keys, the other model
+// family's) is INVALID_ARGUMENT naming the key and why.
 #ifndef DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
 #define DRAY_WORKERS_TRAIN_TRAIN_CONFIG_H_
 
