@@ -12,8 +12,9 @@
 #   tools/libtorch2/bazel.sh --make-root           # only make the root (CI, ahead of time)
 #   tools/libtorch2/bazel.sh --run CMD [ARG...]    # another command in the root, at /src
 #
-# Mounts live in a private mount namespace (unshare), so they end with the
-# command, however it ends.
+# The HTTP tests' npm clients are the host's (deploy/install-deps.sh
+# installs them), bound into the root. Mounts live in a private mount
+# namespace (unshare), so they end with the command, however it ends.
 set -euo pipefail
 checkout=$(cd "$(dirname "$0")/../.." && pwd)
 root=${DRAY_TRIXIE_ROOT:-$HOME/.cache/dray/trixie}
@@ -31,6 +32,12 @@ in_root() {
     mount --rbind "$root" "$root"  # / a mount point, as `ip netns` wants
     for dir in proc sys dev dev/pts; do mount --rbind "/$dir" "$root/$dir"; done
     mount --bind "$checkout" "$root/src"
+    # The npm clients of the HTTP tests (plain JavaScript), as the host has them.
+    clients=/usr/local/lib/dray-test-clients
+    if [[ -d $clients ]]; then
+      mkdir -p "$root$clients"
+      mount --bind "$clients" "$root$clients"
+    fi
     exec chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
       LANG=C.UTF-8 "$@"' in_root "$root" "$checkout" "$@"
 }
@@ -50,7 +57,7 @@ if [[ ! -f $root/.dray-ready ]]; then
   chmod +x "$root/usr/sbin/policy-rc.d"
   # Bazel's bazel-* links would point the host's checkout into the root.
   echo "build --symlink_prefix=/" >"$root/etc/bazel.bazelrc"
-  # Its tests call no HTTP client (.ci/run): no npm clients.
+  # No npm clients: in_root lends it the host's.
   in_root bash -c 'DEBIAN_FRONTEND=noninteractive /src/deploy/install-deps.sh --no-clients'
   touch "$root/.dray-ready"
 fi
