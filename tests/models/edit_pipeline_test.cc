@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -349,6 +350,21 @@ TEST(EditPipelineTest, BadInputIsAnErrorNamingTheRow) {
   DRAY_EXPECT_OK(
       pipeline.Edit({{{RandomImage(64, 64, 0)}, "sneaky <|image_pad|>", 0}}, FastOptions())
           .status());
+}
+
+// A decoder that gives NaN is an error saying so, not a black picture.
+TEST(EditPipelineTest, ANonFiniteDecodeIsAnErrorNotABlackPicture) {
+  QwenImageModel model = TinyModel();
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& parameter : model.vae->named_parameters()) {
+      if (parameter.key().rfind("decoder.", 0) == 0)
+        parameter.value().fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+  QwenImageEditPipeline pipeline(std::move(model));
+  EXPECT_THAT(pipeline.Edit({{{RandomImage(64, 64, 0)}, "x", 0}}, FastOptions()),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("values as NaN or infinity")));
 }
 
 // TinyPlusModel: the tiny model made for QwenImageEditPlusPipeline.

@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "absl/status/statusor.h"
+
 namespace dray {
 
 // ImagesToPixels maps uint8 [H, W, 3] images of one size to [B, 3, H, W]
@@ -18,8 +20,9 @@ namespace dray {
 at::Tensor ImagesToPixels(const std::vector<at::Tensor>& images, const at::TensorOptions& options);
 
 // PixelsToImages maps a VAE's output [B, 3, H, W] (about [-1, 1]) to uint8
-// [H, W, 3] images on the CPU.
-std::vector<at::Tensor> PixelsToImages(const at::Tensor& decoded);
+// [H, W, 3] images on the CPU; INTERNAL where it holds NaN or infinity,
+// which no byte stands for (a cast would give black or noise, silently).
+absl::StatusOr<std::vector<at::Tensor>> PixelsToImages(const at::Tensor& decoded);
 
 }  // namespace dray
 

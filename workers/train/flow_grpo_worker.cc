@@ -1347,8 +1347,9 @@ absl::StatusOr<DataProto> FlowGrpoWorker::Reconstruct(const DataProto& batch) {
     std::vector<at::Tensor> inputs;
     for (const qwen_image::EditInput& input : micro.inputs) inputs.push_back(input.images[0]);
     DRAY_ASSIGN_OR_RETURN(VaeLoss out, state_->VaeLossOf(inputs, /*seeds=*/{}));
-    for (const at::Tensor& image : PixelsToImages(out.reconstructions))
-      images.push_back(RawImage(image));
+    DRAY_ASSIGN_OR_RETURN(std::vector<at::Tensor> reconstructions,
+                          PixelsToImages(out.reconstructions));
+    for (const at::Tensor& image : reconstructions) images.push_back(RawImage(image));
   }
   return DataProto::Make({}, {{kEditedColumn, std::move(images)}});
 }
